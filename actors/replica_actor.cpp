@@ -1,0 +1,118 @@
+// The replica actor: one per device, on a thread of its own, running step functions in order.
+
+#include <consort/actors/protocol.hpp>
+
+#include <caf/all.hpp>
+
+#include <sstream>
+
+namespace consort {
+
+namespace {
+
+/// Extra time the replica waits beyond a collective's own deadline: the collective actor
+/// enforces the deadline and answers with the detailed error; this is the last resort if the
+/// collective actor itself is gone.
+constexpr std::chrono::milliseconds reply_grace{2000};
+
+} // namespace
+
+/// State of a replica actor; it is also the engine side of the replica_context its steps see.
+struct replica_state : detail::replica_services {
+  replica_config cfg;
+  collective_actor coll;
+  caf::actor_system* sys = nullptr;
+  /// Blocking client for collective calls, made on the replica's own thread at first use.
+  std::unique_ptr<caf::scoped_actor> client;
+  step_id current_step = 0;
+  uint32_t next_seq = 0;
+  static inline const char* name = "consort.replica";
+
+  nest collective(detail::collective_request request) override {
+    auto seq = next_seq++;
+    auto timeout = request.timeout.value_or(cfg.collective_timeout);
+    request.timeout = timeout;
+    auto kind = request.kind;
+    collective_call call{current_step, seq, cfg.replica_id, std::move(request)};
+    if (!client)
+      client = std::make_unique<caf::scoped_actor>(*sys);
+    nest result;
+    caf::error failure;
+    (*client)
+        ->request(coll, timeout + reply_grace, collect_atom_v, std::move(call))
+        .receive([&](nest& value) { result = std::move(value); },
+                 [&](caf::error& err) { failure = std::move(err); });
+    if (failure) {
+      std::ostringstream what;
+      what << to_string(kind) << " #" << seq << " of step " << current_step << " on replica "
+           << cfg.replica_id;
+      throw to_consort_error(failure, what.str());
+    }
+    return result;
+  }
+};
+
+namespace {
+
+using self_ptr = replica_actor::stateful_pointer<replica_state>;
+
+bool is_collective_error(errc code) {
+  return code == errc::collective_mismatch || code == errc::collective_timeout ||
+         code == errc::collective_aborted;
+}
+
+caf::result<nest> run_step(self_ptr self, step_message& msg) {
+  auto& st = self->state;
+  st.current_step = msg.step;
+  st.next_seq = 0;
+  replica_context ctx{
+      st.cfg.replica_id, st.cfg.num_replicas, st.cfg.local_index, st.cfg.device, msg.step, st};
+  nest out;
+  caf::error failure;
+  auto where = [&] {
+    return "replica " + std::to_string(st.cfg.replica_id) + " (" + st.cfg.device +
+           ") failed step " + std::to_string(msg.step) + ": ";
+  };
+  try {
+    if (!msg.fn)
+      throw error(errc::invalid_argument, "the step message carries no step function");
+    out = (*msg.fn)(ctx);
+  } catch (const error& e) {
+    // Collective errors already say where they happened and must keep their code, so the
+    // strategy can tell a root cause from its echoes; anything else is this replica's failure.
+    if (is_collective_error(e.code()))
+      failure = make_caf_error(e.code(), e.what());
+    else
+      failure = make_caf_error(e.code(), where() + e.what());
+  } catch (const std::exception& e) {
+    failure = make_caf_error(errc::step_failed, where() + e.what());
+  } catch (...) {
+    failure = make_caf_error(errc::step_failed, where() + "an exception not derived from "
+                                                          "std::exception");
+  }
+  // Tell the collective actor first, so peers waiting on a call this replica never made fail
+  // now rather than at their deadline.
+  self->send(st.coll, done_atom_v, step_report{msg.step, st.cfg.replica_id, st.next_seq, failure});
+  if (failure)
+    return failure;
+  return out;
+}
+
+} // namespace
+
+replica_actor spawn_replica(caf::actor_system& sys, replica_config cfg, collective_actor coll,
+                            bool detached) {
+  auto impl = [cfg = std::move(cfg), coll](self_ptr self) -> replica_actor::behavior_type {
+    self->state.cfg = cfg;
+    self->state.coll = coll;
+    self->state.sys = &self->system();
+    return {
+        [self](step_atom, step_message& msg) -> caf::result<nest> { return run_step(self, msg); },
+    };
+  };
+  if (detached)
+    return sys.spawn<caf::detached>(impl);
+  return sys.spawn(impl);
+}
+
+} // namespace consort

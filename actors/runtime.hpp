@@ -1,0 +1,58 @@
+#pragma once
+
+// The engine behind a strategy: one CAF actor system with its replica, collective and strategy
+// actors. Private to the library (and its tests); users see consort::strategy.
+
+#include <consort/future.hpp>
+#include <consort/nest.hpp>
+#include <consort/per_replica.hpp>
+#include <consort/reduce_op.hpp>
+#include <consort/strategy.hpp>
+
+#include <caf/fwd.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace consort::detail {
+
+/// Owns an actor system and the actors of one strategy.
+///
+/// Thread safety: thread-safe; every call only sends messages, except `shutdown`, which waits
+/// for the actors to stop (so it must not be called from a step function).
+class runtime {
+public:
+  /// Spawns one replica actor per device (canonical device strings, local order).
+  runtime(std::vector<std::string> devices, strategy_options opts);
+  ~runtime();
+
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
+
+  /// Runs `fn` as the next step on every replica.
+  future<per_replica<nest>> submit(step_function fn);
+
+  /// Strategy.reduce of host values, computed on the collective actor.
+  future<nest> reduce(reduce_op op, std::vector<nest> components, std::optional<int64_t> axis);
+
+  /// Strategy.gather of host values, computed on the collective actor.
+  future<nest> gather(std::vector<nest> components, int64_t axis);
+
+  /// Stops accepting work, fails every outstanding future with error(shutdown), stops the actors
+  /// after their current step, and waits for them. Idempotent.
+  void shutdown();
+
+  const std::vector<std::string>& devices() const noexcept;
+  const strategy_options& options() const noexcept;
+
+  /// The actor system, for tests that speak the actor protocol next to a running strategy.
+  caf::actor_system& system() noexcept;
+
+private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+} // namespace consort::detail

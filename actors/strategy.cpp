@@ -1,0 +1,212 @@
+// The public strategies: thin facades that validate input, then hand work to the runtime's
+// actors (steps) or compute on the caller's thread (blocking host reductions, which the caller
+// waits for anyway).
+
+#include <consort/device.hpp>
+#include <consort/ops.hpp>
+#include <consort/strategy.hpp>
+
+#include "actors/runtime.hpp"
+
+#include <algorithm>
+#include <set>
+
+namespace consort {
+
+namespace detail {
+
+per_replica<tensor> leaves_of(per_replica<nest> values) {
+  std::vector<tensor> out;
+  out.reserve(values.size());
+  for (auto& v : values)
+    out.push_back(v.as_tensor());
+  return per_replica<tensor>(std::move(out));
+}
+
+} // namespace detail
+
+namespace {
+
+std::vector<std::string> canonical_devices(const std::vector<std::string>& devices) {
+  if (devices.empty())
+    throw_error(errc::invalid_argument,
+                "a strategy needs at least one device, e.g. {\"CPU:0\", \"CPU:1\"}");
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const auto& name : devices) {
+    auto spec = parse_device(name);
+    if (spec.kind == device_kind::gpu)
+      throw_error(errc::unsupported,
+                  "device \"" + name +
+                      "\" is a GPU, and this build of consort has no GPU support yet; use CPU "
+                      "devices (\"CPU:0\", \"CPU:1\", ...)");
+    auto canonical = spec.to_string();
+    if (!seen.insert(canonical).second)
+      throw_error(errc::invalid_argument, "device \"" + name +
+                                              "\" appears twice in the device list; each replica "
+                                              "needs a device of its own");
+    out.push_back(std::move(canonical));
+  }
+  return out;
+}
+
+const strategy_options& validated(const strategy_options& opts) {
+  if (opts.collective_timeout.count() <= 0 || opts.step_timeout.count() <= 0)
+    throw_error(errc::invalid_argument,
+                "strategy_options timeouts must be positive; got collective_timeout " +
+                    std::to_string(opts.collective_timeout.count()) + " ms and step_timeout " +
+                    std::to_string(opts.step_timeout.count()) + " ms");
+  return opts;
+}
+
+std::vector<nest> as_nests(const per_replica<tensor>& value) {
+  std::vector<nest> out;
+  out.reserve(value.size());
+  for (const auto& t : value)
+    out.emplace_back(t);
+  return out;
+}
+
+} // namespace
+
+strategy::strategy(std::vector<std::string> devices, strategy_options opts, kind k)
+    : kind_(k), rt_(std::make_unique<detail::runtime>(canonical_devices(devices), validated(opts))),
+      cross_device_ops_(std::make_unique<reduction_to_one_device>()) {}
+
+strategy::~strategy() = default;
+strategy::strategy(strategy&&) noexcept = default;
+strategy& strategy::operator=(strategy&&) noexcept = default;
+
+int strategy::num_replicas_in_sync() const noexcept {
+  return static_cast<int>(rt_->devices().size());
+}
+
+const std::vector<std::string>& strategy::worker_devices() const noexcept {
+  return rt_->devices();
+}
+
+const strategy_options& strategy::options() const noexcept {
+  return rt_->options();
+}
+
+const char* strategy::name() const noexcept {
+  switch (kind_) {
+  case kind::one_device:
+    return "OneDeviceStrategy";
+  case kind::mirrored:
+    return "MirroredStrategy";
+  case kind::default_strategy:
+    return "DefaultStrategy";
+  }
+  return "Strategy";
+}
+
+std::vector<int> strategy::local_replica_ids() const {
+  std::vector<int> ids(num_local_replicas());
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<int>(i);
+  return ids;
+}
+
+future<per_replica<nest>> strategy::submit(step_function fn) {
+  if (!fn)
+    throw_error(errc::invalid_argument, "run needs a step function; got an empty one");
+  return rt_->submit(std::move(fn));
+}
+
+void strategy::check_components(size_t count) const {
+  if (count != num_local_replicas())
+    throw_error(errc::invalid_argument,
+                "a per_replica value has " + std::to_string(count) +
+                    " components, but this strategy has " + std::to_string(num_local_replicas()) +
+                    " local replicas; pass one component per replica (or a plain value for all)");
+}
+
+void strategy::check_multi_replica_plain(reduce_op op) const {
+  if (kind_ == kind::mirrored && num_local_replicas() > 1 && op != reduce_op::mean &&
+      op != reduce_op::min && op != reduce_op::max)
+    throw_error(errc::unsupported,
+                std::string{"reduce("} + to_string(op) +
+                    ") of a plain tensor under MirroredStrategy with " +
+                    std::to_string(num_local_replicas()) +
+                    " replicas is ambiguous: a plain value stands for the same value on every "
+                    "replica, so only MEAN (or MIN/MAX) can return it unchanged; pass the "
+                    "per_replica result of run() to combine per-replica values");
+}
+
+tensor strategy::reduce(op_arg op, const per_replica<tensor>& value,
+                        std::optional<int64_t> axis) const {
+  check_components(value.size());
+  return reduce_components(op.get(), value.values(), axis);
+}
+
+nest strategy::reduce(op_arg op, const per_replica<nest>& value,
+                      std::optional<int64_t> axis) const {
+  check_components(value.size());
+  return reduce_components(op.get(), value.values(), axis);
+}
+
+tensor strategy::reduce(op_arg op, const tensor& value, std::optional<int64_t> axis) const {
+  check_multi_replica_plain(op.get());
+  if (axis)
+    return reduce_axis(op.get(), value, *axis);
+  return value;
+}
+
+future<tensor> strategy::reduce_async(op_arg op, per_replica<tensor> value,
+                                      std::optional<int64_t> axis) const {
+  check_components(value.size());
+  return rt_->reduce(op.get(), as_nests(value), axis).then([](nest v) { return v.as_tensor(); });
+}
+
+future<nest> strategy::reduce_async(op_arg op, per_replica<nest> value,
+                                    std::optional<int64_t> axis) const {
+  check_components(value.size());
+  return rt_->reduce(op.get(), std::move(value.values()), axis);
+}
+
+tensor strategy::gather(const per_replica<tensor>& value, int64_t axis) const {
+  check_components(value.size());
+  return concat(value.values(), axis);
+}
+
+nest strategy::gather(const per_replica<nest>& value, int64_t axis) const {
+  check_components(value.size());
+  return concat_components(value.values(), axis);
+}
+
+tensor strategy::gather(const tensor& value, int64_t axis) const {
+  // Validates rank and axis as for per-replica values, then returns the value itself.
+  return concat({value}, axis);
+}
+
+future<tensor> strategy::gather_async(per_replica<tensor> value, int64_t axis) const {
+  check_components(value.size());
+  return rt_->gather(as_nests(value), axis).then([](nest v) { return v.as_tensor(); });
+}
+
+distributed_dataset strategy::distribute_dataset(const dataset& ds) const {
+  return distributed_dataset(ds, num_replicas_in_sync(), local_replica_ids());
+}
+
+const consort::cross_device_ops& strategy::cross_device_ops() const noexcept {
+  return *cross_device_ops_;
+}
+
+void strategy::shutdown() {
+  rt_->shutdown();
+}
+
+one_device_strategy::one_device_strategy(const std::string& device, strategy_options opts)
+    : strategy({device}, opts, kind::one_device) {}
+
+mirrored_strategy::mirrored_strategy(strategy_options opts)
+    : strategy({"CPU:0"}, opts, kind::mirrored) {}
+
+mirrored_strategy::mirrored_strategy(std::vector<std::string> devices, strategy_options opts)
+    : strategy(std::move(devices), opts, kind::mirrored) {}
+
+default_strategy::default_strategy(strategy_options opts)
+    : strategy({"CPU:0"}, opts, kind::default_strategy) {}
+
+} // namespace consort

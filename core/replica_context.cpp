@@ -1,0 +1,66 @@
+#include <consort/replica_context.hpp>
+
+namespace consort {
+
+const char* to_string(collective_kind kind) noexcept {
+  switch (kind) {
+  case collective_kind::all_reduce:
+    return "all_reduce";
+  case collective_kind::all_gather:
+    return "all_gather";
+  case collective_kind::broadcast:
+    return "broadcast";
+  }
+  return "unknown collective";
+}
+
+namespace {
+
+/// Results come back from the collective actor in host memory; label them with this replica's
+/// device (free between CPU devices, which share host memory).
+nest on_device(const nest& value, const std::string& device) {
+  return map_structure(value, [&](const tensor& t) { return t.to(device); });
+}
+
+} // namespace
+
+nest replica_context::all_reduce(op_arg op, const nest& value, collective_options opts) {
+  detail::collective_request req;
+  req.kind = collective_kind::all_reduce;
+  req.op = op.get();
+  req.value = value;
+  req.timeout = opts.timeout;
+  return on_device(services_->collective(std::move(req)), device_);
+}
+
+tensor replica_context::all_reduce(op_arg op, const tensor& value, collective_options opts) {
+  return all_reduce(op, nest(value), opts).as_tensor();
+}
+
+nest replica_context::all_gather(const nest& value, int64_t axis, collective_options opts) {
+  detail::collective_request req;
+  req.kind = collective_kind::all_gather;
+  req.axis = axis;
+  req.value = value;
+  req.timeout = opts.timeout;
+  return on_device(services_->collective(std::move(req)), device_);
+}
+
+tensor replica_context::all_gather(const tensor& value, int64_t axis, collective_options opts) {
+  return all_gather(nest(value), axis, opts).as_tensor();
+}
+
+nest replica_context::broadcast(const nest& value, int root_replica, collective_options opts) {
+  detail::collective_request req;
+  req.kind = collective_kind::broadcast;
+  req.root = root_replica;
+  req.value = value;
+  req.timeout = opts.timeout;
+  return on_device(services_->collective(std::move(req)), device_);
+}
+
+tensor replica_context::broadcast(const tensor& value, int root_replica, collective_options opts) {
+  return broadcast(nest(value), root_replica, opts).as_tensor();
+}
+
+} // namespace consort

@@ -1,0 +1,16 @@
+#pragma once
+
+/// The public API of consort: include this one header.
+
+#include <consort/cross_device_ops.hpp>
+#include <consort/dataset.hpp>
+#include <consort/device.hpp>
+#include <consort/error.hpp>
+#include <consort/future.hpp>
+#include <consort/nest.hpp>
+#include <consort/ops.hpp>
+#include <consort/per_replica.hpp>
+#include <consort/reduce_op.hpp>
+#include <consort/replica_context.hpp>
+#include <consort/strategy.hpp>
+#include <consort/tensor.hpp>

@@ -1,0 +1,209 @@
+#pragma once
+
+#include <consort/error.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+namespace consort {
+
+namespace detail {
+
+/// A move-only `void(std::exception_ptr, T)` callable (std::function needs copyable targets, and
+/// Asio's handlers are move-only).
+template <class T>
+class completion_fn {
+public:
+  completion_fn() = default;
+  template <class F>
+  explicit completion_fn(F&& f)
+      : impl_(std::make_unique<model<std::decay_t<F>>>(std::forward<F>(f))) {}
+  explicit operator bool() const noexcept { return impl_ != nullptr; }
+  void operator()(std::exception_ptr ep, T* value) { impl_->call(ep, value); }
+
+private:
+  struct concept_t {
+    virtual ~concept_t() = default;
+    virtual void call(std::exception_ptr ep, T* value) = 0;
+  };
+  template <class F>
+  struct model final : concept_t {
+    explicit model(F f) : fn(std::move(f)) {}
+    void call(std::exception_ptr ep, T* value) override {
+      if (ep)
+        fn(ep, T{});
+      else
+        fn(nullptr, std::move(*value));
+    }
+    F fn;
+  };
+  std::unique_ptr<concept_t> impl_;
+};
+
+/// The state shared by a `future` and the engine side that completes it.
+/// Thread safety: thread-safe; `mtx_` guards every member but `ready_`, which is also written
+/// under `mtx_` and read without it to spin briefly before blocking.
+template <class T>
+class shared_state {
+public:
+  void set_value(T value) { complete(nullptr, std::move(value)); }
+  void set_error(std::exception_ptr ep) { complete(std::move(ep), std::nullopt); }
+  void set_error(errc code, const std::string& message) {
+    set_error(std::make_exception_ptr(error(code, message)));
+  }
+
+  bool ready() const noexcept { return ready_.load(std::memory_order_acquire); }
+
+  /// Waits until ready or `deadline`; spins for a few microseconds first, because the engine
+  /// usually answers quickly and a condition-variable wake-up costs tens of microseconds here.
+  bool wait_until(std::chrono::steady_clock::time_point deadline) {
+    auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+    while (!ready() && std::chrono::steady_clock::now() < spin_end) {
+    }
+    if (ready())
+      return true;
+    std::unique_lock<std::mutex> guard{mtx_};
+    return cv_.wait_until(guard, deadline, [this] { return ready(); });
+  }
+
+  /// Moves the result out. @pre ready()
+  T take() {
+    std::unique_lock<std::mutex> guard{mtx_};
+    if (error_)
+      std::rethrow_exception(error_);
+    return std::move(*value_);
+  }
+
+  /// Calls `fn` once with the result: now if it is there, else on the completing thread.
+  void on_complete(completion_fn<T> fn) {
+    std::unique_lock<std::mutex> guard{mtx_};
+    if (!ready()) {
+      continuation_ = std::move(fn);
+      return;
+    }
+    guard.unlock();
+    fn(error_, value_ ? &*value_ : nullptr);
+  }
+
+private:
+  void complete(std::exception_ptr ep, std::optional<T> value) {
+    completion_fn<T> cont;
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      if (ready())
+        return; // first completion wins; later ones (e.g. a late timeout) are dropped
+      error_ = std::move(ep);
+      value_ = std::move(value);
+      ready_.store(true, std::memory_order_release);
+      cont = std::move(continuation_);
+    }
+    cv_.notify_all();
+    if (cont)
+      cont(error_, value_ ? &*value_ : nullptr);
+  }
+
+  mutable std::mutex mtx_;
+  std::condition_variable cv_;
+  std::atomic<bool> ready_{false};
+  std::exception_ptr error_;
+  std::optional<T> value_;
+  completion_fn<T> continuation_;
+};
+
+} // namespace detail
+
+/// The result of an asynchronous consort call. Wait with a deadline (`wait_for`), block for the
+/// value (`get`), attach a continuation (`then`, `on_complete`), or use Asio completion tokens
+/// through `consort::async_get` (include <consort/asio.hpp>).
+///
+/// A future is single-consumer: call exactly one of `get`, `then` or `on_complete`. Continuations
+/// run on the engine thread that completes the operation, so they must not block; post heavy work
+/// elsewhere (`async_get` with an executor does that for you).
+template <class T>
+class future {
+public:
+  using value_type = T;
+
+  future() = default;
+  explicit future(std::shared_ptr<detail::shared_state<T>> state) : state_(std::move(state)) {}
+
+  bool valid() const noexcept { return state_ != nullptr; }
+  bool ready() const noexcept { return state_ && state_->ready(); }
+
+  /// Waits up to `timeout`; returns whether the result is there.
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> timeout) const {
+    return state_->wait_until(std::chrono::steady_clock::now() + timeout);
+  }
+
+  /// Waits without a deadline of its own: the engine's deadlines (collective and step timeouts)
+  /// bound it.
+  void wait() const {
+    while (!state_->wait_until(std::chrono::steady_clock::now() + std::chrono::hours(1))) {
+    }
+  }
+
+  /// Blocks for the value. @throws consort::error carried by the operation.
+  T get() {
+    wait();
+    return state_->take();
+  }
+
+  /// Blocks at most `timeout` for the value.
+  /// @throws error(wait_timeout) when it is not there in time (the operation goes on).
+  template <class Rep, class Period>
+  T get_for(std::chrono::duration<Rep, Period> timeout) {
+    if (!wait_for(timeout))
+      throw_error(errc::wait_timeout,
+                  "the result was not ready within the wait's deadline of " +
+                      std::to_string(
+                          std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
+                      " ms; the operation is still running");
+    return state_->take();
+  }
+
+  /// Calls `fn(std::exception_ptr, T)` once: the pointer is null on success.
+  template <class F>
+  void on_complete(F&& fn) {
+    state_->on_complete(detail::completion_fn<T>(std::forward<F>(fn)));
+  }
+
+  /// Returns a future of `fn(T)`; an error skips `fn` and carries over, and an exception thrown by
+  /// `fn` becomes the new future's error.
+  template <class F>
+  auto then(F&& fn) -> future<std::invoke_result_t<F, T>> {
+    using U = std::invoke_result_t<F, T>;
+    auto next = std::make_shared<detail::shared_state<U>>();
+    on_complete([next, f = std::forward<F>(fn)](std::exception_ptr ep, T value) mutable {
+      if (ep) {
+        next->set_error(ep);
+        return;
+      }
+      try {
+        next->set_value(f(std::move(value)));
+      } catch (...) {
+        next->set_error(std::current_exception());
+      }
+    });
+    return future<U>{std::move(next)};
+  }
+
+private:
+  std::shared_ptr<detail::shared_state<T>> state_;
+};
+
+/// A promise/future pair: the engine keeps the state, the caller the future.
+template <class T>
+std::pair<std::shared_ptr<detail::shared_state<T>>, future<T>> make_future() {
+  auto state = std::make_shared<detail::shared_state<T>>();
+  return {state, future<T>{state}};
+}
+
+} // namespace consort

@@ -1,0 +1,120 @@
+#pragma once
+
+#include <consort/nest.hpp>
+#include <consort/reduce_op.hpp>
+#include <consort/tensor.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace consort {
+
+/// A reduce op given as an enumerator or as a name ("SUM", "mean", ...). Parsing a name that is
+/// not a reduce op throws error(unknown_reduce_op) listing the valid ones.
+class op_arg {
+public:
+  op_arg(reduce_op op) : op_(op) {}                               // NOLINT
+  op_arg(std::string_view name) : op_(parse_reduce_op(name)) {}   // NOLINT
+  op_arg(const char* name) : op_(parse_reduce_op(name)) {}        // NOLINT
+  op_arg(const std::string& name) : op_(parse_reduce_op(name)) {} // NOLINT
+  reduce_op get() const noexcept { return op_; }
+
+private:
+  reduce_op op_;
+};
+
+/// Per-call options of a collective.
+struct collective_options {
+  /// Overrides the strategy's `collective_timeout` for this call.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+/// The kinds of collective a replica can call.
+enum class collective_kind : uint8_t { all_reduce, all_gather, broadcast };
+
+/// "all_reduce", "all_gather" or "broadcast".
+const char* to_string(collective_kind kind) noexcept;
+
+namespace detail {
+
+/// What a collective call carries from the replica to the collective actor.
+struct collective_request {
+  collective_kind kind = collective_kind::all_reduce;
+  reduce_op op = reduce_op::sum; // all_reduce only
+  int64_t axis = 0;              // all_gather only
+  int root = 0;                  // broadcast only: replica id in sync group
+  nest value;
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+/// The engine side of a replica_context (implemented by the replica actor).
+class replica_services {
+public:
+  virtual ~replica_services() = default;
+  /// Runs one collective and blocks the replica's thread until its result or error (bounded by
+  /// the collective's deadline). @throws consort::error.
+  virtual nest collective(collective_request request) = 0;
+};
+
+} // namespace detail
+
+/// What a step function sees of its replica (tf.distribute's `ReplicaContext`): its identity
+/// and the collectives it can call with its peers.
+///
+/// Collectives are matched across replicas by their order of call within the step: the k-th
+/// collective of every replica in a step must be the same kind, op, dtype, structure and axis or
+/// root, else every participant gets error(collective_mismatch). Every collective has a deadline
+/// (the strategy's `collective_timeout`, or `collective_options::timeout`); a peer that fails or
+/// finishes its step without making the call fails the waiting replicas at once with
+/// error(collective_aborted).
+///
+/// Thread safety: use it only on the replica's own thread, inside the step function.
+class replica_context {
+public:
+  replica_context(int replica_id, int num_replicas, int local_index, std::string device,
+                  uint64_t step, detail::replica_services& services)
+      : replica_id_(replica_id), num_replicas_(num_replicas), local_index_(local_index),
+        device_(std::move(device)), step_(step), services_(&services) {}
+
+  replica_context(const replica_context&) = delete;
+  replica_context& operator=(const replica_context&) = delete;
+
+  /// This replica's id over all replicas of all workers.
+  int replica_id_in_sync_group() const noexcept { return replica_id_; }
+  /// Number of replicas over all workers.
+  int num_replicas_in_sync() const noexcept { return num_replicas_; }
+  /// This replica's position among the replicas of its own worker.
+  int local_replica_index() const noexcept { return local_index_; }
+  /// The device this replica is bound to, e.g. "CPU:1".
+  const std::string& device() const noexcept { return device_; }
+  /// The step number the strategy gave this run (0 for the first run).
+  uint64_t step() const noexcept { return step_; }
+
+  /// Reduces `value` over every replica and returns the result to each. MEAN divides by
+  /// `num_replicas_in_sync()`; integer MEAN returns float64. Shapes and dtypes must agree.
+  tensor all_reduce(op_arg op, const tensor& value, collective_options opts = {});
+  nest all_reduce(op_arg op, const nest& value, collective_options opts = {});
+
+  /// Concatenates every replica's `value` along `axis` in replica-id order. Sizes along `axis`
+  /// may differ; rank and every other extent must agree; rank-0 values are rejected.
+  tensor all_gather(const tensor& value, int64_t axis, collective_options opts = {});
+  nest all_gather(const nest& value, int64_t axis, collective_options opts = {});
+
+  /// Returns the value of replica `root_replica` to every replica. Every replica passes a value
+  /// of the same structure, dtypes and shapes (its contents are ignored except on the root).
+  tensor broadcast(const tensor& value, int root_replica = 0, collective_options opts = {});
+  nest broadcast(const nest& value, int root_replica = 0, collective_options opts = {});
+
+private:
+  int replica_id_;
+  int num_replicas_;
+  int local_index_;
+  std::string device_;
+  uint64_t step_;
+  detail::replica_services* services_;
+};
+
+} // namespace consort

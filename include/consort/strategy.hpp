@@ -1,0 +1,238 @@
+#pragma once
+
+#include <consort/cross_device_ops.hpp>
+#include <consort/dataset.hpp>
+#include <consort/future.hpp>
+#include <consort/nest.hpp>
+#include <consort/per_replica.hpp>
+#include <consort/replica_context.hpp>
+#include <consort/tensor.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace consort {
+
+/// Options shared by every strategy.
+struct strategy_options {
+  /// Default deadline of every collective wait (overridable per call). Gloo's default is 30 s.
+  std::chrono::milliseconds collective_timeout{std::chrono::seconds(30)};
+  /// Deadline for every replica to finish one step; a step function still running after it fails
+  /// the step with error(step_timeout) naming the replicas that had not finished.
+  std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
+  /// Threads of the actor scheduler (0: two, or one on a one-core machine).
+  size_t scheduler_threads = 0;
+};
+
+/// The step a replica runs: its local index is `ctx.local_replica_index()`.
+using step_function = std::function<nest(replica_context&)>;
+
+namespace detail {
+
+class runtime;
+
+template <class T>
+decltype(auto) unwrap_arg(const T& arg, size_t local_index) {
+  if constexpr (is_per_replica_v<T>)
+    return arg.values()[local_index];
+  else
+    return (arg);
+}
+
+template <class T>
+struct unwrapped {
+  using type = std::decay_t<T>;
+};
+template <class T>
+struct unwrapped<per_replica<T>> {
+  using type = T;
+};
+template <class T>
+using unwrapped_t = typename unwrapped<std::decay_t<T>>::type;
+
+template <class R>
+nest to_nest(R&& value) {
+  using V = std::decay_t<R>;
+  static_assert(std::is_same_v<V, tensor> || std::is_same_v<V, nest>,
+                "a step function must return consort::tensor or consort::nest");
+  return nest(std::forward<R>(value));
+}
+
+per_replica<tensor> leaves_of(per_replica<nest> values);
+
+} // namespace detail
+
+/// The common interface of every strategy (tf.distribute's `Strategy`).
+///
+/// A strategy owns its replicas: one actor per local device, each on its own thread, that runs
+/// step functions in the order they are submitted. Blocking calls throw consort::error; the
+/// `_async` calls return a consort::future carrying the same errors.
+///
+/// Thread safety: thread-safe. Steps submitted from several threads are numbered in arrival
+/// order and run in that order on every replica.
+class strategy {
+public:
+  virtual ~strategy();
+  strategy(const strategy&) = delete;
+  strategy& operator=(const strategy&) = delete;
+  strategy(strategy&&) noexcept;
+  strategy& operator=(strategy&&) noexcept;
+
+  // -- properties -------------------------------------------------------------------------------
+
+  /// Replicas over all workers.
+  int num_replicas_in_sync() const noexcept;
+  /// The devices of this worker's replicas, in local replica order (canonical spelling).
+  const std::vector<std::string>& worker_devices() const noexcept;
+  /// Number of replicas of this worker.
+  size_t num_local_replicas() const noexcept { return worker_devices().size(); }
+  const strategy_options& options() const noexcept;
+  /// "OneDeviceStrategy", "MirroredStrategy" or "DefaultStrategy".
+  const char* name() const noexcept;
+
+  // -- running steps ----------------------------------------------------------------------------
+
+  /// Runs `fn(ctx, args...)` on every local replica (tf.distribute's `Strategy.run`). An argument
+  /// that is a `per_replica` gives each replica its own component; any other argument goes to
+  /// every replica. `fn` returns a tensor or a nest; the result has one component per replica.
+  /// @throws error(invalid_argument) when a per_replica argument has the wrong number of
+  ///         components; error(step_failed | collective_* | step_timeout) when the step fails.
+  template <class F, class... Args>
+  auto run(F&& fn, Args&&... args) {
+    return run_async(std::forward<F>(fn), std::forward<Args>(args)...).get();
+  }
+
+  /// Like `run`, without blocking the caller.
+  template <class F, class... Args>
+  auto run_async(F&& fn, Args&&... args) {
+    using R =
+        std::decay_t<std::invoke_result_t<F&, replica_context&, detail::unwrapped_t<Args>...>>;
+    (check_arg(args), ...);
+    auto step = [f = std::forward<F>(fn), ... a = std::decay_t<Args>(std::forward<Args>(args))](
+                    replica_context& ctx) mutable {
+      auto i = static_cast<size_t>(ctx.local_replica_index());
+      return detail::to_nest(f(ctx, detail::unwrap_arg(a, i)...));
+    };
+    auto result = submit(step_function(std::move(step)));
+    if constexpr (std::is_same_v<R, tensor>)
+      return result.then([](per_replica<nest> v) { return detail::leaves_of(std::move(v)); });
+    else
+      return result;
+  }
+
+  /// Runs an already type-erased step. Every overload of `run` ends here.
+  future<per_replica<nest>> submit(step_function fn);
+
+  /// Builds a per_replica value from `fn(replica_id_in_sync_group)`, one call per local replica
+  /// (tf.distribute's `experimental_distribute_values_from_function`).
+  template <class F>
+  auto distribute_values(F&& fn) const {
+    using T = std::decay_t<std::invoke_result_t<F&, int>>;
+    std::vector<T> values;
+    for (int id : local_replica_ids())
+      values.push_back(fn(id));
+    return per_replica<T>(std::move(values));
+  }
+
+  /// Replica ids (in sync group) of this worker's replicas, in local order.
+  std::vector<int> local_replica_ids() const;
+
+  // -- reductions -------------------------------------------------------------------------------
+
+  /// Reduces a per-replica value to one tensor on this worker's host (tf.distribute's
+  /// `Strategy.reduce`). `axis` none reduces across replicas only; `axis` k first reduces along
+  /// k inside each replica, MEAN then dividing by the true element count. SUM keeps the dtype;
+  /// integer MEAN is float64.
+  tensor reduce(op_arg op, const per_replica<tensor>& value, std::optional<int64_t> axis) const;
+  nest reduce(op_arg op, const per_replica<nest>& value, std::optional<int64_t> axis) const;
+  /// A plain value (not per_replica): returned as is by one-device strategies (reduced along
+  /// `axis` if given); under a multi-replica strategy MEAN returns it and SUM is
+  /// error(unsupported), because its per-replica meaning is ambiguous.
+  tensor reduce(op_arg op, const tensor& value, std::optional<int64_t> axis) const;
+
+  /// `reduce` without blocking the caller: the work runs on the strategy's actors.
+  future<tensor> reduce_async(op_arg op, per_replica<tensor> value,
+                              std::optional<int64_t> axis) const;
+  future<nest> reduce_async(op_arg op, per_replica<nest> value, std::optional<int64_t> axis) const;
+
+  /// Concatenates the components along `axis` in replica-id order (tf.distribute's
+  /// `Strategy.gather`); extents along `axis` may differ. A plain value is returned as is.
+  tensor gather(const per_replica<tensor>& value, int64_t axis) const;
+  nest gather(const per_replica<nest>& value, int64_t axis) const;
+  tensor gather(const tensor& value, int64_t axis) const;
+  future<tensor> gather_async(per_replica<tensor> value, int64_t axis) const;
+
+  /// The components of `value` held by this worker (tf.distribute's
+  /// `experimental_local_results`).
+  template <class T>
+  std::vector<T> local_results(const per_replica<T>& value) const {
+    return value.values();
+  }
+  /// A plain value is its own only local result.
+  std::vector<tensor> local_results(const tensor& value) const { return {value}; }
+
+  // -- input and devices ------------------------------------------------------------------------
+
+  /// Splits every global batch of `ds` across the replicas (see `split_batch`).
+  /// @throws error(invalid_argument) when `ds` is not batched.
+  distributed_dataset distribute_dataset(const dataset& ds) const;
+
+  /// The cross-device ops that combine values between this worker's devices.
+  const consort::cross_device_ops& cross_device_ops() const noexcept;
+
+  /// Stops the replicas after the steps already submitted; later calls fail with
+  /// error(shutdown). Called by the destructor.
+  void shutdown();
+
+  /// The engine, for tests and tools that speak the actor protocol.
+  detail::runtime& runtime() const noexcept { return *rt_; }
+
+protected:
+  enum class kind : uint8_t { one_device, mirrored, default_strategy };
+  strategy(std::vector<std::string> devices, strategy_options opts, kind k);
+
+private:
+  template <class T>
+  void check_arg(const T& arg) const {
+    if constexpr (is_per_replica_v<T>)
+      check_components(arg.size());
+  }
+  void check_components(size_t count) const;
+  void check_multi_replica_plain(reduce_op op) const;
+
+  kind kind_;
+  std::unique_ptr<detail::runtime> rt_;
+  std::unique_ptr<consort::cross_device_ops> cross_device_ops_;
+};
+
+/// One replica on one device (tf.distribute's `OneDeviceStrategy`).
+class one_device_strategy : public strategy {
+public:
+  /// @throws error(unknown_device) for a malformed device, error(unsupported) for a GPU device in
+  ///         a build without CUDA.
+  explicit one_device_strategy(const std::string& device, strategy_options opts = {});
+};
+
+/// One replica per local device, synchronous (tf.distribute's `MirroredStrategy`).
+class mirrored_strategy : public strategy {
+public:
+  /// All visible GPUs, or "CPU:0" when there are none (this build has no GPU support yet).
+  explicit mirrored_strategy(strategy_options opts = {});
+  /// @throws error(invalid_argument) for an empty or duplicated list, error(unknown_device) for a
+  ///         malformed device, error(unsupported) for GPU devices in a build without CUDA.
+  explicit mirrored_strategy(std::vector<std::string> devices, strategy_options opts = {});
+};
+
+/// The strategy in force when none is chosen (tf.distribute's default strategy): one replica on
+/// "CPU:0" whose reduce and gather return their input.
+class default_strategy : public strategy {
+public:
+  explicit default_strategy(strategy_options opts = {});
+};
+
+} // namespace consort

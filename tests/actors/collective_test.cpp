@@ -1,0 +1,309 @@
+// ReplicaContext collectives through the public API, on real replica threads.
+
+#include <consort/consort.hpp>
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace consort {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<std::string> cpus(int n) {
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i)
+    out.push_back("CPU:" + std::to_string(i));
+  return out;
+}
+
+/// Runs `fn` and returns the error it throws (code none when it does not throw).
+template <class F>
+error error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const error& e) {
+    return e;
+  }
+  return error(errc::none, "no error");
+}
+
+bool contains(const error& e, const std::string& fragment) {
+  return std::string(e.what()).find(fragment) != std::string::npos;
+}
+
+// -- all_reduce over replica counts, dtypes and ops
+// -------------------------------------------------
+
+using sweep = std::tuple<int, reduce_op, int64_t>; // replicas, op, elements
+
+class AllReduceSweepTest : public ::testing::TestWithParam<sweep> {};
+
+TEST_P(AllReduceSweepTest, MatchesAReferenceOnEveryReplica) {
+  auto [n, op, count] = GetParam();
+  mirrored_strategy strategy(cpus(n));
+  auto input = [count = count](int id) {
+    std::vector<double> v(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i)
+      v[static_cast<size_t>(i)] = static_cast<double>((i * 7 + id * 3) % 11) - 5;
+    return v;
+  };
+  auto out = strategy.run([&, op = op, count = count](replica_context& ctx) {
+    return ctx.all_reduce(op, tensor::from<double>(input(ctx.replica_id_in_sync_group()), {count}));
+  });
+  std::vector<double> expected(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    double acc = 0;
+    for (int r = 0; r < n; ++r) {
+      double x = input(r)[static_cast<size_t>(i)];
+      if (r == 0)
+        acc = x;
+      else if (op == reduce_op::sum || op == reduce_op::mean)
+        acc += x;
+      else if (op == reduce_op::min)
+        acc = std::min(acc, x);
+      else if (op == reduce_op::max)
+        acc = std::max(acc, x);
+      else
+        acc *= x;
+    }
+    expected[static_cast<size_t>(i)] = op == reduce_op::mean ? acc / n : acc;
+  }
+  for (int r = 0; r < n; ++r) {
+    const auto& t = out[static_cast<size_t>(r)];
+    EXPECT_EQ(t.device(), "CPU:" + std::to_string(r));
+    auto got = t.to_vector<double>();
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_DOUBLE_EQ(got[i], expected[i]) << "replica " << r << " element " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ReplicasOpsSizes, AllReduceSweepTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 8),
+                                            ::testing::Values(reduce_op::sum, reduce_op::mean,
+                                                              reduce_op::min, reduce_op::max,
+                                                              reduce_op::prod),
+                                            ::testing::Values(0, 1, 1001)));
+
+TEST(CollectiveTest, AllReduceOfIntegersKeepsDtypeForSumAndGivesFloat64ForMean) {
+  mirrored_strategy strategy(cpus(2));
+  auto out = strategy.run([](replica_context& ctx) {
+    auto x = tensor::scalar<int32_t>(ctx.replica_id_in_sync_group());
+    return nest::list({ctx.all_reduce("SUM", x), ctx.all_reduce("MEAN", x)});
+  });
+  EXPECT_EQ(out[0][0].as_tensor().dtype(), dtype::int32);
+  EXPECT_EQ(out[0][0].as_tensor().item<int32_t>(), 1);
+  EXPECT_EQ(out[1][1].as_tensor().dtype(), dtype::float64);
+  EXPECT_DOUBLE_EQ(out[1][1].as_tensor().item<double>(), 0.5);
+}
+
+TEST(CollectiveTest, AllReduceOfANestReducesLeafByLeaf) {
+  mirrored_strategy strategy(cpus(3));
+  auto out = strategy.run([](replica_context& ctx) {
+    auto id = static_cast<float>(ctx.replica_id_in_sync_group());
+    return ctx.all_reduce("MAX", nest::dict({{"a", tensor::scalar(id)},
+                                             {"b", nest::list({tensor::from<float>({-id, id})})}}));
+  });
+  EXPECT_FLOAT_EQ(out[0]["a"].as_tensor().item<float>(), 2);
+  EXPECT_EQ(out[2]["b"][0].as_tensor().to_vector<float>(), (std::vector<float>{0, 2}));
+}
+
+TEST(CollectiveTest, NestedRaggedAllGatherConcatenatesInReplicaOrder) {
+  mirrored_strategy strategy(cpus(3));
+  auto out = strategy.run([](replica_context& ctx) {
+    int id = ctx.replica_id_in_sync_group();
+    // Replica i contributes i+1 rows of "x" and, along axis 1, i columns of "y".
+    std::vector<int32_t> rows(static_cast<size_t>(id + 1), id);
+    std::vector<float> cols(static_cast<size_t>(2 * id), static_cast<float>(id));
+    auto value = nest::dict({{"x", tensor::from<int32_t>(rows)},
+                             {"y", nest::list({tensor::from<float>(cols, {2, id})})}});
+    auto a = ctx.all_gather(value["x"], 0);
+    auto b = ctx.all_gather(value["y"], -1); // axis -1 = axis 1
+    return nest::list({a, b});
+  });
+  for (int r = 0; r < 3; ++r) {
+    const auto& v = out[static_cast<size_t>(r)];
+    EXPECT_EQ(v[0].as_tensor().to_vector<int32_t>(), (std::vector<int32_t>{0, 1, 1, 2, 2, 2}));
+    const auto& y = v[1][0].as_tensor();
+    EXPECT_EQ(y.shape(), (shape_t{2, 3}));
+    EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{1, 2, 2, 1, 2, 2}));
+  }
+}
+
+TEST(CollectiveTest, AllGatherOfANestKeepsItsStructure) {
+  mirrored_strategy strategy(cpus(2));
+  auto out = strategy.run([](replica_context& ctx) {
+    auto id = ctx.replica_id_in_sync_group();
+    return ctx.all_gather(nest::dict({{"k", tensor::from<int64_t>({id, id})},
+                                      {"v", tensor::from<int64_t>({10 * id})}}),
+                          0);
+  });
+  EXPECT_EQ(out[1]["k"].as_tensor().to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 1, 1}));
+  EXPECT_EQ(out[1]["v"].as_tensor().to_vector<int64_t>(), (std::vector<int64_t>{0, 10}));
+}
+
+TEST(CollectiveTest, AllGatherRejectsScalarsAndMismatchedRanksOnEveryReplica) {
+  mirrored_strategy strategy(cpus(2));
+  auto scalar = error_of([&] {
+    strategy.run([](replica_context& ctx) { return ctx.all_gather(tensor::scalar(1.0f), 0); });
+  });
+  EXPECT_EQ(scalar.code(), errc::invalid_argument) << scalar.what();
+  EXPECT_TRUE(contains(scalar, "rank 0")) << scalar.what();
+  auto ranks = error_of([&] {
+    strategy.run([](replica_context& ctx) {
+      if (ctx.replica_id_in_sync_group() == 0)
+        return ctx.all_gather(tensor::zeros(dtype::float32, {2, 3}), 0);
+      return ctx.all_gather(tensor::zeros(dtype::float32, {2, 4}), 0);
+    });
+  });
+  EXPECT_EQ(ranks.code(), errc::collective_mismatch) << ranks.what();
+  EXPECT_TRUE(contains(ranks, "same rank and the same extents")) << ranks.what();
+}
+
+TEST(CollectiveTest, BroadcastReturnsTheRootsValueToEveryReplica) {
+  mirrored_strategy strategy(cpus(4));
+  auto out = strategy.run([](replica_context& ctx) {
+    auto id = ctx.replica_id_in_sync_group();
+    return ctx.broadcast(tensor::from<int32_t>({id, id * 2}), 2);
+  });
+  for (const auto& t : out)
+    EXPECT_EQ(t.to_vector<int32_t>(), (std::vector<int32_t>{2, 4}));
+}
+
+TEST(CollectiveTest, DifferentCollectivesAtTheSamePositionFailEveryReplica) {
+  mirrored_strategy strategy(cpus(3));
+  std::vector<errc> seen(3, errc::none);
+  auto e = error_of([&] {
+    strategy.run([&seen](replica_context& ctx) {
+      auto id = ctx.replica_id_in_sync_group();
+      try {
+        if (id == 1)
+          return ctx.all_gather(tensor::from<float>({1}), 0);
+        return ctx.all_reduce("SUM", tensor::from<float>({1}));
+      } catch (const error& err) {
+        seen[static_cast<size_t>(id)] = err.code();
+        throw;
+      }
+    });
+  });
+  EXPECT_EQ(e.code(), errc::collective_mismatch) << e.what();
+  for (auto code : seen)
+    EXPECT_EQ(code, errc::collective_mismatch);
+}
+
+TEST(CollectiveTest, DifferentDtypesAtTheSamePositionAreAMismatch) {
+  mirrored_strategy strategy(cpus(2));
+  auto e = error_of([&] {
+    strategy.run([](replica_context& ctx) {
+      if (ctx.replica_id_in_sync_group() == 0)
+        return ctx.all_reduce("SUM", tensor::scalar<float>(1));
+      return ctx.all_reduce("SUM", tensor::scalar<int32_t>(1));
+    });
+  });
+  EXPECT_EQ(e.code(), errc::collective_mismatch);
+  EXPECT_TRUE(contains(e, "int32")) << e.what();
+}
+
+TEST(CollectiveTest, DifferentStructuresAtTheSamePositionAreAMismatch) {
+  mirrored_strategy strategy(cpus(2));
+  auto e = error_of([&] {
+    strategy.run([](replica_context& ctx) {
+      auto t = tensor::scalar<float>(1);
+      if (ctx.replica_id_in_sync_group() == 0)
+        return ctx.all_reduce("SUM", nest::list({t, t}));
+      return ctx.all_reduce("SUM", nest::dict({{"a", t}}));
+    });
+  });
+  EXPECT_EQ(e.code(), errc::collective_mismatch);
+  EXPECT_TRUE(contains(e, "structure")) << e.what();
+}
+
+TEST(CollectiveTest, AThrowingReplicaFailsItsWaitingPeersAtOnceNotAtTheDeadline) {
+  strategy_options opts;
+  opts.collective_timeout = 10min; // the peers must not need it
+  mirrored_strategy strategy(cpus(4), opts);
+  std::vector<errc> seen(4, errc::none);
+  auto fut = strategy.run_async([&seen](replica_context& ctx) {
+    auto id = ctx.replica_id_in_sync_group();
+    if (id == 3)
+      throw std::runtime_error("out of memory in layer 2");
+    try {
+      return ctx.all_reduce("SUM", tensor::scalar<float>(1));
+    } catch (const error& err) {
+      seen[static_cast<size_t>(id)] = err.code();
+      throw;
+    }
+  });
+  ASSERT_TRUE(fut.wait_for(60s)) << "peers waited for the deadline instead of failing at once";
+  auto e = error_of([&] { fut.get(); });
+  EXPECT_EQ(e.code(), errc::step_failed) << e.what();
+  EXPECT_TRUE(contains(e, "replica 3 (CPU:3) failed step 0: out of memory in layer 2")) << e.what();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(seen[static_cast<size_t>(i)], errc::collective_aborted) << "replica " << i;
+}
+
+TEST(CollectiveTest, AReplicaThatSkipsACollectiveFailsItsPeersAtOnce) {
+  strategy_options opts;
+  opts.collective_timeout = 10min;
+  mirrored_strategy strategy(cpus(2), opts);
+  auto fut = strategy.run_async([](replica_context& ctx) {
+    if (ctx.replica_id_in_sync_group() == 0)
+      return tensor::scalar<float>(0); // never calls all_reduce
+    return ctx.all_reduce("SUM", tensor::scalar<float>(1));
+  });
+  ASSERT_TRUE(fut.wait_for(60s));
+  auto e = error_of([&] { fut.get(); });
+  EXPECT_EQ(e.code(), errc::collective_aborted) << e.what();
+  EXPECT_TRUE(contains(e, "replica 0 finished step 0 after 0 collective call(s)")) << e.what();
+}
+
+TEST(CollectiveTest, PerCallTimeoutNamesArrivedAndMissingReplicas) {
+  mirrored_strategy strategy(cpus(3));
+  std::atomic<int> late{0};
+  auto e = error_of([&] {
+    strategy.run([&late](replica_context& ctx) {
+      auto id = ctx.replica_id_in_sync_group();
+      if (id == 2) {
+        // Arrives only after its peers have timed out: waits for the first error, not a clock.
+        while (late.load() < 2)
+          std::this_thread::yield();
+      }
+      try {
+        return ctx.all_reduce("SUM", tensor::scalar<float>(1), {.timeout = 50ms});
+      } catch (const error&) {
+        ++late;
+        throw;
+      }
+    });
+  });
+  EXPECT_EQ(e.code(), errc::collective_timeout) << e.what();
+  EXPECT_TRUE(contains(e, "timed out after 50 ms")) << e.what();
+  EXPECT_TRUE(contains(e, "replicas [0, 1] arrived, replicas [2] did not")) << e.what();
+  // The next step works normally.
+  auto ok = strategy.run(
+      [](replica_context& ctx) { return ctx.all_reduce("SUM", tensor::scalar<float>(1)); });
+  EXPECT_FLOAT_EQ(ok[2].item<float>(), 3);
+}
+
+TEST(CollectiveTest, ManyCollectivesPerStepAndManyStepsStayMatched) {
+  mirrored_strategy strategy(cpus(4));
+  for (int step = 0; step < 20; ++step) {
+    auto out = strategy.run([step](replica_context& ctx) {
+      float acc = 0;
+      for (int k = 0; k < 5; ++k)
+        acc += ctx.all_reduce("SUM", tensor::scalar<float>(static_cast<float>(
+                                         ctx.replica_id_in_sync_group() + k + step)))
+                   .item<float>();
+      return tensor::scalar(acc);
+    });
+    // sum over k of (0+1+2+3 + 4k + 4 step) = 5*6 + 4*10 + 20*step
+    EXPECT_FLOAT_EQ(out[3].item<float>(), 70.0f + 20.0f * static_cast<float>(step));
+  }
+}
+
+} // namespace
+} // namespace consort

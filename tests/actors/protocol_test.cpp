@@ -1,0 +1,353 @@
+// The actor protocol driven message by message under CAF's deterministic test scheduler.
+
+#include "support/test_coordinator_fixture.hpp"
+
+#include <consort/ops.hpp>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+namespace consort {
+namespace {
+
+using namespace std::chrono_literals;
+
+collective_call make_call(step_id step, uint32_t seq, int replica, collective_kind kind,
+                          nest value) {
+  collective_call call;
+  call.step = step;
+  call.seq = seq;
+  call.replica = replica;
+  call.request.kind = kind;
+  call.request.value = std::move(value);
+  return call;
+}
+
+collective_call all_reduce_call(step_id step, uint32_t seq, int replica, float v) {
+  return make_call(step, seq, replica, collective_kind::all_reduce,
+                   tensor::from<float>({v, 2 * v}, {2}));
+}
+
+class CollectiveActorTest : public test::test_coordinator_fixture {
+protected:
+  CollectiveActorTest() {
+    collective_config cfg;
+    cfg.replica_ids = {0, 1, 2};
+    cfg.default_timeout = 5s;
+    coll_ = spawn_collective(sys(), cfg, /*detached=*/false);
+    for (int i = 0; i < 3; ++i)
+      clients_.push_back(std::make_unique<caf::scoped_actor>(sys()));
+  }
+
+  ~CollectiveActorTest() override {
+    caf::anon_send_exit(coll_, caf::exit_reason::user_shutdown);
+    run();
+  }
+
+  caf::scoped_actor& client(int i) { return *clients_[static_cast<size_t>(i)]; }
+
+  /// Sends `call` from client `i` (asynchronously; the reply lands in its mailbox).
+  void send(int i, collective_call call) { client(i)->send(coll_, collect_atom_v, call); }
+
+  /// The reply waiting in client `i`'s mailbox: a nest, or the error's consort code and text.
+  struct reply {
+    bool received = false;
+    std::optional<nest> value;
+    errc code = errc::none;
+    std::string message;
+  };
+
+  reply take(int i) {
+    reply out;
+    client(i)->receive(
+        [&](nest& v) {
+          out.received = true;
+          out.value = std::move(v);
+        },
+        [&](caf::error& err) {
+          out.received = true;
+          auto e = to_consort_error(err, "");
+          out.code = e.code();
+          out.message = e.what();
+        },
+        caf::after(0s) >> [] {});
+    return out;
+  }
+
+  collective_actor coll_;
+  std::vector<std::unique_ptr<caf::scoped_actor>> clients_;
+};
+
+TEST_F(CollectiveActorTest, AllReduceAnswersEveryReplicaOnlyOnceAllHaveArrived) {
+  send(0, all_reduce_call(0, 0, 0, 1));
+  send(1, all_reduce_call(0, 0, 1, 2));
+  run();
+  EXPECT_FALSE(take(0).received);
+  EXPECT_FALSE(take(1).received);
+  send(2, all_reduce_call(0, 0, 2, 3));
+  run();
+  for (int i = 0; i < 3; ++i) {
+    auto r = take(i);
+    ASSERT_TRUE(r.received) << "replica " << i;
+    ASSERT_TRUE(r.value) << r.message;
+    EXPECT_EQ(r.value->as_tensor().to_vector<float>(), (std::vector<float>{6, 12}));
+  }
+}
+
+TEST_F(CollectiveActorTest, CallsAreMatchedByStepAndSequenceNotByArrivalOrder) {
+  // Replica 0 is already at call #1 while replica 1 makes call #0: each meets its own match.
+  send(0, all_reduce_call(4, 0, 0, 1));
+  send(0, all_reduce_call(4, 1, 0, 10));
+  send(1, all_reduce_call(4, 1, 1, 20));
+  send(2, all_reduce_call(4, 1, 2, 30));
+  run();
+  send(1, all_reduce_call(4, 0, 1, 2));
+  send(2, all_reduce_call(4, 0, 2, 3));
+  run();
+  std::vector<std::vector<float>> firsts;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> got;
+    for (int k = 0; k < 2; ++k) {
+      auto r = take(i);
+      ASSERT_TRUE(r.value) << r.message;
+      auto v = r.value->as_tensor().to_vector<float>();
+      got.push_back(v[0]);
+    }
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, (std::vector<float>{6, 60})) << "replica " << i;
+  }
+}
+
+TEST_F(CollectiveActorTest, MismatchedKindsFailEveryReplicaIncludingLateArrivals) {
+  send(0, all_reduce_call(1, 0, 0, 1));
+  send(1, make_call(1, 0, 1, collective_kind::all_gather, tensor::from<float>({1, 2}, {2})));
+  run();
+  for (int i = 0; i < 2; ++i) {
+    auto r = take(i);
+    ASSERT_TRUE(r.received);
+    EXPECT_EQ(r.code, errc::collective_mismatch);
+    EXPECT_NE(r.message.find("replica 1 called all_gather(axis=0)"), std::string::npos)
+        << r.message;
+    EXPECT_NE(r.message.find("replica 0 called all_reduce(SUM)"), std::string::npos) << r.message;
+  }
+  send(2, all_reduce_call(1, 0, 2, 3));
+  run();
+  EXPECT_EQ(take(2).code, errc::collective_mismatch);
+}
+
+TEST_F(CollectiveActorTest, MismatchedShapesNameBothShapes) {
+  send(0, all_reduce_call(0, 0, 0, 1));
+  send(1, make_call(0, 0, 1, collective_kind::all_reduce, tensor::from<float>({1, 2, 3}, {3})));
+  run();
+  auto r = take(1);
+  EXPECT_EQ(r.code, errc::collective_mismatch);
+  EXPECT_NE(r.message.find("shape [3]"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("[2]"), std::string::npos) << r.message;
+}
+
+TEST_F(CollectiveActorTest, DeadlineNamesArrivedAndMissingReplicas) {
+  send(0, all_reduce_call(2, 0, 0, 1));
+  send(2, all_reduce_call(2, 0, 2, 1));
+  run();
+  EXPECT_FALSE(take(0).received);
+  fire_timeouts();
+  for (int i : {0, 2}) {
+    auto r = take(i);
+    ASSERT_TRUE(r.received);
+    EXPECT_EQ(r.code, errc::collective_timeout);
+    EXPECT_NE(r.message.find("all_reduce(SUM) #0 of step 2"), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("replicas [0, 2] arrived, replicas [1] did not"), std::string::npos)
+        << r.message;
+  }
+  // The straggler learns the same at once instead of waiting a deadline of its own.
+  send(1, all_reduce_call(2, 0, 1, 1));
+  run();
+  EXPECT_EQ(take(1).code, errc::collective_timeout);
+}
+
+TEST_F(CollectiveActorTest, PeerThatFinishesWithoutTheCallFailsWaitersAtOnce) {
+  send(0, all_reduce_call(3, 0, 0, 1));
+  send(1, all_reduce_call(3, 0, 1, 1));
+  run();
+  client(2)->send(coll_, done_atom_v, step_report{3, 2, 0, caf::error{}});
+  run(); // no timeout fired: the report alone decides
+  for (int i = 0; i < 2; ++i) {
+    auto r = take(i);
+    ASSERT_TRUE(r.received);
+    EXPECT_EQ(r.code, errc::collective_aborted);
+    EXPECT_NE(r.message.find("replica 2 finished step 3 after 0 collective call(s)"),
+              std::string::npos)
+        << r.message;
+  }
+}
+
+TEST_F(CollectiveActorTest, PeerFailureIsForwardedWithItsReason) {
+  client(1)->send(coll_, done_atom_v,
+                  step_report{5, 1, 0, make_caf_error(errc::step_failed, "boom on replica 1")});
+  run();
+  send(0, all_reduce_call(5, 0, 0, 1));
+  run();
+  auto r = take(0);
+  EXPECT_EQ(r.code, errc::collective_aborted);
+  EXPECT_NE(r.message.find("boom on replica 1"), std::string::npos) << r.message;
+}
+
+TEST_F(CollectiveActorTest, BroadcastRootOutOfRangeIsRejected) {
+  auto call = make_call(0, 0, 0, collective_kind::broadcast, tensor::scalar<int32_t>(1));
+  call.request.root = 7;
+  send(0, call);
+  run();
+  auto r = take(0);
+  EXPECT_EQ(r.code, errc::invalid_argument);
+  EXPECT_NE(r.message.find("root replica 7 is out of range"), std::string::npos) << r.message;
+}
+
+TEST_F(CollectiveActorTest, HostReduceAndGatherAnswerRequests) {
+  host_reduce req{reduce_op::mean,
+                  {nest(tensor::from<int32_t>({0, 1, 2, 3})), nest(tensor::from<int32_t>({4, 5}))},
+                  0};
+  client(0)->send(coll_, reduce_atom_v, req);
+  run();
+  auto r = take(0);
+  ASSERT_TRUE(r.value) << r.message;
+  EXPECT_DOUBLE_EQ(r.value->as_tensor().item<double>(), 2.5);
+  host_gather g{{nest(tensor::scalar<float>(1)), nest(tensor::scalar<float>(2))}, 0};
+  client(0)->send(coll_, gather_atom_v, g);
+  run();
+  r = take(0);
+  EXPECT_EQ(r.code, errc::invalid_argument) << "rank-0 gather must be rejected";
+}
+
+// -- strategy actor over replica actors
+// ------------------------------------------------------------
+
+class StrategyActorTest : public test::test_coordinator_fixture {
+protected:
+  void spawn(int n) {
+    collective_config ccfg;
+    for (int i = 0; i < n; ++i)
+      ccfg.replica_ids.push_back(i);
+    coll_ = spawn_collective(sys(), ccfg, false);
+    for (int i = 0; i < n; ++i) {
+      replica_config rcfg;
+      rcfg.replica_id = i;
+      rcfg.num_replicas = n;
+      rcfg.local_index = i;
+      rcfg.device = "CPU:" + std::to_string(i);
+      replicas_.push_back(spawn_replica(sys(), rcfg, coll_, false));
+    }
+    strat_ = spawn_strategy(sys(), replicas_, 1000ms);
+  }
+
+  ~StrategyActorTest() override {
+    caf::anon_send_exit(strat_, caf::exit_reason::user_shutdown);
+    for (auto& r : replicas_)
+      caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(coll_, caf::exit_reason::user_shutdown);
+    run();
+  }
+
+  collective_actor coll_;
+  std::vector<replica_actor> replicas_;
+  strategy_actor strat_;
+};
+
+TEST_F(StrategyActorTest, RunCollectsOneResultPerReplicaInReplicaOrder) {
+  spawn(3);
+  caf::scoped_actor self{sys()};
+  auto fn = std::make_shared<const step_function>([](replica_context& ctx) {
+    return nest(tensor::scalar<int32_t>(ctx.replica_id_in_sync_group() * 10));
+  });
+  self->send(strat_, run_atom_v, fn);
+  run();
+  bool got = false;
+  self->receive(
+      [&](step_results& r) {
+        got = true;
+        ASSERT_EQ(r.size(), 3u);
+        for (int i = 0; i < 3; ++i)
+          EXPECT_EQ(r[static_cast<size_t>(i)].as_tensor().item<int32_t>(), i * 10);
+      },
+      [&](caf::error& err) { FAIL() << to_consort_error(err, "").what(); },
+      caf::after(0s) >> [] {});
+  EXPECT_TRUE(got);
+}
+
+TEST_F(StrategyActorTest, StepsAreNumberedInSubmissionOrder) {
+  spawn(2);
+  caf::scoped_actor self{sys()};
+  auto fn = std::make_shared<const step_function>([](replica_context& ctx) {
+    return nest(tensor::scalar<int64_t>(static_cast<int64_t>(ctx.step())));
+  });
+  for (int k = 0; k < 3; ++k)
+    self->send(strat_, run_atom_v, fn);
+  run();
+  for (int64_t k = 0; k < 3; ++k) {
+    self->receive([&](step_results& r) { EXPECT_EQ(r[1].as_tensor().item<int64_t>(), k); },
+                  caf::after(0s) >> [] { FAIL() << "missing reply"; });
+  }
+}
+
+TEST_F(StrategyActorTest, ReplicaExceptionFailsTheStepWithThatReplicasMessage) {
+  spawn(2);
+  caf::scoped_actor self{sys()};
+  auto fn = std::make_shared<const step_function>([](replica_context& ctx) -> nest {
+    if (ctx.replica_id_in_sync_group() == 1)
+      throw std::runtime_error("bad batch");
+    return nest(tensor::scalar<float>(1));
+  });
+  self->send(strat_, run_atom_v, fn);
+  run();
+  bool failed = false;
+  self->receive([&](step_results&) { FAIL() << "step should fail"; },
+                [&](caf::error& err) {
+                  failed = true;
+                  auto e = to_consort_error(err, "");
+                  EXPECT_EQ(e.code(), errc::step_failed);
+                  EXPECT_STREQ(e.what(), "replica 1 (CPU:1) failed step 0: bad batch");
+                },
+                caf::after(0s) >> [] {});
+  EXPECT_TRUE(failed);
+}
+
+TEST_F(StrategyActorTest, SilentReplicaFailsTheStepAtTheStepDeadline) {
+  // A replica actor that never answers stands in for a step function that never returns.
+  collective_config ccfg;
+  ccfg.replica_ids = {0, 1};
+  coll_ = spawn_collective(sys(), ccfg, false);
+  replica_config rcfg;
+  rcfg.device = "CPU:0";
+  replicas_.push_back(spawn_replica(sys(), rcfg, coll_, false));
+  replicas_.push_back(
+      caf::actor_cast<replica_actor>(sys().spawn([](caf::event_based_actor*) -> caf::behavior {
+        return {[](step_atom, step_message&) -> caf::result<nest> {
+          return caf::skip();
+        }};
+      })));
+  strat_ = spawn_strategy(sys(), replicas_, 1000ms);
+  caf::scoped_actor self{sys()};
+  auto fn = std::make_shared<const step_function>(
+      [](replica_context&) { return nest(tensor::scalar<float>(1)); });
+  self->send(strat_, run_atom_v, fn);
+  run();
+  bool early = false;
+  self->receive([&](step_results&) { early = true; }, [&](caf::error&) { early = true; },
+                caf::after(0s) >> [] {});
+  EXPECT_FALSE(early) << "the step must wait for the silent replica until the deadline";
+  fire_timeouts();
+  bool failed = false;
+  self->receive([&](step_results&) { FAIL() << "step should time out"; },
+                [&](caf::error& err) {
+                  failed = true;
+                  auto e = to_consort_error(err, "");
+                  EXPECT_EQ(e.code(), errc::step_timeout);
+                  EXPECT_NE(std::string(e.what()).find("local replica(s) 1"), std::string::npos)
+                      << e.what();
+                },
+                caf::after(0s) >> [] {});
+  EXPECT_TRUE(failed);
+}
+
+} // namespace
+} // namespace consort
