@@ -1,0 +1,50 @@
+#include <consort/error.hpp>
+
+namespace consort {
+
+const char* to_string(errc code) noexcept {
+  switch (code) {
+  case errc::none:
+    return "none";
+  case errc::invalid_argument:
+    return "invalid_argument";
+  case errc::shape_mismatch:
+    return "shape_mismatch";
+  case errc::dtype_mismatch:
+    return "dtype_mismatch";
+  case errc::structure_mismatch:
+    return "structure_mismatch";
+  case errc::unknown_reduce_op:
+    return "unknown_reduce_op";
+  case errc::unknown_device:
+    return "unknown_device";
+  case errc::unsupported:
+    return "unsupported";
+  case errc::collective_mismatch:
+    return "collective_mismatch";
+  case errc::collective_timeout:
+    return "collective_timeout";
+  case errc::collective_aborted:
+    return "collective_aborted";
+  case errc::step_failed:
+    return "step_failed";
+  case errc::step_timeout:
+    return "step_timeout";
+  case errc::peer_lost:
+    return "peer_lost";
+  case errc::shutdown:
+    return "shutdown";
+  case errc::out_of_range:
+    return "out_of_range";
+  case errc::wait_timeout:
+    return "wait_timeout";
+  }
+  // A value outside the enumeration (e.g. one deserialised from a newer peer).
+  return "unknown_errc";
+}
+
+void throw_error(errc code, const std::string& message) {
+  throw error(code, message);
+}
+
+} // namespace consort

@@ -1,0 +1,597 @@
+// Host kernels: element-wise reduction of N tensors, reduction along an axis, concatenation, and
+// the tf.distribute reduce semantics built from them.
+//
+// The hot loops are plain loops over typed pointers, written so that g++ -O2/-O3 vectorises them:
+// no calls, no branches on the element, `__restrict` pointers, signed integer arithmetic done in
+// the unsigned type (it wraps as TensorFlow's does, and stays defined behaviour).
+
+#include "core/nest_paths.hpp"
+
+#include <consort/error.hpp>
+#include <consort/ops.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace consort {
+
+namespace {
+
+// -- element operations ---------------------------------------------------------------------------
+
+/// Wrapping arithmetic for the integer types (no signed-overflow UB), plain for floats. The cast
+/// back also undoes uint8's promotion to int.
+template <class A, bool = std::is_integral_v<A>>
+struct wrap {
+  using type = A;
+};
+template <class A>
+struct wrap<A, true> {
+  using type = std::make_unsigned_t<A>;
+};
+template <class A>
+using wrap_t = typename wrap<A>::type;
+
+struct sum_fn {
+  template <class A>
+  static A apply(A a, A b) {
+    return static_cast<A>(static_cast<wrap_t<A>>(a) + static_cast<wrap_t<A>>(b));
+  }
+};
+
+struct prod_fn {
+  template <class A>
+  static A apply(A a, A b) {
+    return static_cast<A>(static_cast<wrap_t<A>>(a) * static_cast<wrap_t<A>>(b));
+  }
+};
+
+struct min_fn {
+  template <class A>
+  static A apply(A a, A b) {
+    return b < a ? b : a;
+  }
+};
+
+struct max_fn {
+  template <class A>
+  static A apply(A a, A b) {
+    return a < b ? b : a;
+  }
+};
+
+// -- block passes ---------------------------------------------------------------------------------
+// Each pass is one simple loop over `n` elements; the element-wise reduction runs them over one
+// output block at a time, so the block stays in L1 while every input streams through once.
+
+template <class T, class A>
+void pass_copy(A* __restrict out, const T* __restrict a, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    out[j] = static_cast<A>(a[j]);
+}
+
+template <class T, class A>
+void pass_copy_scaled(A* __restrict out, const T* __restrict a, int64_t n, A scale) {
+  for (int64_t j = 0; j < n; ++j)
+    out[j] = static_cast<A>(a[j]) * scale;
+}
+
+template <class Op, class T, class A>
+void pass_first(A* __restrict out, const T* __restrict a, const T* __restrict b, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    out[j] = Op::apply(static_cast<A>(a[j]), static_cast<A>(b[j]));
+}
+
+template <class Op, class T, class A>
+void pass_first_scaled(A* __restrict out, const T* __restrict a, const T* __restrict b, int64_t n,
+                       A scale) {
+  for (int64_t j = 0; j < n; ++j)
+    out[j] = Op::apply(static_cast<A>(a[j]), static_cast<A>(b[j])) * scale;
+}
+
+template <class Op, class T, class A>
+void pass_next(A* __restrict out, const T* __restrict c, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    out[j] = Op::apply(out[j], static_cast<A>(c[j]));
+}
+
+template <class Op, class T, class A>
+void pass_next_scaled(A* __restrict out, const T* __restrict c, int64_t n, A scale) {
+  for (int64_t j = 0; j < n; ++j)
+    out[j] = Op::apply(out[j], static_cast<A>(c[j])) * scale;
+}
+
+/// Output elements per block: 16 KiB of output, which stays in a 32 KiB L1 data cache while the
+/// inputs stream past it.
+template <class A>
+constexpr int64_t block_elements = 16384 / static_cast<int64_t>(sizeof(A));
+
+/// out[j] = in[0][j] op in[1][j] op ... op in[N-1][j] (times `scale` when `scaled`), in one pass
+/// over the inputs.
+template <class Op, class T, class A>
+void reduce_blocks(const std::vector<const T*>& in, A* out, int64_t n, bool scaled, A scale) {
+  const size_t count = in.size();
+  for (int64_t base = 0; base < n; base += block_elements<A>) {
+    const int64_t len = std::min(block_elements<A>, n - base);
+    A* block = out + base;
+    if (count == 1) {
+      if (scaled)
+        pass_copy_scaled<T, A>(block, in[0] + base, len, scale);
+      else
+        pass_copy<T, A>(block, in[0] + base, len);
+      continue;
+    }
+    if (count == 2 && scaled)
+      pass_first_scaled<Op, T, A>(block, in[0] + base, in[1] + base, len, scale);
+    else
+      pass_first<Op, T, A>(block, in[0] + base, in[1] + base, len);
+    for (size_t i = 2; i < count; ++i) {
+      if (scaled && i + 1 == count)
+        pass_next_scaled<Op, T, A>(block, in[i] + base, len, scale);
+      else
+        pass_next<Op, T, A>(block, in[i] + base, len);
+    }
+  }
+}
+
+/// Reduces a [outer, k, inner] view along its middle axis into [outer, inner]; `k` >= 1.
+template <class Op, class T, class A>
+void reduce_middle_axis(const T* in, A* out, int64_t outer, int64_t k, int64_t inner) {
+  for (int64_t o = 0; o < outer; ++o) {
+    const T* src = in + o * k * inner;
+    A* dst = out + o * inner;
+    if (inner == 1) {
+      // Reducing the innermost axis: a horizontal reduction of one contiguous row.
+      A acc = static_cast<A>(src[0]);
+      for (int64_t i = 1; i < k; ++i)
+        acc = Op::apply(acc, static_cast<A>(src[i]));
+      dst[0] = acc;
+      continue;
+    }
+    for (int64_t base = 0; base < inner; base += block_elements<A>) {
+      const int64_t len = std::min(block_elements<A>, inner - base);
+      pass_copy<T, A>(dst + base, src + base, len);
+      for (int64_t i = 1; i < k; ++i)
+        pass_next<Op, T, A>(dst + base, src + i * inner + base, len);
+    }
+  }
+}
+
+// -- dtype dispatch -------------------------------------------------------------------------------
+
+template <class T>
+struct type_tag {
+  using type = T;
+};
+
+/// Calls `fn(type_tag<T>{})` for the C++ type of `t`; bool is rejected (callers check first).
+template <class F>
+void visit_numeric(dtype t, F&& fn) {
+  switch (t) {
+  case dtype::float32:
+    return fn(type_tag<float>{});
+  case dtype::float64:
+    return fn(type_tag<double>{});
+  case dtype::int32:
+    return fn(type_tag<int32_t>{});
+  case dtype::int64:
+    return fn(type_tag<int64_t>{});
+  case dtype::uint8:
+    return fn(type_tag<uint8_t>{});
+  case dtype::boolean:
+    break;
+  }
+  throw_error(errc::dtype_mismatch, "reduce of bool tensors is not supported; cast to int32 first");
+}
+
+/// Calls `fn(type_tag<T>{}, Op{})` for the element type `T` and the combining function of `op`
+/// (MEAN combines by summing; the caller divides).
+template <class F>
+void visit_op(reduce_op op, F&& fn) {
+  switch (op) {
+  case reduce_op::sum:
+  case reduce_op::mean:
+    return fn(sum_fn{});
+  case reduce_op::min:
+    return fn(min_fn{});
+  case reduce_op::max:
+    return fn(max_fn{});
+  case reduce_op::prod:
+    return fn(prod_fn{});
+  }
+}
+
+/// The accumulator (and output) type of reducing `T` with `op`: double for MEAN of integers.
+template <class T>
+using mean_acc_t = std::conditional_t<std::is_floating_point_v<T>, T, double>;
+
+// -- checks ---------------------------------------------------------------------------------------
+
+void reject_bool(const tensor& t, const std::string& who) {
+  if (t.dtype() == dtype::boolean)
+    throw_error(errc::dtype_mismatch,
+                who + " is a bool tensor: reduce of bool tensors is not supported; cast to int32 "
+                      "first");
+}
+
+/// Checks that `inputs` are valid tensors of one dtype and one shape. `what` names the operation
+/// and `item` what an input is called in messages ("input", "replica").
+void check_same_shape_and_dtype(const std::vector<tensor>& inputs, const char* what,
+                                const char* item) {
+  if (inputs.empty())
+    throw_error(errc::invalid_argument, std::string{what} + " needs at least one " + item);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto& t = inputs[i];
+    auto who = std::string{item} + " " + std::to_string(i);
+    if (!t.valid())
+      throw_error(errc::invalid_argument,
+                  std::string{what} + ": " + who + " is a default-constructed (empty) tensor");
+    reject_bool(t, std::string{what} + ": " + who);
+    if (t.dtype() != inputs[0].dtype())
+      throw_error(errc::dtype_mismatch, std::string{what} + ": " + who + " has dtype " +
+                                            to_string(t.dtype()) + " but " + item +
+                                            " 0 has dtype " + to_string(inputs[0].dtype()) +
+                                            "; all must have the same dtype");
+    if (t.shape() != inputs[0].shape())
+      throw_error(errc::shape_mismatch, std::string{what} + ": " + who + " has shape " +
+                                            to_string(t.shape()) + " but " + item +
+                                            " 0 has shape " + to_string(inputs[0].shape()) +
+                                            "; an element-wise reduce needs equal shapes");
+  }
+}
+
+shape_t without_axis(const shape_t& shape, int64_t axis) {
+  shape_t out = shape;
+  out.erase(out.begin() + axis);
+  return out;
+}
+
+int64_t product(const shape_t& shape, size_t begin, size_t end) {
+  int64_t n = 1;
+  for (size_t i = begin; i < end; ++i)
+    n *= shape[i];
+  return n;
+}
+
+/// A tensor of `shape` with every element `value`.
+tensor filled(dtype type, const shape_t& shape, const std::string& device, double value) {
+  auto out = tensor::zeros(type, shape, device);
+  if (value == 0)
+    return out;
+  visit_numeric(type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto* p = out.mutable_data<T>();
+    std::fill(p, p + out.num_elements(), static_cast<T>(value));
+  });
+  return out;
+}
+
+/// Divides every element of a floating tensor by `divisor` in place (exact division, as TF does).
+void divide_in_place(tensor& t, double divisor) {
+  if (t.dtype() == dtype::float32) {
+    auto* p = t.mutable_data<float>();
+    auto d = static_cast<float>(divisor);
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      p[i] /= d;
+  } else {
+    auto* p = t.mutable_data<double>();
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      p[i] /= divisor;
+  }
+}
+
+/// Reduces `input` along the (normalised) `axis` with `op`; the output has `reduced_dtype`. For
+/// MEAN, divides by the extent when `divide`, else leaves the sum (in the output dtype) so that a
+/// caller can divide by a larger count.
+tensor reduce_axis_impl(reduce_op op, const tensor& input, int64_t axis, bool divide) {
+  const auto& shape = input.shape();
+  const int64_t k = shape[static_cast<size_t>(axis)];
+  const auto out_type = reduced_dtype(op, input.dtype());
+  auto out_shape = without_axis(shape, axis);
+  if (k == 0) {
+    switch (op) {
+    case reduce_op::sum:
+      return tensor::zeros(out_type, out_shape, input.device());
+    case reduce_op::prod:
+      return filled(out_type, out_shape, input.device(), 1);
+    case reduce_op::mean:
+      // 0/0, as TF's reduce_mean of an empty axis.
+      return filled(out_type, out_shape, input.device(),
+                    divide ? std::numeric_limits<double>::quiet_NaN() : 0.0);
+    case reduce_op::min:
+    case reduce_op::max:
+      throw_error(errc::invalid_argument, std::string{"reduce "} + to_string(op) + " along axis " +
+                                              std::to_string(axis) + " of a tensor of shape " +
+                                              to_string(shape) + ": the axis is empty, and " +
+                                              to_string(op) + " of no elements is undefined");
+    }
+  }
+  const int64_t outer = product(shape, 0, static_cast<size_t>(axis));
+  const int64_t inner = product(shape, static_cast<size_t>(axis) + 1, shape.size());
+  auto out = tensor::zeros(out_type, out_shape, input.device());
+  if (out.num_elements() == 0)
+    return out;
+  visit_numeric(input.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto* in = static_cast<const T*>(input.raw_data());
+    visit_op(op, [&](auto fn) {
+      using Op = decltype(fn);
+      if (op == reduce_op::mean) {
+        using A = mean_acc_t<T>;
+        reduce_middle_axis<Op, T, A>(in, static_cast<A*>(out.raw_mutable_data()), outer, k, inner);
+      } else {
+        reduce_middle_axis<Op, T, T>(in, static_cast<T*>(out.raw_mutable_data()), outer, k, inner);
+      }
+    });
+  });
+  if (op == reduce_op::mean && divide)
+    divide_in_place(out, static_cast<double>(k));
+  return out;
+}
+
+/// Rethrows `e` with `prefix` in front of its message, keeping its code.
+[[noreturn]] void rethrow_with_prefix(const error& e, const std::string& prefix) {
+  throw_error(e.code(), prefix + e.what());
+}
+
+void check_same_structure(const std::vector<nest>& components, const char* what) {
+  if (components.empty())
+    throw_error(errc::invalid_argument, std::string{what} + " needs at least one replica's value");
+  for (size_t i = 1; i < components.size(); ++i) {
+    auto diff = compare_structure(components[0], components[i]);
+    if (!diff.empty())
+      throw_error(errc::structure_mismatch,
+                  std::string{what} + ": replica " + std::to_string(i) +
+                      " passed a structure different from replica 0's: " + diff +
+                      " (replica 0: " + components[0].structure_string() + ", replica " +
+                      std::to_string(i) + ": " + components[i].structure_string() + ")");
+  }
+}
+
+/// Applies `fn(leaves of every component at one position)` leaf by leaf, keeping the structure
+/// of component 0; errors of a leaf are prefixed with its path.
+template <class F>
+nest leafwise(const std::vector<nest>& components, const char* what, F&& fn) {
+  check_same_structure(components, what);
+  auto paths = detail::flatten_with_paths(components[0]);
+  std::vector<std::vector<tensor>> leaves;
+  leaves.reserve(components.size());
+  for (const auto& c : components)
+    leaves.push_back(flatten(c));
+  std::vector<tensor> results;
+  results.reserve(paths.size());
+  for (size_t l = 0; l < paths.size(); ++l) {
+    std::vector<tensor> column;
+    column.reserve(components.size());
+    for (const auto& replica_leaves : leaves)
+      column.push_back(replica_leaves[l]);
+    try {
+      results.push_back(fn(column));
+    } catch (const error& e) {
+      if (paths[l].first.empty())
+        throw;
+      rethrow_with_prefix(e, "at " + detail::describe_leaf(paths[l].first) + ": ");
+    }
+  }
+  return pack_as(components[0], results);
+}
+
+/// `concat` with messages that call the operation `what` and each input `item` ("replica").
+tensor concat_impl(const std::vector<tensor>& inputs, int64_t axis, const std::string& what,
+                   const std::string& item) {
+  if (inputs.empty())
+    throw_error(errc::invalid_argument, what + " needs at least one " + item + "; got none");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto who = item + " " + std::to_string(i);
+    if (!inputs[i].valid())
+      throw_error(errc::invalid_argument, what + ": " + who + " is a default-constructed tensor");
+    if (inputs[i].rank() == 0)
+      throw_error(errc::invalid_argument, "all_gather/gather needs rank >= 1; got a scalar (" +
+                                              who + ", " + inputs[i].to_string(1) +
+                                              "), reshape it to [1]");
+  }
+  const auto& first = inputs[0];
+  const int64_t ax = normalize_axis(axis, first.rank(), what.c_str());
+  shape_t out_shape = first.shape();
+  out_shape[static_cast<size_t>(ax)] = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto& t = inputs[i];
+    auto who = item + " " + std::to_string(i);
+    auto other = item + " 0";
+    if (t.dtype() != first.dtype())
+      throw_error(errc::dtype_mismatch, what + ": " + who + " has dtype " + to_string(t.dtype()) +
+                                            " but " + other + " has dtype " +
+                                            to_string(first.dtype()) + "; dtypes must agree");
+    if (t.rank() != first.rank())
+      throw_error(errc::shape_mismatch, what + ": " + who + " has shape " + to_string(t.shape()) +
+                                            " (rank " + std::to_string(t.rank()) + ") but " +
+                                            other + " has shape " + to_string(first.shape()) +
+                                            " (rank " + std::to_string(first.rank()) +
+                                            "); ranks must agree");
+    for (int64_t d = 0; d < first.rank(); ++d)
+      if (d != ax && t.shape()[static_cast<size_t>(d)] != first.shape()[static_cast<size_t>(d)])
+        throw_error(errc::shape_mismatch, what + " along axis " + std::to_string(ax) + ": " + who +
+                                              " has shape " + to_string(t.shape()) + " but " +
+                                              other + " has shape " + to_string(first.shape()) +
+                                              "; every extent but axis " + std::to_string(ax) +
+                                              "'s must agree");
+    out_shape[static_cast<size_t>(ax)] += t.shape()[static_cast<size_t>(ax)];
+  }
+  if (inputs.size() == 1)
+    return first;
+  auto out = tensor::zeros(first.dtype(), out_shape, first.device());
+  if (out.num_bytes() == 0)
+    return out;
+  // Row-major: for each index of the axes before `ax`, each input contributes one contiguous
+  // chunk of (its extent along `ax`) x (the product of the later axes) elements.
+  const int64_t outer = product(out_shape, 0, static_cast<size_t>(ax));
+  const auto inner_bytes =
+      static_cast<size_t>(product(out_shape, static_cast<size_t>(ax) + 1, out_shape.size())) *
+      size_of(first.dtype());
+  auto* dst = static_cast<std::byte*>(out.raw_mutable_data());
+  for (int64_t o = 0; o < outer; ++o) {
+    for (const auto& t : inputs) {
+      const auto chunk = static_cast<size_t>(t.shape()[static_cast<size_t>(ax)]) * inner_bytes;
+      if (chunk == 0)
+        continue;
+      std::memcpy(dst, static_cast<const std::byte*>(t.raw_data()) + o * chunk, chunk);
+      dst += chunk;
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+// -- public kernels -------------------------------------------------------------------------------
+
+consort::dtype reduced_dtype(reduce_op op, consort::dtype input) {
+  if (op == reduce_op::mean && !is_floating(input))
+    return dtype::float64;
+  return input;
+}
+
+int64_t normalize_axis(int64_t axis, int64_t rank, const char* what) {
+  if (rank == 0)
+    throw_error(errc::invalid_argument, std::string{what} + ": axis " + std::to_string(axis) +
+                                            " is invalid for a scalar (rank 0), which has no axes");
+  if (axis < -rank || axis >= rank)
+    throw_error(errc::invalid_argument,
+                std::string{what} + ": axis " + std::to_string(axis) +
+                    " is out of range for a tensor of rank " + std::to_string(rank) +
+                    "; valid axes are " + std::to_string(-rank) + ".." + std::to_string(rank - 1));
+  return axis < 0 ? axis + rank : axis;
+}
+
+tensor reduce_elementwise(reduce_op op, const std::vector<tensor>& inputs,
+                          std::optional<double> mean_divisor) {
+  check_same_shape_and_dtype(inputs, "reduce_elementwise", "input");
+  const double divisor = mean_divisor.value_or(static_cast<double>(inputs.size()));
+  if (op == reduce_op::mean && !(divisor > 0 && std::isfinite(divisor)))
+    throw_error(errc::invalid_argument, "reduce_elementwise: the MEAN divisor must be a positive "
+                                        "finite number; got " +
+                                            std::to_string(divisor));
+  // Tensors are immutable once shared, so one input reduced with anything but MEAN is itself.
+  if (inputs.size() == 1 && op != reduce_op::mean)
+    return inputs[0];
+  const auto& first = inputs[0];
+  auto out = tensor::zeros(reduced_dtype(op, first.dtype()), first.shape(), first.device());
+  const int64_t n = first.num_elements();
+  if (n == 0)
+    return out;
+  visit_numeric(first.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    std::vector<const T*> in;
+    in.reserve(inputs.size());
+    for (const auto& t : inputs)
+      in.push_back(static_cast<const T*>(t.raw_data()));
+    visit_op(op, [&](auto fn) {
+      using Op = decltype(fn);
+      if (op == reduce_op::mean) {
+        using A = mean_acc_t<T>;
+        // The division is folded into the last input pass as a multiplication.
+        reduce_blocks<Op, T, A>(in, static_cast<A*>(out.raw_mutable_data()), n, true,
+                                static_cast<A>(1.0 / divisor));
+      } else {
+        reduce_blocks<Op, T, T>(in, static_cast<T*>(out.raw_mutable_data()), n, false, T{});
+      }
+    });
+  });
+  return out;
+}
+
+tensor reduce_axis(reduce_op op, const tensor& input, int64_t axis) {
+  if (!input.valid())
+    throw_error(errc::invalid_argument, "reduce_axis: the input is a default-constructed tensor");
+  reject_bool(input, "reduce_axis: the input");
+  return reduce_axis_impl(op, input, normalize_axis(axis, input.rank(), "reduce_axis"), true);
+}
+
+tensor concat(const std::vector<tensor>& inputs, int64_t axis) {
+  return concat_impl(inputs, axis, "concat", "input");
+}
+
+tensor reduce_components(reduce_op op, const std::vector<tensor>& components,
+                         std::optional<int64_t> axis) {
+  if (!axis) {
+    // Checked here too, so that messages speak of replicas rather than inputs.
+    check_same_shape_and_dtype(components, "reduce", "replica");
+    return reduce_elementwise(op, components);
+  }
+  if (components.empty())
+    throw_error(errc::invalid_argument, "reduce needs at least one replica's value");
+  const auto& first = components[0];
+  for (size_t i = 0; i < components.size(); ++i) {
+    const auto& t = components[i];
+    auto who = "replica " + std::to_string(i);
+    if (!t.valid())
+      throw_error(errc::invalid_argument,
+                  "reduce: " + who + "'s value is a default-constructed tensor");
+    reject_bool(t, "reduce: " + who + "'s value");
+  }
+  const int64_t ax = normalize_axis(*axis, first.rank(), "reduce");
+  for (size_t i = 1; i < components.size(); ++i) {
+    const auto& t = components[i];
+    if (t.dtype() != first.dtype())
+      throw_error(errc::dtype_mismatch, "reduce: replica " + std::to_string(i) + " has dtype " +
+                                            to_string(t.dtype()) + " but replica 0 has dtype " +
+                                            to_string(first.dtype()));
+    bool same = t.rank() == first.rank();
+    for (int64_t d = 0; same && d < first.rank(); ++d)
+      same = d == ax || t.shape()[static_cast<size_t>(d)] == first.shape()[static_cast<size_t>(d)];
+    if (!same)
+      throw_error(errc::shape_mismatch,
+                  "reduce along axis " + std::to_string(ax) + ": replica " + std::to_string(i) +
+                      " has shape " + to_string(t.shape()) + " but replica 0 has shape " +
+                      to_string(first.shape()) + "; ranks and every extent but axis " +
+                      std::to_string(ax) + "'s must agree");
+  }
+  // Reduce inside each replica (replicas with nothing along the axis add nothing), then across.
+  std::vector<tensor> partials;
+  int64_t total = 0;
+  for (const auto& t : components) {
+    const int64_t extent = t.shape()[static_cast<size_t>(ax)];
+    if (extent == 0)
+      continue;
+    total += extent;
+    partials.push_back(reduce_axis_impl(op, t, ax, /*divide=*/false));
+  }
+  if (partials.empty()) {
+    if (op == reduce_op::min || op == reduce_op::max)
+      throw_error(errc::invalid_argument,
+                  std::string{"reduce "} + to_string(op) + " along axis " + std::to_string(ax) +
+                      ": every replica's value is empty along that axis (replica 0 has shape " +
+                      to_string(first.shape()) + "), and " + to_string(op) +
+                      " of no elements is undefined");
+    // As one empty axis: SUM gives 0, PROD 1, MEAN NaN (0/0).
+    return reduce_axis_impl(op, first, ax, /*divide=*/true);
+  }
+  // Partial MEANs are sums already in the output dtype, so they are combined by SUM.
+  auto combine = op == reduce_op::mean ? reduce_op::sum : op;
+  auto out = reduce_elementwise(combine, partials);
+  partials.clear(); // so that dividing `out` in place needs no copy when it is a partial itself
+  if (op == reduce_op::mean)
+    divide_in_place(out, static_cast<double>(total));
+  return out;
+}
+
+nest reduce_components(reduce_op op, const std::vector<nest>& components,
+                       std::optional<int64_t> axis) {
+  return leafwise(components, "reduce", [&](const std::vector<tensor>& column) {
+    return reduce_components(op, column, axis);
+  });
+}
+
+nest concat_components(const std::vector<nest>& components, int64_t axis) {
+  return leafwise(components, "gather", [&](const std::vector<tensor>& column) {
+    return concat_impl(column, axis, "gather", "replica");
+  });
+}
+
+} // namespace consort
