@@ -250,8 +250,14 @@ caf::error never_called(const slot& s, uint32_t seq, const step_report& report) 
   return make_caf_error(errc::collective_aborted, out.str());
 }
 
+void on_report(self_ptr self, step_report& report);
+
 caf::result<nest> on_call(self_ptr self, collective_call& call) {
   auto& st = self->state;
+  // Peers that finished before any collective of the step was flagged sent no report of their
+  // own; the caller carries them.
+  for (auto& report : call.finished_peers)
+    on_report(self, report);
   auto pos_it = st.position.find(call.replica);
   if (pos_it == st.position.end())
     return make_caf_error(errc::invalid_argument, "collective call from replica " +
@@ -359,9 +365,10 @@ void on_report(self_ptr self, step_report& report) {
     if (seq >= report.calls && !s.failure)
       fail_slot(s, never_called(s, seq, report));
   }
+  auto step = report.step;
   entry.reports[pos_it->second] = std::move(report);
   if (++entry.reported == st.position.size())
-    st.steps.erase(report.step);
+    st.steps.erase(step);
 }
 
 void on_deadline(self_ptr self, step_id step, uint32_t seq) {
@@ -410,6 +417,20 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
             return concat_components(req.components, req.axis);
           } catch (const std::exception& e) {
             return error_of(e);
+          }
+        },
+        [](reduce_atom, host_reduce& req, nest_state& state) {
+          try {
+            state->set_value(reduce_components(req.op, req.components, req.axis));
+          } catch (...) {
+            state->set_error(std::current_exception());
+          }
+        },
+        [](gather_atom, host_gather& req, nest_state& state) {
+          try {
+            state->set_value(concat_components(req.components, req.axis));
+          } catch (...) {
+            state->set_error(std::current_exception());
           }
         },
     };

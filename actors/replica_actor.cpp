@@ -26,6 +26,8 @@ struct replica_state : detail::replica_services {
   std::unique_ptr<caf::scoped_actor> client;
   step_id current_step = 0;
   uint32_t next_seq = 0;
+  /// The join of the step being run (null between steps).
+  step_join* join = nullptr;
   static inline const char* name = "consort.replica";
 
   nest collective(detail::collective_request request) override {
@@ -33,7 +35,9 @@ struct replica_state : detail::replica_services {
     auto timeout = request.timeout.value_or(cfg.collective_timeout);
     request.timeout = timeout;
     auto kind = request.kind;
-    collective_call call{current_step, seq, cfg.replica_id, std::move(request)};
+    collective_call call{current_step, seq, cfg.replica_id, std::move(request), {}};
+    if (join != nullptr)
+      call.finished_peers = join->mark_collective_used();
     if (!client)
       client = std::make_unique<caf::scoped_actor>(*sys);
     nest result;
@@ -61,10 +65,11 @@ bool is_collective_error(errc code) {
          code == errc::collective_aborted;
 }
 
-caf::result<nest> run_step(self_ptr self, step_message& msg) {
+void run_step(self_ptr self, step_message& msg) {
   auto& st = self->state;
   st.current_step = msg.step;
   st.next_seq = 0;
+  st.join = msg.join.get();
   replica_context ctx{
       st.cfg.replica_id, st.cfg.num_replicas, st.cfg.local_index, st.cfg.device, msg.step, st};
   nest out;
@@ -90,12 +95,20 @@ caf::result<nest> run_step(self_ptr self, step_message& msg) {
     failure = make_caf_error(errc::step_failed, where() + "an exception not derived from "
                                                           "std::exception");
   }
+  st.join = nullptr;
+  auto index = static_cast<size_t>(st.cfg.local_index);
   // Tell the collective actor first, so peers waiting on a call this replica never made fail
-  // now rather than at their deadline.
-  self->send(st.coll, done_atom_v, step_report{msg.step, st.cfg.replica_id, st.next_seq, failure});
+  // now rather than at their deadline; steps without collectives skip it (see step_join).
+  bool report = msg.join ? msg.join->mark_finished(index, st.next_seq, failure) : true;
+  if (report)
+    self->send(st.coll, done_atom_v,
+               step_report{msg.step, st.cfg.replica_id, st.next_seq, failure});
+  if (!msg.join)
+    return;
   if (failure)
-    return failure;
-  return out;
+    msg.join->deposit(index, std::move(failure));
+  else
+    msg.join->deposit(index, std::move(out));
 }
 
 } // namespace
@@ -107,7 +120,7 @@ replica_actor spawn_replica(caf::actor_system& sys, replica_config cfg, collecti
     self->state.coll = coll;
     self->state.sys = &self->system();
     return {
-        [self](step_atom, step_message& msg) -> caf::result<nest> { return run_step(self, msg); },
+        [self](step_atom, step_message& msg) { run_step(self, msg); },
     };
   };
   if (detached)

@@ -10,7 +10,6 @@
 #include <atomic>
 #include <mutex>
 #include <thread>
-#include <unordered_map>
 
 namespace consort {
 
@@ -67,33 +66,6 @@ void configure_actor_system(caf::actor_system_config& cfg) {
 }
 
 namespace detail {
-namespace {
-
-/// A request from a public-API thread to the actors, with the future state to complete.
-template <class Request, class T>
-struct pending {
-  Request request;
-  std::shared_ptr<shared_state<T>> state;
-  uint64_t id = 0;
-};
-
-using pending_run = pending<step_function_ptr, step_results>;
-using pending_reduce = pending<host_reduce, nest>;
-using pending_gather = pending<host_gather, nest>;
-
-/// Margin past the strategy's own step deadline: the strategy answers first with the detailed
-/// error; this only fires if the strategy actor itself is gone.
-constexpr std::chrono::seconds bridge_grace{5};
-
-} // namespace
-} // namespace detail
-} // namespace consort
-
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::detail::pending_run)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::detail::pending_reduce)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::detail::pending_gather)
-
-namespace consort::detail {
 
 struct runtime::impl {
   std::vector<std::string> devices;
@@ -103,43 +75,28 @@ struct runtime::impl {
   std::vector<replica_actor> replicas;
   collective_actor coll;
   strategy_actor strat;
-  caf::actor bridge;
+  std::shared_ptr<step_launcher> launcher;
 
-  /// Guards `outstanding`, `next_id` and `closed`.
+  /// Guards `outstanding` and `closed`.
   std::mutex mtx;
-  std::unordered_map<uint64_t, std::function<void()>> outstanding;
-  uint64_t next_id = 0;
+  /// Future states handed out and maybe not complete yet; shutdown fails those still pending.
+  std::vector<std::weak_ptr<shared_state_base>> outstanding;
   bool closed = false;
 
-  /// Registers `state` so that shutdown can fail it; returns its id, or 0 when closed.
-  template <class T>
-  uint64_t track(const std::shared_ptr<shared_state<T>>& state) {
+  /// Registers `state` so that shutdown can fail it; returns false when closed.
+  bool track(const std::shared_ptr<shared_state_base>& state) {
     std::lock_guard<std::mutex> guard{mtx};
     if (closed)
-      return 0;
-    auto id = ++next_id;
-    outstanding.emplace(id, [state] {
-      state->set_error(errc::shutdown, "the strategy was shut down before the call completed");
-    });
-    return id;
-  }
-
-  void untrack(uint64_t id) {
-    std::lock_guard<std::mutex> guard{mtx};
-    outstanding.erase(id);
-  }
-
-  template <class T>
-  auto completer(uint64_t id, std::shared_ptr<shared_state<T>> state, std::string what) {
-    return std::make_pair(
-        [this, id, state](T& value) {
-          state->set_value(std::move(value));
-          untrack(id);
-        },
-        [this, id, state, what](caf::error& err) {
-          state->set_error(std::make_exception_ptr(to_consort_error(err, what)));
-          untrack(id);
-        });
+      return false;
+    // Amortised pruning keeps the list as long as the number of calls in flight.
+    if (outstanding.size() >= 64 && (outstanding.size() & (outstanding.size() - 1)) == 0) {
+      std::erase_if(outstanding, [](const auto& weak) {
+        auto strong = weak.lock();
+        return !strong || strong->done();
+      });
+    }
+    outstanding.push_back(state);
+    return true;
   }
 };
 
@@ -174,27 +131,11 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts)
     rcfg.collective_timeout = opts.collective_timeout;
     d.replicas.push_back(spawn_replica(sys, rcfg, d.coll));
   }
-  d.strat = spawn_strategy(sys, d.replicas, opts.step_timeout);
-  auto* self_impl = impl_.get();
-  auto step_deadline = opts.step_timeout + bridge_grace;
-  auto host_deadline = opts.collective_timeout + bridge_grace;
-  d.bridge = sys.spawn([self_impl, step_deadline, host_deadline](caf::event_based_actor* self) {
-    auto& d = *self_impl;
-    return caf::behavior{
-        [self, &d, step_deadline](pending_run& p) {
-          auto [ok, fail] = d.completer(p.id, p.state, "run");
-          self->request(d.strat, step_deadline, run_atom_v, std::move(p.request)).then(ok, fail);
-        },
-        [self, &d, host_deadline](pending_reduce& p) {
-          auto [ok, fail] = d.completer(p.id, p.state, "reduce");
-          self->request(d.coll, host_deadline, reduce_atom_v, std::move(p.request)).then(ok, fail);
-        },
-        [self, &d, host_deadline](pending_gather& p) {
-          auto [ok, fail] = d.completer(p.id, p.state, "gather");
-          self->request(d.coll, host_deadline, gather_atom_v, std::move(p.request)).then(ok, fail);
-        },
-    };
-  });
+  std::vector<int> ids(d.replicas.size());
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<int>(i);
+  d.launcher = std::make_shared<step_launcher>(sys, d.replicas, ids, opts.step_timeout);
+  d.strat = spawn_strategy(sys, d.launcher);
 }
 
 runtime::~runtime() {
@@ -214,38 +155,40 @@ future<T> closed_future() {
 
 future<per_replica<nest>> runtime::submit(step_function fn) {
   auto [state, fut] = make_future<step_results>();
-  auto id = impl_->track(state);
-  if (id == 0)
+  if (!impl_->track(state))
     return closed_future<step_results>();
-  caf::anon_send(impl_->bridge,
-                 pending_run{std::make_shared<const step_function>(std::move(fn)), state, id});
+  // Launched from this thread: the replicas get the step without a hop through the scheduler,
+  // and the last one to finish completes the future.
+  impl_->launcher->launch(
+      std::make_shared<const step_function>(std::move(fn)), [state](step_join& join) {
+        if (join.failure())
+          state->set_error(std::make_exception_ptr(to_consort_error(join.failure(), "run")));
+        else
+          state->set_value(join.take_results());
+      });
   return fut;
 }
 
 future<nest> runtime::reduce(reduce_op op, std::vector<nest> components,
                              std::optional<int64_t> axis) {
   auto [state, fut] = make_future<nest>();
-  auto id = impl_->track(state);
-  if (id == 0)
+  if (!impl_->track(state))
     return closed_future<nest>();
-  caf::anon_send(impl_->bridge,
-                 pending_reduce{host_reduce{op, std::move(components), axis}, state, id});
+  caf::anon_send(impl_->coll, reduce_atom_v, host_reduce{op, std::move(components), axis}, state);
   return fut;
 }
 
 future<nest> runtime::gather(std::vector<nest> components, int64_t axis) {
   auto [state, fut] = make_future<nest>();
-  auto id = impl_->track(state);
-  if (id == 0)
+  if (!impl_->track(state))
     return closed_future<nest>();
-  caf::anon_send(impl_->bridge,
-                 pending_gather{host_gather{std::move(components), axis}, state, id});
+  caf::anon_send(impl_->coll, gather_atom_v, host_gather{std::move(components), axis}, state);
   return fut;
 }
 
 void runtime::shutdown() {
   auto& d = *impl_;
-  std::unordered_map<uint64_t, std::function<void()>> outstanding;
+  std::vector<std::weak_ptr<shared_state_base>> outstanding;
   {
     std::lock_guard<std::mutex> guard{d.mtx};
     if (d.closed)
@@ -253,16 +196,18 @@ void runtime::shutdown() {
     d.closed = true;
     outstanding.swap(d.outstanding);
   }
-  for (auto& [id, fail] : outstanding)
-    fail();
-  auto reason = caf::exit_reason::user_shutdown;
-  caf::anon_send_exit(d.strat, reason);
-  caf::anon_send_exit(d.bridge, reason);
+  auto reason = std::make_exception_ptr(
+      error(errc::shutdown, "the strategy was shut down before the call completed"));
+  for (auto& weak : outstanding)
+    if (auto state = weak.lock())
+      state->fail(reason);
+  auto exit = caf::exit_reason::user_shutdown;
+  caf::anon_send_exit(d.strat, exit);
   for (auto& r : d.replicas)
-    caf::anon_send_exit(r, reason);
-  caf::anon_send_exit(d.coll, reason);
+    caf::anon_send_exit(r, exit);
+  caf::anon_send_exit(d.coll, exit);
   d.strat = nullptr;
-  d.bridge = nullptr;
+  d.launcher.reset();
   d.replicas.clear();
   d.coll = nullptr;
   // Waits for every actor; a replica finishes the step it is running first.
@@ -281,4 +226,5 @@ caf::actor_system& runtime::system() noexcept {
   return *impl_->sys;
 }
 
-} // namespace consort::detail
+} // namespace detail
+} // namespace consort

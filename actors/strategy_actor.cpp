@@ -1,32 +1,20 @@
-// The strategy actor: numbers steps, fans each out to every replica, and joins the replies.
+// The strategy actor: numbers steps, fans each out to every replica, and watches the step
+// deadline; the replicas join their results in a step_join, the last one completing it.
 
 #include <consort/actors/protocol.hpp>
 
 #include <caf/all.hpp>
 
+#include <algorithm>
+#include <deque>
 #include <sstream>
+#include <unordered_map>
 
 namespace consort {
 
-struct strategy_state {
-  std::vector<replica_actor> replicas;
-  std::chrono::milliseconds step_timeout{0};
-  step_id next_step = 0;
-  static inline const char* name = "consort.strategy";
-};
+// -- step_join ------------------------------------------------------------------------------------
 
 namespace {
-
-using self_ptr = strategy_actor::stateful_pointer<strategy_state>;
-
-/// The replies of one step, filled in as they come.
-struct step_join {
-  step_id step = 0;
-  std::vector<nest> values;
-  std::vector<caf::error> errors;
-  size_t pending = 0;
-  caf::typed_response_promise<step_results> promise;
-};
 
 /// How likely an error is the root cause of a failed step, lower first: a replica's own failure,
 /// then replicas that never finished, then collective disagreements, then their echoes.
@@ -46,78 +34,239 @@ int rank_of(const caf::error& err) {
   }
 }
 
-void finish(const std::shared_ptr<step_join>& join, std::chrono::milliseconds step_timeout) {
-  std::vector<size_t> timed_out;
-  const caf::error* best = nullptr;
-  for (size_t i = 0; i < join->errors.size(); ++i) {
-    const auto& err = join->errors[i];
-    if (!err)
-      continue;
-    if (err == caf::sec::request_timeout) {
-      timed_out.push_back(i);
-      continue;
-    }
-    if (!best || rank_of(err) < rank_of(*best))
-      best = &err;
-  }
-  if (!timed_out.empty() && (!best || rank_of(*best) > 1)) {
-    std::ostringstream out;
-    out << "step " << join->step << " did not finish within the step deadline of "
-        << step_timeout.count() << " ms on local replica(s) ";
-    for (size_t k = 0; k < timed_out.size(); ++k)
-      out << (k ? ", " : "") << timed_out[k];
-    out << "; a step function that blocks or loops forever holds its replica";
-    join->promise.deliver(make_caf_error(errc::step_timeout, out.str()));
-    return;
-  }
-  if (best) {
-    join->promise.deliver(*best);
-    return;
-  }
-  join->promise.deliver(step_results{std::move(join->values)});
+} // namespace
+
+step_join::step_join(step_id step, std::vector<int> replica_ids, completion done)
+    : step_(step), replica_ids_(std::move(replica_ids)), done_(std::move(done)),
+      values_(replica_ids_.size()), errors_(replica_ids_.size()),
+      deposited_(replica_ids_.size(), false), pending_(replica_ids_.size()),
+      finished_calls_(std::make_unique<std::atomic<int64_t>[]>(replica_ids_.size())),
+      finish_errors_(replica_ids_.size()) {
+  for (size_t i = 0; i < replica_ids_.size(); ++i)
+    finished_calls_[i].store(-1, std::memory_order_relaxed);
 }
 
-caf::result<step_results> run(self_ptr self, step_function_ptr& fn) {
-  auto& st = self->state;
-  auto join = std::make_shared<step_join>();
-  join->step = st.next_step++;
-  auto n = st.replicas.size();
-  join->values.resize(n);
-  join->errors.resize(n);
-  join->pending = n;
-  join->promise = self->make_response_promise<step_results>();
-  auto timeout = st.step_timeout;
-  for (size_t i = 0; i < n; ++i) {
-    self->request(st.replicas[i], timeout, step_atom_v, step_message{join->step, fn})
-        .then(
-            [join, i, timeout](nest& value) {
-              join->values[i] = std::move(value);
-              if (--join->pending == 0)
-                finish(join, timeout);
-            },
-            [join, i, timeout](caf::error& err) {
-              join->errors[i] = std::move(err);
-              if (--join->pending == 0)
-                finish(join, timeout);
-            });
+void step_join::deposit(size_t index, nest value) {
+  std::unique_lock<std::mutex> guard{mtx_};
+  if (complete() || index >= values_.size())
+    return;
+  values_[index] = std::move(value);
+  deposited_[index] = true;
+  if (--pending_ == 0)
+    finish_locked(guard);
+}
+
+void step_join::deposit(size_t index, caf::error failure) {
+  std::unique_lock<std::mutex> guard{mtx_};
+  if (complete() || index >= errors_.size())
+    return;
+  errors_[index] = std::move(failure);
+  deposited_[index] = true;
+  if (--pending_ == 0)
+    finish_locked(guard);
+}
+
+void step_join::finish_locked(std::unique_lock<std::mutex>& guard) {
+  const caf::error* best = nullptr;
+  for (const auto& err : errors_)
+    if (err && (!best || rank_of(err) < rank_of(*best)))
+      best = &err;
+  if (best)
+    failure_ = *best;
+  complete_.store(true, std::memory_order_release);
+  guard.unlock();
+  if (done_)
+    done_(*this);
+}
+
+bool step_join::expire(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> guard{mtx_};
+  if (complete())
+    return false;
+  std::ostringstream out;
+  out << "step " << step_ << " did not finish within the step deadline of " << timeout.count()
+      << " ms on replica(s) ";
+  bool first = true;
+  for (size_t i = 0; i < values_.size(); ++i) {
+    if (deposited_[i])
+      continue;
+    out << (first ? "" : ", ") << replica_ids_[i];
+    first = false;
   }
-  return join->promise;
+  out << "; a step function that blocks or loops forever holds its replica";
+  failure_ = make_caf_error(errc::step_timeout, out.str());
+  complete_.store(true, std::memory_order_release);
+  guard.unlock();
+  if (done_)
+    done_(*this);
+  return true;
+}
+
+step_results step_join::take_results() {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return step_results{std::move(values_)};
+}
+
+bool step_join::mark_finished(size_t index, uint32_t calls, const caf::error& failure) {
+  finish_errors_[index] = failure; // published by the seq_cst store below
+  finished_calls_[index].store(calls, std::memory_order_seq_cst);
+  return calls > 0 || collectives_used_.load(std::memory_order_seq_cst);
+}
+
+std::vector<step_report> step_join::mark_collective_used() {
+  collectives_used_.store(true, std::memory_order_seq_cst);
+  std::vector<step_report> out;
+  for (size_t i = 0; i < replica_ids_.size(); ++i) {
+    auto calls = finished_calls_[i].load(std::memory_order_seq_cst);
+    if (calls >= 0)
+      out.push_back(
+          step_report{step_, replica_ids_[i], static_cast<uint32_t>(calls), finish_errors_[i]});
+  }
+  return out;
+}
+
+// -- step_launcher --------------------------------------------------------------------------------
+
+step_launcher::step_launcher(caf::actor_system& sys, std::vector<replica_actor> replicas,
+                             std::vector<int> replica_ids, std::chrono::milliseconds step_timeout)
+    : sys_(sys), replicas_(std::move(replicas)), replica_ids_(std::move(replica_ids)),
+      step_timeout_(step_timeout) {}
+
+void step_launcher::watchdog(strategy_actor hdl) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  watchdog_ = std::move(hdl);
+}
+
+std::chrono::milliseconds step_launcher::tick_interval() const noexcept {
+  return std::clamp(step_timeout_ / 8, std::chrono::milliseconds(1),
+                    std::chrono::milliseconds(1000));
+}
+
+std::shared_ptr<step_join> step_launcher::launch(step_function_ptr fn, step_join::completion done) {
+  strategy_actor wake;
+  std::shared_ptr<step_join> join;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    join = std::make_shared<step_join>(next_step_++, replica_ids_, std::move(done));
+    // Drop completed steps from the front, so the list stays as long as the steps in flight.
+    while (!watch_.empty()) {
+      auto front = watch_.front().second.lock();
+      if (front && !front->complete())
+        break;
+      watch_.pop_front();
+    }
+    watch_.emplace_back(sys_.clock().now() + step_timeout_, join);
+    // Sent under the lock: every replica must see steps in the same order.
+    for (auto& replica : replicas_)
+      caf::anon_send(replica, step_atom_v, step_message{join->step(), fn, join});
+    if (!armed.exchange(true))
+      wake = watchdog_;
+  }
+  if (wake)
+    caf::anon_send(wake, tick_atom_v);
+  return join;
+}
+
+bool step_launcher::expire_overdue(caf::actor_clock::time_point now) {
+  std::vector<std::shared_ptr<step_join>> overdue;
+  bool busy = false;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    while (!watch_.empty()) {
+      auto& [deadline, weak] = watch_.front();
+      auto join = weak.lock();
+      if (join && !join->complete()) {
+        if (deadline > now)
+          break;
+        overdue.push_back(std::move(join));
+      }
+      watch_.pop_front();
+    }
+    busy = !watch_.empty();
+  }
+  // Expire outside the lock: completions may launch the next step.
+  for (auto& join : overdue)
+    join->expire(step_timeout_);
+  return busy;
+}
+
+// -- the strategy actor ---------------------------------------------------------------------------
+
+struct strategy_state {
+  std::shared_ptr<step_launcher> launcher;
+  /// Joins of `run` requests, waiting to answer their requester.
+  std::unordered_map<
+      step_id, std::pair<std::shared_ptr<step_join>, caf::typed_response_promise<step_results>>>
+      requests;
+  static inline const char* name = "consort.strategy";
+};
+
+namespace {
+
+using self_ptr = strategy_actor::stateful_pointer<strategy_state>;
+
+/// The watchdog: expires overdue steps, and keeps ticking while any step runs. When it finds
+/// nothing to watch it disarms, and the next launch re-arms it with one `tick`; so exactly one
+/// chain of ticks runs at a time.
+void on_tick(self_ptr self) {
+  auto& launcher = *self->state.launcher;
+  if (!launcher.expire_overdue(self->clock().now())) {
+    launcher.armed.store(false);
+    // A launch between expire_overdue and the store above saw `armed` still set and sent no
+    // tick; look once more so that its step is watched. If a launch re-armed meanwhile, its
+    // tick continues the chain instead.
+    if (!launcher.expire_overdue(self->clock().now()) || launcher.armed.exchange(true))
+      return;
+  }
+  self->delayed_send(self, launcher.tick_interval(), tick_atom_v);
+}
+
+strategy_actor::behavior_type strategy_impl(self_ptr self,
+                                            std::shared_ptr<step_launcher> launcher) {
+  self->state.launcher = std::move(launcher);
+  return {
+      [self](run_atom, step_function_ptr& fn) -> caf::result<step_results> {
+        auto promise = self->make_response_promise<step_results>();
+        // The join may complete on a replica thread, and only the actor may deliver the promise,
+        // so the join sends it a `done`. The address keeps no reference alive.
+        auto join =
+            self->state.launcher->launch(std::move(fn), [addr = self->address()](step_join& j) {
+              if (auto hdl = caf::actor_cast<strategy_actor>(addr))
+                caf::anon_send(hdl, done_atom_v, j.step());
+            });
+        self->state.requests.emplace(join->step(), std::make_pair(join, promise));
+        return promise;
+      },
+      [self](done_atom, step_id step) {
+        auto it = self->state.requests.find(step);
+        if (it == self->state.requests.end())
+          return;
+        auto& [join, promise] = it->second;
+        if (join->failure())
+          promise.deliver(join->failure());
+        else
+          promise.deliver(join->take_results());
+        self->state.requests.erase(it);
+      },
+      [self](tick_atom) { on_tick(self); },
+  };
 }
 
 } // namespace
 
+strategy_actor spawn_strategy(caf::actor_system& sys, std::shared_ptr<step_launcher> launcher) {
+  auto hdl = sys.spawn(strategy_impl, launcher);
+  launcher->watchdog(hdl);
+  return hdl;
+}
+
 strategy_actor spawn_strategy(caf::actor_system& sys, std::vector<replica_actor> replicas,
                               std::chrono::milliseconds step_timeout) {
-  return sys.spawn([replicas = std::move(replicas),
-                    step_timeout](self_ptr self) -> strategy_actor::behavior_type {
-    self->state.replicas = replicas;
-    self->state.step_timeout = step_timeout;
-    return {
-        [self](run_atom, step_function_ptr& fn) -> caf::result<step_results> {
-          return run(self, fn);
-        },
-    };
-  });
+  std::vector<int> ids;
+  for (size_t i = 0; i < replicas.size(); ++i)
+    ids.push_back(static_cast<int>(i));
+  return spawn_strategy(
+      sys, std::make_shared<step_launcher>(sys, std::move(replicas), std::move(ids), step_timeout));
 }
 
 } // namespace consort

@@ -47,19 +47,33 @@ private:
   std::unique_ptr<concept_t> impl_;
 };
 
+/// What the engine needs of any future state to fail it at shutdown, whatever its value type.
+class shared_state_base {
+public:
+  virtual ~shared_state_base() = default;
+  virtual bool done() const noexcept = 0;
+  virtual void fail(std::exception_ptr ep) = 0;
+};
+
 /// The state shared by a `future` and the engine side that completes it.
 /// Thread safety: thread-safe; `mtx_` guards every member but `ready_`, which is also written
 /// under `mtx_` and read without it to spin briefly before blocking.
 template <class T>
-class shared_state {
+class shared_state final : public shared_state_base {
 public:
-  void set_value(T value) { complete(nullptr, std::move(value)); }
-  void set_error(std::exception_ptr ep) { complete(std::move(ep), std::nullopt); }
+  void set_value(T value) {
+    complete([&] { value_.emplace(std::move(value)); });
+  }
+  void set_error(std::exception_ptr ep) {
+    complete([&] { error_ = std::move(ep); });
+  }
   void set_error(errc code, const std::string& message) {
     set_error(std::make_exception_ptr(error(code, message)));
   }
 
   bool ready() const noexcept { return ready_.load(std::memory_order_acquire); }
+  bool done() const noexcept override { return ready(); }
+  void fail(std::exception_ptr ep) override { set_error(std::move(ep)); }
 
   /// Waits until ready or `deadline`; spins for a few microseconds first, because the engine
   /// usually answers quickly and a condition-variable wake-up costs tens of microseconds here.
@@ -93,14 +107,16 @@ public:
   }
 
 private:
-  void complete(std::exception_ptr ep, std::optional<T> value) {
+  /// Stores the outcome with `assign` (under the lock) unless one is already there, then wakes
+  /// waiters and runs the continuation.
+  template <class Assign>
+  void complete(Assign&& assign) {
     completion_fn<T> cont;
     {
       std::lock_guard<std::mutex> guard{mtx_};
       if (ready())
         return; // first completion wins; later ones (e.g. a late timeout) are dropped
-      error_ = std::move(ep);
-      value_ = std::move(value);
+      assign();
       ready_.store(true, std::memory_order_release);
       cont = std::move(continuation_);
     }

@@ -115,7 +115,7 @@ public:
     (check_arg(args), ...);
     auto step = [f = std::forward<F>(fn), ... a = std::decay_t<Args>(std::forward<Args>(args))](
                     replica_context& ctx) mutable {
-      auto i = static_cast<size_t>(ctx.local_replica_index());
+      [[maybe_unused]] auto i = static_cast<size_t>(ctx.local_replica_index());
       return detail::to_nest(f(ctx, detail::unwrap_arg(a, i)...));
     };
     auto result = submit(step_function(std::move(step)));

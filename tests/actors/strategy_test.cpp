@@ -206,7 +206,7 @@ TEST(StrategyTest, StepThatNeverFinishesFailsAtTheStepDeadline) {
   });
   ASSERT_TRUE(fut.wait_for(30s)) << "the step deadline did not fire";
   release = true; // let the replica go so that shutdown can finish
-  expect_error(errc::step_timeout, "local replica(s) 1", [&] { fut.get(); });
+  expect_error(errc::step_timeout, "on replica(s) 1", [&] { fut.get(); });
 }
 
 TEST(StrategyTest, InvalidDevicesAreClearErrors) {

@@ -8,28 +8,34 @@
 // Who talks to whom (DESIGN.md §3):
 //
 //   caller ──run──▶ strategy_actor ──step──▶ replica_actor (one per device, own thread)
-//                        ▲                       │  collective (blocking, with deadline)
-//                        └──── step result ──────┤
-//                                                ▼
-//                                       collective_actor ◀── done (step report, every replica)
+//      ▲                 │ watchdog tick          │  collective (blocking, with deadline)
+//      │                 ▼                        ▼
+//      └────────────── step_join ◀──deposit── collective_actor ◀── done (step report)
 //
 // A step's protocol, as states:
-//   1. strategy numbers the step (0, 1, ...) and sends `step` to every replica;
+//   1. the strategy numbers the step (0, 1, ...), makes its step_join and sends `step` to every
+//      replica; it keeps a weak reference for the step deadline;
 //   2. each replica runs the step function; its k-th collective call goes to the collective
 //      actor as (step, seq = k) and blocks the replica's thread until the reply or the deadline;
-//   3. each replica, when its step function returns or throws, sends `done` to the collective
-//      actor (so peers waiting on a call it never made fail at once) and then replies to the
-//      strategy;
-//   4. the strategy delivers `per_replica<nest>` when every replica replied, or the root-cause
-//      error (a replica's own failure before collective_aborted echoes of it).
+//   3. each replica deposits its result (or error) in the join; the last one to deposit
+//      completes it: the caller's future directly, or, for a `run` request, a `done` message
+//      that lets the strategy actor answer. The strategy is not woken on the common path, which
+//      saves a thread hop per step (DESIGN.md §8);
+//   4. a replica tells the collective actor that it finished (`done` with a step_report) when a
+//      collective was used in the step, so peers waiting on a call it never made fail at once.
+//      Whether one was used is settled by a handshake on the join (see step_join).
+//   5. if the join is not complete at the step deadline, the strategy expires it with
+//      step_timeout naming the replicas that had not finished.
 
 #include <consort/error.hpp>
+#include <consort/future.hpp>
 #include <consort/nest.hpp>
 #include <consort/per_replica.hpp>
 #include <consort/reduce_op.hpp>
 #include <consort/replica_context.hpp>
 #include <consort/strategy.hpp>
 
+#include <caf/actor_clock.hpp>
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
 #include <caf/error.hpp>
@@ -38,9 +44,13 @@
 #include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,10 +63,14 @@ using step_id = uint64_t;
 /// A step function shared by every replica of one step (never copied per replica).
 using step_function_ptr = std::shared_ptr<const step_function>;
 
+class step_join;
+
 /// One step for one replica.
 struct step_message {
   step_id step = 0;
   step_function_ptr fn;
+  /// Where the replica deposits its outcome; shared by every replica of the step.
+  std::shared_ptr<step_join> join;
 };
 
 /// What a replica tells the collective actor when its step function has returned or thrown.
@@ -78,6 +92,9 @@ struct collective_call {
   /// Replica id in sync group.
   int replica = 0;
   detail::collective_request request;
+  /// Peers the caller saw finished in this step before any collective was used (they sent no
+  /// report of their own); the collective actor treats each as a `done` report.
+  std::vector<step_report> finished_peers;
 };
 
 /// A reduction of already-computed per-replica values on the host (Strategy.reduce).
@@ -95,6 +112,76 @@ struct host_gather {
 
 /// The results of one step: one nest per local replica.
 using step_results = per_replica<nest>;
+
+/// A future state that the actors complete directly (the public API's entry).
+using nest_state = std::shared_ptr<detail::shared_state<nest>>;
+
+/// The join of one step: every replica deposits its outcome; the last deposit (or the strategy's
+/// deadline, whichever comes first) completes it exactly once.
+///
+/// It also carries the handshake that tells a replica whether to report `done` to the collective
+/// actor. A replica that finishes stores its call count in `finished_calls` and then reads
+/// `collectives_used`; a replica about to make a collective call sets `collectives_used` and then
+/// reads `finished_calls`. Both are sequentially consistent, so for every pair at least one side
+/// sees the other: either the finished replica reports, or the caller carries the finished
+/// replica's report in its call (`collective_call::finished_peers`). Steps without collectives
+/// thus wake nobody but the caller.
+///
+/// Thread safety: thread-safe; `mtx_` guards the outcome, the atomics need no lock.
+class step_join {
+public:
+  /// Called once with the outcome, on the thread that completes the join.
+  using completion = std::function<void(step_join&)>;
+
+  step_join(step_id step, std::vector<int> replica_ids, completion done);
+
+  step_id step() const noexcept { return step_; }
+  size_t size() const noexcept { return replica_ids_.size(); }
+
+  /// Records local replica `index`'s result; completes the join if it was the last.
+  void deposit(size_t index, nest value);
+  /// Records local replica `index`'s failure; completes the join if it was the last. When
+  /// several replicas fail, the join keeps the root cause (a replica's own failure before the
+  /// collective errors it caused in its peers).
+  void deposit(size_t index, caf::error failure);
+  /// Completes the join with error(step_timeout) naming the replicas that have not deposited,
+  /// unless it is already complete. Returns whether it did.
+  bool expire(std::chrono::milliseconds timeout);
+
+  bool complete() const noexcept { return complete_.load(std::memory_order_acquire); }
+  /// The outcome. @pre complete()
+  const caf::error& failure() const noexcept { return failure_; }
+  /// Moves the results out. @pre complete() and !failure()
+  step_results take_results();
+
+  // -- the done-report handshake (see the class comment) --------------------------------------
+
+  /// Called by a finishing replica: records that it made `calls` collectives (and `failure`)
+  /// and returns whether it must report `done` itself.
+  bool mark_finished(size_t index, uint32_t calls, const caf::error& failure);
+  /// Called before every collective call: flags the step and returns the reports of peers that
+  /// finished before the flag was up.
+  std::vector<step_report> mark_collective_used();
+
+private:
+  void finish_locked(std::unique_lock<std::mutex>& guard);
+
+  step_id step_;
+  std::vector<int> replica_ids_;
+  completion done_;
+  std::mutex mtx_;
+  std::vector<nest> values_;
+  std::vector<caf::error> errors_;
+  std::vector<bool> deposited_;
+  size_t pending_;
+  caf::error failure_;
+  std::atomic<bool> complete_{false};
+  std::atomic<bool> collectives_used_{false};
+  /// Per local replica: -1 while running, else the number of collectives it made.
+  std::unique_ptr<std::atomic<int64_t>[]> finished_calls_;
+  /// Per local replica: its failure, written before its `finished_calls_` entry.
+  std::vector<caf::error> finish_errors_;
+};
 
 /// Registers consort's error codes with CAF (category "consort") and converts both ways.
 caf::error make_caf_error(errc code, std::string message);
@@ -114,6 +201,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::host_gather)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::nest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::step_results)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::step_function_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::nest_state)
 
 CAF_BEGIN_TYPE_ID_BLOCK(consort, caf::first_custom_type_id)
 CAF_ADD_TYPE_ID(consort, (consort::step_message))
@@ -124,6 +212,7 @@ CAF_ADD_TYPE_ID(consort, (consort::host_gather))
 CAF_ADD_TYPE_ID(consort, (consort::nest))
 CAF_ADD_TYPE_ID(consort, (consort::step_results))
 CAF_ADD_TYPE_ID(consort, (consort::step_function_ptr))
+CAF_ADD_TYPE_ID(consort, (consort::nest_state))
 CAF_ADD_ATOM(consort, consort, run_atom, "run")
 CAF_ADD_ATOM(consort, consort, step_atom, "step")
 CAF_ADD_ATOM(consort, consort, done_atom, "done")
@@ -131,6 +220,7 @@ CAF_ADD_ATOM(consort, consort, collect_atom, "collective")
 CAF_ADD_ATOM(consort, consort, deadline_atom, "deadline")
 CAF_ADD_ATOM(consort, consort, reduce_atom, "reduce")
 CAF_ADD_ATOM(consort, consort, gather_atom, "gather")
+CAF_ADD_ATOM(consort, consort, tick_atom, "tick")
 CAF_END_TYPE_ID_BLOCK(consort)
 
 namespace consort {
@@ -138,11 +228,12 @@ namespace consort {
 /// A replica bound to exactly one device; it runs the steps it receives one at a time, in
 /// arrival order, on its own thread.
 using replica_actor = caf::typed_actor<
-    // Runs `fn` for `step` with a replica_context, then reports `done` to the collective actor.
-    // Reply: the step function's result. Errors: errc::step_failed (the function threw; message
-    // names the replica, device, step and exception text), or the collective error the function
-    // let escape (collective_mismatch / collective_timeout / collective_aborted).
-    caf::replies_to<step_atom, step_message>::with<nest>>;
+    // Runs `fn` for `step` with a replica_context and deposits the outcome in `join` (no reply):
+    // the step function's result, or errc::step_failed (the function threw; the message names the
+    // replica, device, step and exception text), or the collective error the function let escape
+    // (collective_mismatch / collective_timeout / collective_aborted). Reports `done` to the
+    // collective actor first when the step used collectives (see step_join).
+    caf::reacts_to<step_atom, step_message>>;
 
 /// Matches the replicas' collective calls by (step, seq), checks that they agree, computes the
 /// result once and answers every participant. Also runs host reductions for the strategy.
@@ -161,15 +252,62 @@ using collective_actor = caf::typed_actor<
     // Strategy.reduce of host values. Reply: the reduced nest. Errors: as ops.hpp documents.
     caf::replies_to<reduce_atom, host_reduce>::with<nest>,
     // Strategy.gather of host values. Reply: the concatenated nest.
-    caf::replies_to<gather_atom, host_gather>::with<nest>>;
+    caf::replies_to<gather_atom, host_gather>::with<nest>,
+    // The same two for the public API: complete the future state instead of replying.
+    caf::reacts_to<reduce_atom, host_reduce, nest_state>,
+    caf::reacts_to<gather_atom, host_gather, nest_state>>;
 
-/// Numbers steps, fans them out to every replica and collects the replies.
+/// Numbers steps, fans them out to every replica and watches their deadline.
 using strategy_actor = caf::typed_actor<
     // Runs one step on every replica. Reply: one result per local replica, in local order.
     // Errors: the root cause among the replicas' errors (a replica's own failure is preferred over
     // the collective_aborted errors it caused in its peers); step_timeout naming the replicas that
-    // did not answer within the step deadline; shutdown once stopping.
-    caf::replies_to<run_atom, step_function_ptr>::with<step_results>>;
+    // did not finish within the step deadline.
+    caf::replies_to<run_atom, step_function_ptr>::with<step_results>,
+    // Internal: the join of a `run` request completed; answer the requester. No reply.
+    caf::reacts_to<done_atom, step_id>,
+    // The step-deadline watchdog: expires overdue steps, and re-arms itself while steps are
+    // running. Sent by the step_launcher when it goes from idle to busy. No reply.
+    caf::reacts_to<tick_atom>>;
+
+/// Numbers steps and sends them to every replica. The strategy actor launches the steps of
+/// `run` requests through it, and the public API launches its own directly, which saves the
+/// thread hop into the scheduler on every step (DESIGN.md §8). Either way a step's number is
+/// taken and its messages are sent under one lock, so every replica sees steps in the same order.
+///
+/// Thread safety: thread-safe; `mtx_` guards the step counter and the watch list.
+class step_launcher {
+public:
+  step_launcher(caf::actor_system& sys, std::vector<replica_actor> replicas,
+                std::vector<int> replica_ids, std::chrono::milliseconds step_timeout);
+
+  /// Starts the next step; `done` runs once when its join completes (on the completing thread).
+  std::shared_ptr<step_join> launch(step_function_ptr fn, step_join::completion done);
+
+  /// Expires every step past its deadline at `now`. Returns whether steps are still running.
+  bool expire_overdue(caf::actor_clock::time_point now);
+
+  /// The actor that runs the watchdog (set once, after it is spawned).
+  void watchdog(strategy_actor hdl);
+
+  std::chrono::milliseconds step_timeout() const noexcept { return step_timeout_; }
+  /// Time between watchdog ticks while steps run: an eighth of the step deadline, within
+  /// [1 ms, 1 s]; a step fails at most one tick after its deadline.
+  std::chrono::milliseconds tick_interval() const noexcept;
+
+  /// Cleared by the watchdog when it finds nothing to watch; set again by the next launch.
+  std::atomic<bool> armed{false};
+
+private:
+  caf::actor_system& sys_;
+  std::vector<replica_actor> replicas_;
+  std::vector<int> replica_ids_;
+  std::chrono::milliseconds step_timeout_;
+  std::mutex mtx_;
+  step_id next_step_ = 0;
+  std::deque<std::pair<caf::actor_clock::time_point, std::weak_ptr<step_join>>> watch_;
+  strategy_actor watchdog_;
+};
 
 /// How one replica actor is set up.
 struct replica_config {
@@ -202,6 +340,9 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
 /// Spawns the strategy actor over `replicas` (local order).
 strategy_actor spawn_strategy(caf::actor_system& sys, std::vector<replica_actor> replicas,
                               std::chrono::milliseconds step_timeout);
+
+/// Spawns the strategy actor over a launcher that the caller also uses directly.
+strategy_actor spawn_strategy(caf::actor_system& sys, std::shared_ptr<step_launcher> launcher);
 
 /// Prepares an actor system config for consort: registers the "consort" error category so that
 /// CAF renders our errors with their names and messages. Call before creating the system.
