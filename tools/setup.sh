@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what consort needs to build and test on Debian 12 (as root, or with sudo).
+# Packages already present are left alone, so running it twice costs a dpkg query.
+set -euo pipefail
+
+packages=(
+  g++ cmake ninja-build pkg-config git
+  libcaf-dev        # CAF 0.17.6 actors (core + io)
+  libboost-dev      # Boost.Asio (header-only): completion tokens, later the TCP transport
+  libgtest-dev      # GoogleTest
+  clang-format      # the format check of tools/test.sh
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "setup: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  sudo_cmd=(sudo)
+fi
+echo "setup: installing ${missing[*]}"
+"${sudo_cmd[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
