@@ -10,6 +10,8 @@
 #include <consort/error.hpp>
 #include <consort/ops.hpp>
 
+#include "device/parallel.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -114,6 +116,10 @@ constexpr int64_t block_elements = 16384 / static_cast<int64_t>(sizeof(A));
 
 /// out[j] = in[0][j] op in[1][j] op ... op in[N-1][j] (times `scale` when `scaled`), in one pass
 /// over the inputs.
+/// Below this many bytes touched (inputs plus output), a reduction stays on the calling thread:
+/// waking the pool costs more than it saves.
+constexpr size_t parallel_threshold_bytes = size_t{4} << 20;
+
 template <class Op, class T, class A>
 void reduce_blocks(const std::vector<const T*>& in, A* out, int64_t n, bool scaled, A scale) {
   const size_t count = in.size();
@@ -481,10 +487,19 @@ tensor reduce_elementwise(reduce_op op, const std::vector<tensor>& inputs,
   if (inputs.size() == 1 && op != reduce_op::mean)
     return inputs[0];
   const auto& first = inputs[0];
-  auto out = tensor::zeros(reduced_dtype(op, first.dtype()), first.shape(), first.device());
+  // Every element is written below, so the output needs no zero-fill.
+  auto out = tensor::empty(reduced_dtype(op, first.dtype()), first.shape(), first.device());
   const int64_t n = first.num_elements();
   if (n == 0)
     return out;
+  // Large reductions are split into chunks of whole blocks for the host thread pool: one core
+  // cannot saturate the memory bus, and each chunk still makes one blocked pass over its inputs.
+  const auto touched = out.num_bytes() * (inputs.size() + 1);
+  const int64_t chunk_elements =
+      touched >= parallel_threshold_bytes && detail::parallel_threads() > 1
+          ? std::max<int64_t>(n / static_cast<int64_t>(4 * detail::parallel_threads()), 1)
+          : n;
+  const auto chunks = static_cast<size_t>((n + chunk_elements - 1) / chunk_elements);
   visit_numeric(first.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     std::vector<const T*> in;
@@ -493,13 +508,23 @@ tensor reduce_elementwise(reduce_op op, const std::vector<tensor>& inputs,
       in.push_back(static_cast<const T*>(t.raw_data()));
     visit_op(op, [&](auto fn) {
       using Op = decltype(fn);
+      auto run = [&](auto* dst, auto scale, bool scaled) {
+        using A = std::remove_pointer_t<decltype(dst)>;
+        detail::parallel_for(chunks, [&](size_t c) {
+          const int64_t begin = static_cast<int64_t>(c) * chunk_elements;
+          const int64_t len = std::min(chunk_elements, n - begin);
+          std::vector<const T*> part(in.size());
+          for (size_t i = 0; i < in.size(); ++i)
+            part[i] = in[i] + begin;
+          reduce_blocks<Op, T, A>(part, dst + begin, len, scaled, scale);
+        });
+      };
       if (op == reduce_op::mean) {
         using A = mean_acc_t<T>;
         // The division is folded into the last input pass as a multiplication.
-        reduce_blocks<Op, T, A>(in, static_cast<A*>(out.raw_mutable_data()), n, true,
-                                static_cast<A>(1.0 / divisor));
+        run(static_cast<A*>(out.raw_mutable_data()), static_cast<A>(1.0 / divisor), true);
       } else {
-        reduce_blocks<Op, T, T>(in, static_cast<T*>(out.raw_mutable_data()), n, false, T{});
+        run(static_cast<T*>(out.raw_mutable_data()), T{}, false);
       }
     });
   });

@@ -4,6 +4,10 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include <sys/mman.h>
 
@@ -71,6 +75,55 @@ int64_t num_elements(const shape_t& shape) noexcept {
 /// transparent huge pages: a fresh 64 MiB output then costs 32 page faults instead of 16384,
 /// which on this class of VM is the difference between ~5 ms and ~50 ms before a kernel can
 /// write it. Fresh mappings are zero-filled by the kernel, so `zeroed` costs nothing there.
+namespace {
+
+/// Recently freed huge-page mappings, kept for reuse. A fresh 64 MiB mapping costs the kernel
+/// zero-filling every page on first touch (several ms per call here); a collective that
+/// produces one output per call would pay that every time. Bounded by `max_bytes` and by count.
+///
+/// Thread safety: thread-safe; `mtx_` guards `free_`.
+class mapping_cache {
+public:
+  static constexpr size_t max_bytes = size_t{512} << 20;
+  static constexpr size_t max_count = 8;
+
+  static mapping_cache& instance() {
+    static mapping_cache cache;
+    return cache;
+  }
+
+  /// A cached mapping of exactly `length` bytes, or null.
+  std::byte* take(size_t length) {
+    std::lock_guard<std::mutex> guard{mtx_};
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second == length) {
+        auto* p = it->first;
+        bytes_ -= length;
+        free_.erase(it);
+        return p;
+      }
+    }
+    return nullptr;
+  }
+
+  /// Keeps the mapping if there is room; returns false when the caller must unmap it.
+  bool give(std::byte* p, size_t length) {
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (bytes_ + length > max_bytes || free_.size() >= max_count)
+      return false;
+    free_.emplace_back(p, length);
+    bytes_ += length;
+    return true;
+  }
+
+private:
+  std::mutex mtx_;
+  std::vector<std::pair<std::byte*, size_t>> free_;
+  size_t bytes_ = 0;
+};
+
+} // namespace
+
 struct tensor::storage {
   static constexpr size_t alignment = 64;
   static constexpr size_t huge_page = size_t{2} << 20;
@@ -79,8 +132,18 @@ struct tensor::storage {
   /// Allocates `bytes` (at least one cache line, so `data` is never null), zero-filled when
   /// `zeroed`. @throws error(invalid_argument) when memory is exhausted.
   storage(size_t bytes, bool zeroed) : size(bytes) {
-    if (bytes >= huge_threshold && map_huge(bytes))
-      return;
+    if (bytes >= huge_threshold) {
+      const size_t length = (bytes + huge_page - 1) & ~(huge_page - 1);
+      if (auto* reused = mapping_cache::instance().take(length)) {
+        data = reused;
+        mapped_bytes = length;
+        if (zeroed)
+          std::memset(data, 0, bytes);
+        return;
+      }
+      if (map_huge(bytes))
+        return;
+    }
     // calloc rather than malloc+memset: blocks that come from mmap are already zero.
     size_t request = bytes + alignment;
     raw = zeroed ? std::calloc(request, 1) : std::malloc(request);
@@ -92,9 +155,10 @@ struct tensor::storage {
   }
 
   ~storage() {
-    if (mapped_bytes > 0)
-      ::munmap(data, mapped_bytes);
-    else
+    if (mapped_bytes > 0) {
+      if (!mapping_cache::instance().give(data, mapped_bytes))
+        ::munmap(data, mapped_bytes);
+    } else
       std::free(raw);
   }
 
@@ -211,6 +275,16 @@ tensor tensor::zeros(consort::dtype type, shape_t shape, std::string device) {
   t.type_ = type;
   t.shape_ = std::move(shape);
   t.storage_ = std::make_shared<storage>(t.num_bytes(), true);
+  return t;
+}
+
+tensor tensor::empty(consort::dtype type, shape_t shape, std::string device) {
+  check_extents(shape, "tensor::empty");
+  tensor t;
+  t.device_ = canonical_host_device(device);
+  t.type_ = type;
+  t.shape_ = std::move(shape);
+  t.storage_ = std::make_shared<storage>(t.num_bytes(), false);
   return t;
 }
 

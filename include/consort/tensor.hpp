@@ -84,6 +84,10 @@ public:
   /// @throws error(invalid_argument) on a negative extent.
   static tensor zeros(consort::dtype type, shape_t shape, std::string device = "CPU:0");
 
+  /// A tensor of `shape` whose elements are unspecified until written; for outputs that a
+  /// kernel overwrites completely (it saves the zero-fill pass over large buffers).
+  static tensor empty(consort::dtype type, shape_t shape, std::string device = "CPU:0");
+
   /// A rank-0 tensor holding `value`.
   template <class T>
   static tensor scalar(T value, std::string device = "CPU:0") {
@@ -187,7 +191,8 @@ public:
   tensor reshape(shape_t shape) const;
 
   /// The same bytes labelled as living on `device`. Host memory is shared by every CPU device,
-  /// so this is free between CPU devices. @throws error(unknown_device) for a non-CPU device.
+  /// so this is free between CPU devices. @throws error(unsupported) for a GPU device in a build
+  /// without CUDA, error(unknown_device) for a name that is not a device.
   tensor to(const std::string& device) const;
 
   /// A deep copy with storage of its own.

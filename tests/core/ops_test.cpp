@@ -619,3 +619,35 @@ TEST(OpsTest, ConcatComponentsRejectsMismatchesNamingTheReplica) {
       },
       errc::invalid_argument, {"reshape it to [1]", "replica 0"}));
 }
+
+namespace {
+
+TEST(OpsTest, LargeReductionsSplitAcrossThreadsMatchAReference) {
+  // Big enough to take the parallel path (over 4 MiB touched), with a length that does not
+  // divide evenly into chunks or blocks.
+  const int64_t n = (int64_t{1} << 20) + 12345;
+  std::vector<consort::tensor> inputs;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      v[static_cast<size_t>(i)] = static_cast<int32_t>((i * 31 + r * 7) % 1000) - 500;
+    inputs.push_back(consort::tensor::from<int32_t>(v, {n}));
+  }
+  auto sum = consort::reduce_elementwise(consort::reduce_op::sum, inputs);
+  auto mean = consort::reduce_elementwise(consort::reduce_op::mean, inputs);
+  auto mx = consort::reduce_elementwise(consort::reduce_op::max, inputs);
+  const auto* s = sum.data<int32_t>();
+  const auto* m = mean.data<double>();
+  const auto* x = mx.data<int32_t>();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t a = inputs[0].data<int32_t>()[i], b = inputs[1].data<int32_t>()[i],
+            c = inputs[2].data<int32_t>()[i];
+    wrong += s[i] != a + b + c;
+    wrong += std::abs(m[i] - (a + b + c) / 3.0) > 1e-9;
+    wrong += x[i] != std::max({a, b, c});
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+} // namespace

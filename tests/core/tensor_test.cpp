@@ -344,3 +344,34 @@ TEST(TensorTest, ItemRejectsATensorWithoutExactlyOneElement) {
   EXPECT_TRUE(
       fails_with([] { tensor{}.item<float>(); }, errc::shape_mismatch, {"default-constructed"}));
 }
+
+namespace {
+
+TEST(TensorTest, ZerosAreZeroEvenWhenALargeBufferIsReused) {
+  // Large buffers are recycled through a cache; a recycled buffer must not leak old contents
+  // into a tensor that promises zeros.
+  const int64_t n = int64_t{5} << 20; // 20 MiB of float32: above the huge-page threshold
+  for (int round = 0; round < 3; ++round) {
+    auto t = tensor::zeros(dtype::float32, {n});
+    const auto* p = t.data<float>();
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < n; ++i)
+      nonzero += p[i] != 0.0f;
+    ASSERT_EQ(nonzero, 0) << "round " << round;
+    auto* w = t.mutable_data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      w[i] = 1.0f;
+  }
+}
+
+TEST(TensorTest, EmptyHasTheRequestedShapeAndDtype) {
+  auto t = tensor::empty(dtype::int64, {3, 4}, "cpu:2");
+  EXPECT_EQ(t.dtype(), dtype::int64);
+  EXPECT_EQ(t.shape(), (shape_t{3, 4}));
+  EXPECT_EQ(t.device(), "CPU:2");
+  EXPECT_EQ(t.num_bytes(), 96u);
+  EXPECT_TRUE(fails_with([] { tensor::empty(dtype::int32, {-1}); }, errc::invalid_argument,
+                         {"tensor::empty", "-1"}));
+}
+
+} // namespace
