@@ -54,12 +54,33 @@ std::string join_ids(const std::vector<int>& ids) {
   return out.str();
 }
 
+/// Where a participant's answer goes: a response promise (a `collective` request) or a future
+/// state that the replica waits on directly (the replicas' own calls).
+struct reply_to {
+  caf::typed_response_promise<nest> promise;
+  nest_state state;
+
+  bool pending() const { return state ? !state->done() : promise.pending(); }
+  void deliver(const nest& value) {
+    if (state)
+      state->set_value(value);
+    else if (promise.pending())
+      promise.deliver(value);
+  }
+  void deliver(const caf::error& err) {
+    if (state)
+      state->set_error(std::make_exception_ptr(to_consort_error(err, "")));
+    else if (promise.pending())
+      promise.deliver(err);
+  }
+};
+
 /// One (step, seq): the arrivals so far and, once known, its failure.
 struct slot {
   call_signature sig;
   std::string what; // "all_reduce(SUM) #0 of step 3"
   std::vector<std::optional<collective_call>> calls;
-  std::vector<caf::typed_response_promise<nest>> promises;
+  std::vector<reply_to> replies;
   size_t arrived = 0;
   caf::error failure;
   milliseconds timeout{0};
@@ -87,9 +108,9 @@ using self_ptr = collective_actor::stateful_pointer<collective_state>;
 /// Fails every promise still waiting in `s` with `err`; later arrivals get `err` too.
 void fail_slot(slot& s, const caf::error& err) {
   s.failure = err;
-  for (size_t i = 0; i < s.promises.size(); ++i) {
-    if (s.calls[i] && s.promises[i].pending())
-      s.promises[i].deliver(err);
+  for (size_t i = 0; i < s.replies.size(); ++i) {
+    if (s.calls[i] && s.replies[i].pending())
+      s.replies[i].deliver(err);
   }
 }
 
@@ -252,17 +273,19 @@ caf::error never_called(const slot& s, uint32_t seq, const step_report& report) 
 
 void on_report(self_ptr self, step_report& report);
 
-caf::result<nest> on_call(self_ptr self, collective_call& call) {
+void on_call(self_ptr self, collective_call& call, reply_to reply) {
   auto& st = self->state;
   // Peers that finished before any collective of the step was flagged sent no report of their
   // own; the caller carries them.
   for (auto& report : call.finished_peers)
     on_report(self, report);
   auto pos_it = st.position.find(call.replica);
-  if (pos_it == st.position.end())
-    return make_caf_error(errc::invalid_argument, "collective call from replica " +
-                                                      std::to_string(call.replica) +
-                                                      ", which is not in this group");
+  if (pos_it == st.position.end()) {
+    reply.deliver(make_caf_error(errc::invalid_argument, "collective call from replica " +
+                                                             std::to_string(call.replica) +
+                                                             ", which is not in this group"));
+    return;
+  }
   auto pos = pos_it->second;
   auto n = st.position.size();
   auto& entry = st.steps[call.step];
@@ -273,7 +296,7 @@ caf::result<nest> on_call(self_ptr self, collective_call& call) {
   auto leaves = flatten(call.request.value);
   if (fresh) {
     s.calls.resize(n);
-    s.promises.resize(n);
+    s.replies.resize(n);
     s.sig.kind = call.request.kind;
     s.sig.op = call.request.op;
     s.sig.axis = call.request.axis;
@@ -304,9 +327,11 @@ caf::result<nest> on_call(self_ptr self, collective_call& call) {
       }
     }
   }
-  if (s.calls[pos])
-    return make_caf_error(errc::invalid_argument, "replica " + std::to_string(call.replica) +
-                                                      " called " + s.what + " twice");
+  if (s.calls[pos]) {
+    reply.deliver(make_caf_error(errc::invalid_argument, "replica " + std::to_string(call.replica) +
+                                                             " called " + s.what + " twice"));
+    return;
+  }
   auto first_replica = call.replica;
   for (auto& c : s.calls)
     if (c) {
@@ -328,26 +353,24 @@ caf::result<nest> on_call(self_ptr self, collective_call& call) {
   }
   s.calls[pos] = std::move(call);
   ++s.arrived;
-  auto promise = self->make_response_promise<nest>();
   if (s.failure) {
-    promise.deliver(s.failure);
-    return promise;
+    reply.deliver(s.failure);
+    return;
   }
-  s.promises[pos] = promise;
+  s.replies[pos] = std::move(reply);
   if (s.arrived < n)
-    return promise;
+    return;
   // Everyone is here: compute once, answer all.
   try {
     auto result = compute(s);
-    for (auto& p : s.promises)
-      p.deliver(result);
+    for (auto& r : s.replies)
+      r.deliver(result);
     auto step = s.calls.front()->step;
     auto seq = s.calls.front()->seq;
     st.steps[step].slots.erase(seq);
   } catch (const std::exception& e) {
     fail_slot(s, error_of(e));
   }
-  return promise;
 }
 
 void on_report(self_ptr self, step_report& report) {
@@ -401,7 +424,16 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
       self->state.position.emplace(cfg.replica_ids[i], i);
     return {
         [self](collect_atom, collective_call& call) -> caf::result<nest> {
-          return on_call(self, call);
+          reply_to reply;
+          reply.promise = self->make_response_promise<nest>();
+          auto promise = reply.promise;
+          on_call(self, call, std::move(reply));
+          return promise;
+        },
+        [self](collect_atom, collective_call& call, nest_state& state) {
+          reply_to reply;
+          reply.state = std::move(state);
+          on_call(self, call, std::move(reply));
         },
         [self](done_atom, step_report& report) { on_report(self, report); },
         [self](deadline_atom, step_id step, uint32_t seq) { on_deadline(self, step, seq); },

@@ -21,9 +21,6 @@ constexpr std::chrono::milliseconds reply_grace{2000};
 struct replica_state : detail::replica_services {
   replica_config cfg;
   collective_actor coll;
-  caf::actor_system* sys = nullptr;
-  /// Blocking client for collective calls, made on the replica's own thread at first use.
-  std::unique_ptr<caf::scoped_actor> client;
   step_id current_step = 0;
   uint32_t next_seq = 0;
   /// The join of the step being run (null between steps).
@@ -38,21 +35,18 @@ struct replica_state : detail::replica_services {
     collective_call call{current_step, seq, cfg.replica_id, std::move(request), {}};
     if (join != nullptr)
       call.finished_peers = join->mark_collective_used();
-    if (!client)
-      client = std::make_unique<caf::scoped_actor>(*sys);
-    nest result;
-    caf::error failure;
-    (*client)
-        ->request(coll, timeout + reply_grace, collect_atom_v, std::move(call))
-        .receive([&](nest& value) { result = std::move(value); },
-                 [&](caf::error& err) { failure = std::move(err); });
-    if (failure) {
+    auto [state, fut] = make_future<nest>();
+    caf::anon_send(coll, collect_atom_v, std::move(call), state);
+    // The collective actor answers by the collective's deadline (with the detailed error); the
+    // grace covers a collective actor that is gone.
+    if (!fut.wait_for(timeout + reply_grace)) {
       std::ostringstream what;
       what << to_string(kind) << " #" << seq << " of step " << current_step << " on replica "
-           << cfg.replica_id;
-      throw to_consort_error(failure, what.str());
+           << cfg.replica_id << ": no answer from the collective actor within "
+           << (timeout + reply_grace).count() << " ms";
+      throw error(errc::collective_timeout, what.str());
     }
-    return result;
+    return fut.get(); // throws the collective's consort::error
   }
 };
 
@@ -118,7 +112,6 @@ replica_actor spawn_replica(caf::actor_system& sys, replica_config cfg, collecti
   auto impl = [cfg = std::move(cfg), coll](self_ptr self) -> replica_actor::behavior_type {
     self->state.cfg = cfg;
     self->state.coll = coll;
-    self->state.sys = &self->system();
     return {
         [self](step_atom, step_message& msg) { run_step(self, msg); },
     };
