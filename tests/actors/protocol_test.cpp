@@ -219,6 +219,56 @@ TEST_F(CollectiveActorTest, HostReduceAndGatherAnswerRequests) {
   EXPECT_EQ(r.code, errc::invalid_argument) << "rank-0 gather must be rejected";
 }
 
+// -- step_join
+// --------------------------------------------------------------------------------------
+
+TEST(StepJoinTest, FinishedReplicaIsCarriedByTheFirstCollectiveCallerOrReportsItself) {
+  step_join join{7, {0, 1, 2}, nullptr};
+  // Replica 0 finishes before anyone used a collective: it need not report...
+  EXPECT_FALSE(join.mark_finished(0, 0, caf::error{}));
+  // ...because the first caller carries its report.
+  auto peers = join.mark_collective_used();
+  ASSERT_EQ(peers.size(), 1u);
+  EXPECT_EQ(peers[0].replica, 0);
+  EXPECT_EQ(peers[0].step, 7u);
+  EXPECT_EQ(peers[0].calls, 0u);
+  // Once a collective is in use, a finishing replica reports itself.
+  EXPECT_TRUE(join.mark_finished(2, 0, caf::error{}));
+  // A replica that made calls always reports.
+  step_join other{8, {0, 1}, nullptr};
+  EXPECT_TRUE(other.mark_finished(1, 3, caf::error{}));
+}
+
+TEST(StepJoinTest, KeepsTheRootCauseAndCompletesOnce) {
+  int completions = 0;
+  step_join join{3, {0, 1, 2}, [&](step_join&) {
+                   ++completions;
+                 }};
+  join.deposit(0, make_caf_error(errc::collective_aborted, "echo"));
+  join.deposit(1, make_caf_error(errc::step_failed, "root"));
+  EXPECT_FALSE(join.complete());
+  join.deposit(2, nest(tensor::scalar<float>(1)));
+  ASSERT_TRUE(join.complete());
+  EXPECT_EQ(completions, 1);
+  EXPECT_EQ(to_consort_error(join.failure(), "").code(), errc::step_failed);
+  EXPECT_FALSE(join.expire(1000ms)) << "a complete join cannot expire";
+  EXPECT_EQ(completions, 1);
+}
+
+TEST(StepJoinTest, ExpiryNamesTheReplicasThatHaveNotFinished) {
+  step_join join{4, {0, 1, 2}, nullptr};
+  join.deposit(1, nest(tensor::scalar<float>(1)));
+  ASSERT_TRUE(join.expire(250ms));
+  auto e = to_consort_error(join.failure(), "");
+  EXPECT_EQ(e.code(), errc::step_timeout);
+  EXPECT_NE(std::string(e.what()).find("step 4 did not finish within the step deadline of 250 ms "
+                                       "on replica(s) 0, 2;"),
+            std::string::npos)
+      << e.what();
+  join.deposit(0, nest(tensor::scalar<float>(1))); // late deposits are ignored
+  EXPECT_EQ(to_consort_error(join.failure(), "").code(), errc::step_timeout);
+}
+
 // -- strategy actor over replica actors
 // ------------------------------------------------------------
 
