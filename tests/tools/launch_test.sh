@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Tests of tools/consort-launch: per-worker TF_CONFIG and environment, prefixed output, failure
+# propagation (the others are stopped, the status is passed on), the job timeout, usage errors.
+# Usage: launch_test.sh <path to consort-launch>
+set -uo pipefail
+launch=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+check() { # check NAME CONDITION...
+  local name=$1; shift
+  if "$@"; then echo "ok: $name"; else echo "FAILED: $name"; failures=$((failures + 1)); fi
+}
+
+cat > "$tmp/job.sh" <<'JOB'
+#!/usr/bin/env bash
+echo "$$" > "$PIDS/$CONSORT_LAUNCH_RANK"
+echo "rank=$CONSORT_LAUNCH_RANK size=$CONSORT_LAUNCH_SIZE devices=$CONSORT_DEVICES_PER_WORKER"
+echo "tf=$TF_CONFIG"
+echo "to stderr" >&2
+if [ "${FAIL_RANK:-none}" = "$CONSORT_LAUNCH_RANK" ]; then
+  # Fail only once every peer is up, so that stopping them is what the test observes.
+  for ((i = 0; i < CONSORT_LAUNCH_SIZE; i++)); do
+    while [ ! -s "$PIDS/$i" ]; do read -r -t 0.01 <> <(:) || true; done
+  done
+  exit 3
+fi
+[ -n "${HANG:-}" ] && exec tail -f /dev/null # a worker that never finishes
+exit 0
+JOB
+chmod +x "$tmp/job.sh"
+export PIDS="$tmp/pids"
+
+# 1. Three workers with two devices each: every task gets its own TF_CONFIG.
+mkdir -p "$PIDS"
+out=$("$launch" -n 3 --devices-per-worker 2 --port 7100 -- "$tmp/job.sh" 2>&1)
+rc=$?
+check "three workers succeed" [ "$rc" -eq 0 ]
+for i in 0 1 2; do
+  check "worker:$i has its rank, size and devices" grep -qx "\[worker:$i\] rank=$i size=3 devices=2" <<<"$out"
+  check "worker:$i has its TF_CONFIG" grep -qF "[worker:$i] tf={\"cluster\":{\"worker\":[\"127.0.0.1:7100\",\"127.0.0.1:7101\",\"127.0.0.1:7102\"]},\"task\":{\"type\":\"worker\",\"index\":$i}}" <<<"$out"
+  check "worker:$i stderr is prefixed too" grep -qx "\[worker:$i\] to stderr" <<<"$out"
+done
+
+# 2. With --chief, task 0 is chief:0 and the rest are worker:0..
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$("$launch" -n 2 --chief --port 7200 -- "$tmp/job.sh" 2>&1)
+check "chief layout" grep -qF '[chief:0] tf={"cluster":{"chief":["127.0.0.1:7200"],"worker":["127.0.0.1:7201"]},"task":{"type":"chief","index":0}}' <<<"$out"
+check "worker after the chief" grep -qF '"task":{"type":"worker","index":0}' <<<"$out"
+
+# 3. One worker fails: the others (which never finish) are stopped, its status comes back.
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$(FAIL_RANK=1 HANG=1 "$launch" -n 3 --port 7300 --grace 2 -- "$tmp/job.sh" 2>&1)
+rc=$?
+check "the failing worker's status is the launcher's" [ "$rc" -eq 3 ]
+check "the failure is reported with the task" grep -qF "consort-launch: worker:1 exited with status 3; stopping the others" <<<"$out"
+for i in 0 2; do
+  pid=$(cat "$PIDS/$i")
+  check "worker:$i was stopped" bash -c "! kill -0 $pid 2>/dev/null"
+done
+
+# 4. A job that never finishes is stopped at --timeout with status 124.
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$(HANG=1 "$launch" -n 2 --timeout 1 --grace 1 -- "$tmp/job.sh" 2>&1)
+rc=$?
+check "timeout gives 124" [ "$rc" -eq 124 ]
+check "timeout is reported" grep -qF "did not finish within 1 s" <<<"$out"
+for i in 0 1; do
+  pid=$(cat "$PIDS/$i")
+  check "worker:$i was stopped at the timeout" bash -c "! kill -0 $pid 2>/dev/null"
+done
+
+# 5. Usage errors are clear and give 2.
+out=$("$launch" -n 0 -- true 2>&1); rc=$?
+check "zero workers is a usage error" [ "$rc" -eq 2 ]
+check "zero workers says what was expected" grep -qF "needs a worker count >= 1, got '0'" <<<"$out"
+out=$("$launch" -n 2 2>&1); rc=$?
+check "a missing command is a usage error" [ "$rc" -eq 2 ]
+check "a missing command says where it goes" grep -qF "put it after --" <<<"$out"
+
+[ "$failures" -eq 0 ] && echo "launch_test: all checks passed" || echo "launch_test: $failures check(s) failed"
+exit "$failures"
