@@ -25,12 +25,7 @@ nest on_device(const nest& value, const std::string& device) {
 } // namespace
 
 nest replica_context::all_reduce(op_arg op, const nest& value, collective_options opts) {
-  detail::collective_request req;
-  req.kind = collective_kind::all_reduce;
-  req.op = op.get();
-  req.value = value;
-  req.timeout = opts.timeout;
-  return on_device(services_->collective(std::move(req)), device_);
+  return call(collective_kind::all_reduce, value, opts, [&](auto& req) { req.op = op.get(); });
 }
 
 tensor replica_context::all_reduce(op_arg op, const tensor& value, collective_options opts) {
@@ -38,12 +33,7 @@ tensor replica_context::all_reduce(op_arg op, const tensor& value, collective_op
 }
 
 nest replica_context::all_gather(const nest& value, int64_t axis, collective_options opts) {
-  detail::collective_request req;
-  req.kind = collective_kind::all_gather;
-  req.axis = axis;
-  req.value = value;
-  req.timeout = opts.timeout;
-  return on_device(services_->collective(std::move(req)), device_);
+  return call(collective_kind::all_gather, value, opts, [&](auto& req) { req.axis = axis; });
 }
 
 tensor replica_context::all_gather(const tensor& value, int64_t axis, collective_options opts) {
@@ -51,16 +41,22 @@ tensor replica_context::all_gather(const tensor& value, int64_t axis, collective
 }
 
 nest replica_context::broadcast(const nest& value, int root_replica, collective_options opts) {
-  detail::collective_request req;
-  req.kind = collective_kind::broadcast;
-  req.root = root_replica;
-  req.value = value;
-  req.timeout = opts.timeout;
-  return on_device(services_->collective(std::move(req)), device_);
+  return call(collective_kind::broadcast, value, opts, [&](auto& req) { req.root = root_replica; });
 }
 
 tensor replica_context::broadcast(const tensor& value, int root_replica, collective_options opts) {
   return broadcast(nest(value), root_replica, opts).as_tensor();
+}
+
+template <class Fill>
+nest replica_context::call(collective_kind kind, const nest& value, collective_options opts,
+                           Fill&& fill) {
+  detail::collective_request req;
+  req.kind = kind;
+  req.value = value;
+  req.timeout = opts.timeout;
+  fill(req);
+  return on_device(services_->collective(std::move(req)), device_);
 }
 
 } // namespace consort

@@ -109,6 +109,10 @@ public:
   nest broadcast(const nest& value, int root_replica = 0, collective_options opts = {});
 
 private:
+  /// Builds the request (`fill` sets the kind's own field), runs it, labels the result.
+  template <class Fill>
+  nest call(collective_kind kind, const nest& value, collective_options opts, Fill&& fill);
+
   int replica_id_;
   int num_replicas_;
   int local_index_;

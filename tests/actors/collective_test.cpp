@@ -2,6 +2,8 @@
 
 #include <consort/consort.hpp>
 
+#include "support/strategy_helpers.hpp"
+
 #include <gtest/gtest.h>
 
 #include <string>
@@ -13,27 +15,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::vector<std::string> cpus(int n) {
-  std::vector<std::string> out;
-  for (int i = 0; i < n; ++i)
-    out.push_back("CPU:" + std::to_string(i));
-  return out;
-}
-
-/// Runs `fn` and returns the error it throws (code none when it does not throw).
-template <class F>
-error error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const error& e) {
-    return e;
-  }
-  return error(errc::none, "no error");
-}
-
-bool contains(const error& e, const std::string& fragment) {
-  return std::string(e.what()).find(fragment) != std::string::npos;
-}
+using test::contains;
+using test::cpus;
+using test::error_of;
 
 // -- all_reduce over replica counts, dtypes and ops
 // -------------------------------------------------

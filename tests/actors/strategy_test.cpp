@@ -3,6 +3,8 @@
 
 #include <consort/consort.hpp>
 
+#include "support/strategy_helpers.hpp"
+
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -14,24 +16,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::vector<std::string> cpus(int n) {
-  std::vector<std::string> out;
-  for (int i = 0; i < n; ++i)
-    out.push_back("CPU:" + std::to_string(i));
-  return out;
-}
-
-template <class F>
-void expect_error(errc code, const std::string& fragment, F&& fn) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected consort::error(" << to_string(code) << ")";
-  } catch (const error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
-        << "message \"" << e.what() << "\" lacks \"" << fragment << "\"";
-  }
-}
+using test::cpus;
+using test::expect_error;
 
 TEST(StrategyTest, ReduceOfReplicaIdsIsTheirSum) {
   mirrored_strategy strategy({"CPU:0", "CPU:1"});
