@@ -8,6 +8,9 @@ packages=(
   libcaf-dev        # CAF 0.17.6 actors (core + io)
   libboost-dev      # Boost.Asio (header-only): completion tokens, later the TCP transport
   libgtest-dev      # GoogleTest
+  nlohmann-json3-dev # TF_CONFIG parsing in cluster/ (header-only, build time only)
+  libcapnp-dev      # Cap'n Proto 0.9: membership and frame-header schemas (needs pkg-config)
+  capnproto         # the capnp schema compiler
   clang-format      # the format check of tools/test.sh
 )
 

@@ -2,6 +2,7 @@
 
 /// The public API of consort: include this one header.
 
+#include <consort/cluster.hpp>
 #include <consort/cross_device_ops.hpp>
 #include <consort/dataset.hpp>
 #include <consort/device.hpp>

@@ -1,4 +1,4 @@
-#include "expect_error.hpp"
+#include "support/expect_error.hpp"
 
 #include <consort/tensor.hpp>
 

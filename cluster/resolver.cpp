@@ -1,0 +1,331 @@
+// The cluster_resolver base class, TF's multi-worker validation rules, and the resolvers whose
+// answers come from TF_CONFIG or from code.
+
+#include "cluster/detail.hpp"
+
+#include <consort/error.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <climits>
+#include <cstdlib>
+#include <utility>
+
+namespace consort {
+
+using cluster_detail::describe;
+using cluster_detail::join;
+using cluster_detail::quote;
+
+namespace {
+
+constexpr std::array<std::string_view, 4> known_task_types = {"chief", "worker", "ps", "evaluator"};
+constexpr std::string_view known_task_types_text = "chief, worker, ps or evaluator";
+
+bool is_known_task_type(std::string_view type) {
+  return std::find(known_task_types.begin(), known_task_types.end(), type) !=
+         known_task_types.end();
+}
+
+std::string format_master_url(const std::string& address, const std::string& rpc_layer) {
+  return rpc_layer.empty() ? address : rpc_layer + "://" + address;
+}
+
+std::string jobs_text(const cluster_spec& spec) {
+  return join(spec.jobs());
+}
+
+} // namespace
+
+// -- validation -----------------------------------------------------------------------------------
+
+namespace cluster_detail {
+
+void validate_cluster(const cluster_spec& spec, const std::string& task_type,
+                      std::optional<int> task_id, std::string_view source) {
+  const std::string src(source);
+  // The strategy's own check comes first in TF (CollectiveAllReduceExtended: "When
+  // `cluster_spec` is given, you must also specify `task_type` and `task_id`").
+  constexpr std::string_view task_example = "\"task\": {\"type\": \"worker\", \"index\": 0}";
+  if (task_type.empty())
+    throw_error(errc::invalid_argument,
+                src + ": the cluster is not empty (jobs: " + jobs_text(spec) +
+                    ") but no task type is given; expected this process's task, e.g. " +
+                    std::string(task_example));
+  if (!task_id)
+    throw_error(errc::invalid_argument,
+                src + ": the cluster is not empty (jobs: " + jobs_text(spec) + ") but task " +
+                    quote(task_type) + " has no index; expected this process's task, e.g. " +
+                    std::string(task_example));
+  // The rules of multi_worker_util._validate_cluster_spec, in its order.
+  for (const auto& job : spec.jobs())
+    if (!is_known_task_type(job))
+      throw_error(errc::invalid_argument,
+                  src + ": the cluster has a job " + quote(job) +
+                      ", which is not a task type of a multi-worker cluster; expected jobs named " +
+                      std::string(known_task_types_text));
+  if (!is_known_task_type(task_type))
+    throw_error(errc::invalid_argument, src + ": unrecognized task type " + quote(task_type) +
+                                            "; expected " + std::string(known_task_types_text));
+  // TF lets an evaluator be absent from the cluster (Estimator's TF_CONFIG lists it apart).
+  if (!spec.has_job(task_type) && task_type != "evaluator")
+    throw_error(errc::invalid_argument, src + ": task type " + quote(task_type) +
+                                            " is not a job of the cluster; expected one of its "
+                                            "jobs: " +
+                                            jobs_text(spec));
+  for (std::string_view single : {"chief", "evaluator"}) {
+    const std::string job(single);
+    if (spec.has_job(job) && spec.num_tasks(job) > 1)
+      throw_error(errc::invalid_argument, src + ": there must be at most one '" + job +
+                                              "' task, but job " + quote(job) + " has " +
+                                              std::to_string(spec.num_tasks(job)) + " (indices " +
+                                              join(spec.task_indices(job)) + ")");
+  }
+  if (*task_id < 0)
+    throw_error(errc::invalid_argument,
+                src + ": task index " + std::to_string(*task_id) + " of task type " +
+                    quote(task_type) + " is negative; expected an index >= 0" +
+                    (spec.has_job(task_type) ? " naming a task of the job (indices: " +
+                                                   join(spec.task_indices(task_type)) + ")"
+                                             : std::string()));
+  // TF checks `task_id < number of tasks`; for a sparse job we check that the index names one of
+  // its tasks, which is the same rule for a dense job.
+  if (spec.has_job(task_type)) {
+    auto indices = spec.task_indices(task_type);
+    if (!std::binary_search(indices.begin(), indices.end(), *task_id))
+      throw_error(errc::invalid_argument,
+                  src + ": task index " + std::to_string(*task_id) + " is out of range for job " +
+                      quote(task_type) + ", which has " + std::to_string(indices.size()) +
+                      " task(s)" +
+                      (indices.empty() ? std::string("; expected a job with this task")
+                                       : "; expected one of its indices: " + join(indices)));
+  }
+}
+
+} // namespace cluster_detail
+
+// -- cluster_resolver -----------------------------------------------------------------------------
+
+std::unique_ptr<cluster_resolver> cluster_resolver::local() {
+  return std::make_unique<simple_cluster_resolver>(consort::cluster_spec{}, "", 0);
+}
+
+bool cluster_resolver::is_chief() const {
+  const auto spec = cluster_spec();
+  if (spec.empty())
+    return true;
+  const auto type = task_type();
+  if (type == "chief" || type == "evaluator")
+    return true;
+  return type == "worker" && task_id() == 0 && !spec.has_job("chief");
+}
+
+consort::task_id cluster_resolver::chief() const {
+  const auto spec = cluster_spec();
+  if (spec.empty())
+    return task();
+  if (spec.has_job("chief"))
+    return {"chief", 0};
+  if (spec.has_job("worker"))
+    return {"worker", 0};
+  throw_error(errc::invalid_argument,
+              "the cluster has neither a chief nor a worker job (jobs: " + jobs_text(spec) +
+                  "); expected a \"chief\" or \"worker\" job to lead it");
+}
+
+int cluster_resolver::worker_rank() const {
+  const auto spec = cluster_spec();
+  if (spec.empty())
+    return 0;
+  const auto type = task_type();
+  if (type == "chief")
+    return 0;
+  if (type == "worker")
+    return task_id() + (spec.has_job("chief") ? spec.num_tasks("chief") : 0);
+  throw_error(errc::invalid_argument,
+              "task " + to_string(task()) +
+                  " has no worker rank; expected a chief or worker task (ps and evaluator tasks "
+                  "are not workers)");
+}
+
+int cluster_resolver::num_workers() const {
+  const auto spec = cluster_spec();
+  if (spec.empty())
+    return 1;
+  int count = 0;
+  for (const char* job : {"chief", "worker"})
+    if (spec.has_job(job))
+      count += spec.num_tasks(job);
+  return count;
+}
+
+std::string cluster_resolver::master_impl(const std::string& type, int id,
+                                          const std::string& rpc) const {
+  const auto spec = cluster_spec();
+  if (spec.empty())
+    return {};
+  const std::string chosen_type = type.empty() ? task_type() : type;
+  const int chosen_id = id >= 0 ? id : task_id();
+  // As TF's Slurm and Simple resolvers: without a task there is no master to name.
+  if (chosen_type.empty())
+    return {};
+  return format_master_url(spec.task_address(chosen_type, chosen_id),
+                           rpc.empty() ? rpc_layer() : rpc);
+}
+
+// -- tf_config_cluster_resolver -------------------------------------------------------------------
+
+namespace {
+
+constexpr std::string_view tf_config_example =
+    "a JSON object such as {\"cluster\": {\"worker\": [\"host:port\", ...]}, \"task\": "
+    "{\"type\": \"worker\", \"index\": 0}}";
+
+bool blank(const std::string& text) {
+  return std::all_of(text.begin(), text.end(),
+                     [](unsigned char c) { return std::isspace(c) != 0; });
+}
+
+// A string-valued top-level key; null counts as absent, as TF's `key in tf_config` plus a None
+// value does.
+std::optional<std::string> string_key(const nlohmann::json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null())
+    return std::nullopt;
+  if (!it->is_string())
+    throw_error(errc::invalid_argument,
+                std::string("TF_CONFIG: \"") + key + "\" must be a string, got " + describe(*it));
+  return it->get<std::string>();
+}
+
+// "task"."index": TF applies int(), so an integer or a decimal string.
+int task_index_of(const nlohmann::json& index) {
+  if (index.is_number_integer()) {
+    if (index.is_number_unsigned()
+            ? index.get<unsigned long long>() <= INT_MAX
+            : index.get<long long>() >= INT_MIN && index.get<long long>() <= INT_MAX)
+      return static_cast<int>(index.get<long long>());
+  } else if (index.is_string()) {
+    if (auto value = cluster_detail::parse_integer(index.get<std::string>(), INT_MIN, INT_MAX))
+      return static_cast<int>(*value);
+  }
+  throw_error(errc::invalid_argument,
+              "TF_CONFIG: \"task\".\"index\" must be an integer task index, got " +
+                  describe(index));
+}
+
+} // namespace
+
+tf_config_cluster_resolver::tf_config_cluster_resolver(tf_config_overrides overrides)
+    : tf_config_cluster_resolver(std::move(overrides), process_environment()) {}
+
+tf_config_cluster_resolver::tf_config_cluster_resolver(tf_config_overrides overrides,
+                                                       const env_lookup& lookup)
+    : tf_config_cluster_resolver(from_text_tag{}, lookup("TF_CONFIG"), std::move(overrides)) {}
+
+tf_config_cluster_resolver tf_config_cluster_resolver::from_json(const std::string& tf_config,
+                                                                 tf_config_overrides overrides) {
+  return tf_config_cluster_resolver(from_text_tag{}, tf_config, std::move(overrides));
+}
+
+tf_config_cluster_resolver::tf_config_cluster_resolver(from_text_tag,
+                                                       const std::optional<std::string>& text,
+                                                       tf_config_overrides overrides) {
+  std::optional<std::string> type;
+  std::optional<int> index;
+  std::optional<std::string> rpc;
+  std::optional<std::string> env;
+  if (text && !blank(*text)) {
+    const auto config = cluster_detail::parse_json(*text, "TF_CONFIG", tf_config_example);
+    if (!config.is_object())
+      throw_error(errc::invalid_argument, "TF_CONFIG must be " + std::string(tf_config_example) +
+                                              ", got " + describe(config));
+    if (auto it = config.find("cluster"); it != config.end())
+      spec_ = cluster_detail::cluster_from_json(*it, "TF_CONFIG: \"cluster\"");
+    if (auto it = config.find("task"); it != config.end()) {
+      if (!it->is_object())
+        throw_error(errc::invalid_argument,
+                    "TF_CONFIG: \"task\" must be an object {\"type\": ..., \"index\": ...}, got " +
+                        describe(*it));
+      if (auto t = it->find("type"); t != it->end()) {
+        if (!t->is_string())
+          throw_error(errc::invalid_argument,
+                      "TF_CONFIG: \"task\".\"type\" must be a string such as \"worker\", got " +
+                          describe(*t));
+        type = t->get<std::string>();
+      }
+      if (auto i = it->find("index"); i != it->end())
+        index = task_index_of(*i);
+    }
+    rpc = string_key(config, "rpc_layer");
+    env = string_key(config, "environment");
+    session_master_ = string_key(config, "session_master").value_or("");
+  }
+  if (overrides.task_type)
+    type = overrides.task_type;
+  if (overrides.task_id)
+    index = overrides.task_id;
+  if (overrides.rpc_layer)
+    rpc = overrides.rpc_layer;
+  if (overrides.environment)
+    env = overrides.environment;
+
+  if (!spec_.empty())
+    cluster_detail::validate_cluster(spec_, type.value_or(""), index, "TF_CONFIG");
+  else if (index && *index < 0)
+    throw_error(errc::invalid_argument, "TF_CONFIG: task index " + std::to_string(*index) +
+                                            " is negative; expected an index >= 0");
+  task_type_ = type.value_or("");
+  task_id_ = index.value_or(0);
+  rpc_layer_ = rpc.value_or("");
+  environment_ = env.value_or("");
+}
+
+std::string tf_config_cluster_resolver::master_impl(const std::string& type, int id,
+                                                    const std::string& rpc) const {
+  if (!session_master_.empty())
+    return session_master_;
+  // TF: "Return an empty string if we are the only job in the ClusterSpec" — one job whose
+  // task list (`job_tasks`) has exactly one entry, i.e. only task 0.
+  if (spec_.empty())
+    return {};
+  if (const auto& jobs = spec_.as_dict(); jobs.size() == 1) {
+    const auto& tasks = jobs.begin()->second;
+    if (tasks.size() == 1 && tasks.begin()->first == 0)
+      return {};
+  }
+  return cluster_resolver::master_impl(type, id, rpc);
+}
+
+// -- simple_cluster_resolver ----------------------------------------------------------------------
+
+simple_cluster_resolver::simple_cluster_resolver(consort::cluster_spec spec, std::string task_type,
+                                                 int task_id, std::string rpc_layer,
+                                                 std::map<std::string, int> accelerators)
+    : spec_(std::move(spec)), task_type_(std::move(task_type)), task_id_(task_id),
+      rpc_layer_(std::move(rpc_layer)), accelerators_(std::move(accelerators)) {
+  if (!spec_.empty())
+    cluster_detail::validate_cluster(spec_, task_type_, task_id_, "simple_cluster_resolver");
+  else if (task_id_ < 0)
+    throw_error(errc::invalid_argument, "simple_cluster_resolver: task index " +
+                                            std::to_string(task_id_) +
+                                            " is negative; expected an index >= 0");
+  for (const auto& [kind, count] : accelerators_)
+    if (count < 0)
+      throw_error(errc::invalid_argument, "simple_cluster_resolver: " + std::to_string(count) +
+                                              " accelerators of kind " + quote(kind) +
+                                              "; expected a count >= 0");
+}
+
+// -- environment ----------------------------------------------------------------------------------
+
+env_lookup process_environment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    if (const char* value = std::getenv(name.c_str()))
+      return std::string(value);
+    return std::nullopt;
+  };
+}
+
+} // namespace consort

@@ -1,0 +1,538 @@
+#pragma once
+
+/// Cluster resolvers: where the tasks of a multi-worker job are and which one this process is.
+///
+/// These follow TensorFlow's `tf.train.ClusterSpec` and `tf.distribute.cluster_resolver.*`:
+/// a cluster is a set of *jobs* (chief, worker, ps, evaluator), each a set of *tasks* numbered
+/// by index and reached at an address ("host:port"). A resolver reads the cluster and this
+/// process's task from somewhere (TF_CONFIG, code, Slurm, Open MPI) and answers the questions a
+/// multi-worker strategy asks: who is the chief, what is my rank among the workers, how many
+/// workers are there.
+///
+/// Every failure is a `consort::error` (usually `errc::invalid_argument`) whose message names
+/// the source (for example "TF_CONFIG" or "SLURM_PROCID"), says what was wrong and what was
+/// expected.
+
+#include <functional>
+#include <iosfwd>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace consort {
+
+// -- environment access ---------------------------------------------------------------------------
+
+/// Looks up an environment variable by name: its value, or `std::nullopt` when it is not set.
+/// Resolvers read the environment only through such a function, so tests can inject one.
+using env_lookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+/// An `env_lookup` over the real process environment (`std::getenv`). Like `getenv` itself it
+/// must not race with `setenv`/`unsetenv` in another thread.
+env_lookup process_environment();
+
+// -- cluster_spec ---------------------------------------------------------------------------------
+
+/// The jobs of a cluster, each a map from task index to network address, like
+/// `tf.train.ClusterSpec`. A job is *dense* when its indices are exactly 0..n-1 (TF's list form)
+/// and *sparse* otherwise (TF's dict form, used when a task knows only some of its peers).
+/// Jobs are kept sorted by name and tasks by index.
+///
+/// This class is a value type: immutable through its const interface and safe to read from
+/// many threads.
+class cluster_spec {
+public:
+  /// Job name → (task index → address).
+  using job_map = std::map<std::string, std::map<int, std::string>>;
+
+  // -- constructors -------------------------------------------------------------------------------
+
+  /// An empty cluster (no jobs): the local, single-process case.
+  cluster_spec() = default;
+
+  /// A cluster from job name → task index → address (TF's sparse dict form; also fine for dense
+  /// jobs). A job may have no tasks.
+  /// @throws error(invalid_argument) when a job name is empty or a task index is negative.
+  explicit cluster_spec(job_map jobs);
+
+  /// A cluster whose jobs are all dense: job name → addresses of tasks 0, 1, ... (TF's list form).
+  /// @throws error(invalid_argument) when a job name is empty.
+  static cluster_spec dense(const std::map<std::string, std::vector<std::string>>& jobs);
+
+  /// Parses TF's JSON form of a cluster: an object from job name to either a list of addresses
+  /// (`{"worker": ["a:1", "b:1"]}`) or an object from decimal task index to address
+  /// (`{"worker": {"0": "a:1", "2": "c:1"}}`).
+  /// @throws error(invalid_argument) on malformed JSON (quoting the parser's position), a value
+  ///         that is not an object, a job that is neither a list nor an object, a task index that
+  ///         is not a non-negative decimal integer, or an address that is not a string.
+  static cluster_spec from_json(const std::string& json);
+
+  // -- observers ----------------------------------------------------------------------------------
+
+  /// True when the cluster has no jobs (TF: `not cluster_spec.jobs`). A cluster with a job that
+  /// has no tasks is not empty.
+  bool empty() const noexcept { return jobs_.empty(); }
+
+  /// The job names, sorted.
+  std::vector<std::string> jobs() const;
+
+  /// True when `job` is a job of this cluster.
+  bool has_job(const std::string& job) const { return jobs_.count(job) != 0; }
+
+  /// The number of tasks defined in `job` (for a sparse job, only the listed ones).
+  /// @throws error(invalid_argument) when `job` is not a job of this cluster, listing the jobs.
+  int num_tasks(const std::string& job) const;
+
+  /// The task indices of `job`, ascending.
+  /// @throws error(invalid_argument) when `job` is not a job of this cluster.
+  std::vector<int> task_indices(const std::string& job) const;
+
+  /// The address of task `index` of `job`.
+  /// @throws error(invalid_argument) when `job` is not a job of this cluster;
+  ///         error(out_of_range) when `job` has no task `index`, listing its indices.
+  const std::string& task_address(const std::string& job, int index) const;
+
+  /// The addresses of `job` as a list indexed by task index, with "" for the gaps of a sparse job
+  /// (TF's `job_tasks`, which uses None there). It has (largest index + 1) entries, so a sparse
+  /// job with a huge index makes a huge list; prefer `as_dict()` for sparse jobs.
+  /// @throws error(invalid_argument) when `job` is not a job of this cluster.
+  std::vector<std::string> job_tasks(const std::string& job) const;
+
+  /// True when the indices of `job` are exactly 0..n-1 (an empty job is dense).
+  /// @throws error(invalid_argument) when `job` is not a job of this cluster.
+  bool is_dense(const std::string& job) const;
+
+  /// Job name → task index → address: the whole cluster (TF's `as_dict`, always in map form).
+  const job_map& as_dict() const noexcept { return jobs_; }
+
+  /// TF's JSON form: a dense job as a list, a sparse one as an object keyed by decimal index,
+  /// e.g. `{"ps":{"0":"p:1","3":"q:1"},"worker":["a:1","b:1"]}`. `from_json` reads it back.
+  std::string to_json() const;
+
+  /// Equal when both have the same jobs with the same tasks at the same addresses (a dense job
+  /// equals the sparse job with the same indices, as in TF).
+  friend bool operator==(const cluster_spec&, const cluster_spec&) = default;
+
+private:
+  job_map jobs_;
+};
+
+// -- task_id --------------------------------------------------------------------------------------
+
+/// One task of a cluster: a job name and an index in that job, e.g. worker:1.
+struct task_id {
+  /// The job name: "chief", "worker", "ps" or "evaluator" (empty for a local process).
+  std::string type;
+  /// The index of the task in its job.
+  int index = 0;
+
+  /// Equal when both the type and the index are.
+  friend bool operator==(const task_id&, const task_id&) = default;
+};
+
+/// "type:index", e.g. "worker:1".
+std::string to_string(const task_id& id);
+
+/// Writes `to_string(id)`.
+std::ostream& operator<<(std::ostream& out, const task_id& id);
+
+// -- cluster_resolver -----------------------------------------------------------------------------
+
+/// The abstract resolver, TF's `ClusterResolver`, plus what a multi-worker strategy needs
+/// (chief, rank and worker count, from TF's `multi_worker_util`).
+///
+/// Ranks follow DESIGN.md §2: the chief (task chief:0, or worker:0 when there is no chief job) is
+/// worker 0, then the worker tasks in index order; ps and evaluator tasks are not workers.
+/// An empty cluster is *local*: one worker, which is the chief, with rank 0.
+///
+/// Implementations in this header are immutable after construction (except
+/// `mpi_cluster_resolver::set_addresses`) and safe to read from many threads.
+class cluster_resolver {
+public:
+  virtual ~cluster_resolver() = default;
+
+  /// A resolver for a local, single-process run: an empty cluster, no task type, index 0.
+  static std::unique_ptr<cluster_resolver> local();
+
+  // -- what every resolver supplies ---------------------------------------------------------------
+
+  /// The cluster. Empty for a local run.
+  virtual consort::cluster_spec cluster_spec() const = 0;
+
+  /// The job name of this process's task ("" when not known, e.g. a local run without one).
+  virtual std::string task_type() const = 0;
+
+  /// The index of this process's task in its job (0 when not known).
+  virtual int task_id() const = 0;
+
+  /// The RPC protocol name used in `master()` URLs, e.g. "grpc"; "" for none.
+  virtual std::string rpc_layer() const = 0;
+
+  /// The environment the job runs in (TF's `environment`: "" or, e.g., "cloud"). "" by default.
+  virtual std::string environment() const { return {}; }
+
+  /// Device kind → number of accelerators available to this task, e.g. {"GPU": 2}. Empty when the
+  /// resolver does not know (the default).
+  virtual std::map<std::string, int> num_accelerators() const { return {}; }
+
+  // -- derived answers ----------------------------------------------------------------------------
+
+  /// This process's task, {task_type(), task_id()}.
+  consort::task_id task() const { return {task_type(), task_id()}; }
+
+  /// The address of a task as a URL for TF's session master, with TF's semantics:
+  /// "" for an empty cluster or when no task type is known; otherwise the address of
+  /// `task_type`:`task_id` (each defaulting to this process's task when "" or negative), prefixed
+  /// with "<rpc_layer>://" when an RPC layer is set (`rpc_layer`, defaulting to `rpc_layer()` when
+  /// ""). Some resolvers refine this (see `tf_config_cluster_resolver`).
+  /// @throws error(invalid_argument | out_of_range) when the task is not in the cluster.
+  std::string master(const std::string& task_type = "", int task_id = -1,
+                     const std::string& rpc_layer = "") const {
+    return master_impl(task_type, task_id, rpc_layer);
+  }
+
+  /// True when the cluster is empty: a local, single-process run.
+  bool is_local() const { return cluster_spec().empty(); }
+
+  /// True when this task is the chief (TF's `multi_worker_util.is_chief`): a local run; a chief
+  /// task; worker:0 when there is no chief job; and an evaluator, which TF treats as the chief of
+  /// its own partition.
+  virtual bool is_chief() const;
+
+  /// The chief's task: chief:0 when the cluster has a chief job, else worker:0; this process's own
+  /// task for a local run.
+  /// @throws error(invalid_argument) when the cluster has neither a chief nor a worker job.
+  virtual consort::task_id chief() const;
+
+  /// This task's rank among the workers (TF's `id_in_cluster`): 0 for the chief, then
+  /// index + (number of chief tasks) for a worker; 0 for a local run.
+  /// @throws error(invalid_argument) for a ps or evaluator task, which has no rank.
+  virtual int worker_rank() const;
+
+  /// The number of workers: chief tasks + worker tasks (ps and evaluator do not count); 1 for a
+  /// local run.
+  virtual int num_workers() const;
+
+protected:
+  cluster_resolver() = default;
+  cluster_resolver(const cluster_resolver&) = default;
+  cluster_resolver& operator=(const cluster_resolver&) = default;
+
+  /// What `master()` returns for its arguments as the caller passed them ("" and -1 mean this
+  /// process's task); the base version implements the rule documented on `master()`.
+  virtual std::string master_impl(const std::string& task_type, int task_id,
+                                  const std::string& rpc_layer) const;
+};
+
+// -- tf_config_cluster_resolver -------------------------------------------------------------------
+
+/// Values that override what TF_CONFIG says, TF's `TFConfigClusterResolver(task_type, task_id,
+/// rpc_layer, environment)` constructor arguments. An unset field keeps TF_CONFIG's value.
+struct tf_config_overrides {
+  /// Overrides "task"."type".
+  std::optional<std::string> task_type = std::nullopt;
+  /// Overrides "task"."index".
+  std::optional<int> task_id = std::nullopt;
+  /// Overrides "rpc_layer".
+  std::optional<std::string> rpc_layer = std::nullopt;
+  /// Overrides "environment".
+  std::optional<std::string> environment = std::nullopt;
+};
+
+/// Reads the cluster from the TF_CONFIG environment variable as TensorFlow's
+/// `TFConfigClusterResolver` does:
+/// ```
+/// {"cluster": {"chief": ["c:2222"], "worker": ["w0:2222", "w1:2222"], "ps": {"0": "p:2222"}},
+///  "task": {"type": "worker", "index": 1}, "rpc_layer": "grpc", "environment": "cloud"}
+/// ```
+/// - "cluster": job name → list of addresses or object from decimal index to address; missing or
+///   `{}` means a local run.
+/// - "task": {"type": string, "index": integer (or a decimal string, as TF's `int()` accepts)}.
+/// - "rpc_layer", "environment": strings; "session_master" (a string) is returned by `master()`
+///   as TF does. Other top-level keys are ignored, as TF ignores them.
+/// - TF_CONFIG unset, empty or only whitespace = local: empty cluster, task type and index from the
+///   overrides, else "" and 0.
+///
+/// Unlike TF, which reads TF_CONFIG again on every call, the variable is read once, at
+/// construction, and validated at once with the rules TF's multi-worker strategies apply
+/// (`multi_worker_util._validate_cluster_spec` and the strategy's own check) when the cluster is
+/// non-empty:
+/// - every job is one of chief, worker, ps, evaluator;
+/// - a task type and index are given (by "task" or the overrides) and the index is not negative;
+/// - the task type is one of those four and is a job of the cluster (an evaluator may be absent
+///   from the cluster, as TF allows for Estimator's TF_CONFIG);
+/// - the chief job and the evaluator job have at most one task each;
+/// - the task index names a task of its job.
+/// Each violation is an error(invalid_argument) whose message starts with "TF_CONFIG".
+///
+/// Immutable after construction; safe to read from many threads.
+class tf_config_cluster_resolver : public cluster_resolver {
+public:
+  /// Reads TF_CONFIG from the process environment.
+  /// @throws error(invalid_argument) when TF_CONFIG is malformed or violates a rule above.
+  explicit tf_config_cluster_resolver(tf_config_overrides overrides = {});
+
+  /// Reads TF_CONFIG through `lookup` instead of the process environment.
+  /// @throws error(invalid_argument) as the constructor above.
+  tf_config_cluster_resolver(tf_config_overrides overrides, const env_lookup& lookup);
+
+  /// Reads a TF_CONFIG value given as a string (tests, or a config passed another way).
+  /// @throws error(invalid_argument) as the constructors above.
+  static tf_config_cluster_resolver from_json(const std::string& tf_config,
+                                              tf_config_overrides overrides = {});
+
+  /// The cluster of "cluster" (empty when absent).
+  consort::cluster_spec cluster_spec() const override { return spec_; }
+
+  /// The override, else "task"."type", else "".
+  std::string task_type() const override { return task_type_; }
+
+  /// The override, else "task"."index", else 0.
+  int task_id() const override { return task_id_; }
+
+  /// The override, else "rpc_layer", else "".
+  std::string rpc_layer() const override { return rpc_layer_; }
+
+  /// The override, else "environment", else "".
+  std::string environment() const override { return environment_; }
+
+  /// "session_master" when TF_CONFIG has one (TF's escape hatch), else "".
+  const std::string& session_master() const noexcept { return session_master_; }
+
+protected:
+  /// TF's `TFConfigClusterResolver.master`: "session_master" when set; "" when the cluster is empty
+  /// or has exactly one job with exactly one task; otherwise the base rule.
+  std::string master_impl(const std::string& task_type, int task_id,
+                          const std::string& rpc_layer) const override;
+
+private:
+  struct from_text_tag {};
+  tf_config_cluster_resolver(from_text_tag, const std::optional<std::string>& text,
+                             tf_config_overrides overrides);
+
+  consort::cluster_spec spec_;
+  std::string task_type_;
+  int task_id_ = 0;
+  std::string rpc_layer_;
+  std::string environment_;
+  std::string session_master_;
+};
+
+// -- simple_cluster_resolver ----------------------------------------------------------------------
+
+/// A resolver whose answers are given in code, TF's `SimpleClusterResolver`.
+///
+/// Beyond TF, which checks nothing here, a non-empty cluster is validated with the rules listed
+/// on `tf_config_cluster_resolver`, so that a bad spec fails at once and not inside the strategy.
+///
+/// Immutable after construction; safe to read from many threads.
+class simple_cluster_resolver : public cluster_resolver {
+public:
+  /// @throws error(invalid_argument) when `spec` is non-empty and `task_type`:`task_id` or the
+  ///         spec breaks a rule of `tf_config_cluster_resolver` (messages start with
+  ///         "simple_cluster_resolver").
+  simple_cluster_resolver(consort::cluster_spec spec, std::string task_type, int task_id,
+                          std::string rpc_layer = "", std::map<std::string, int> accelerators = {});
+
+  /// The cluster given at construction.
+  consort::cluster_spec cluster_spec() const override { return spec_; }
+
+  /// The task type given at construction.
+  std::string task_type() const override { return task_type_; }
+
+  /// The task index given at construction.
+  int task_id() const override { return task_id_; }
+
+  /// The RPC layer given at construction.
+  std::string rpc_layer() const override { return rpc_layer_; }
+
+  /// The accelerator counts given at construction.
+  std::map<std::string, int> num_accelerators() const override { return accelerators_; }
+
+private:
+  consort::cluster_spec spec_;
+  std::string task_type_;
+  int task_id_;
+  std::string rpc_layer_;
+  std::map<std::string, int> accelerators_;
+};
+
+// -- slurm_cluster_resolver -----------------------------------------------------------------------
+
+/// Expands a Slurm hostlist into host names, in order and without deduplication:
+/// "node[01-03,7],gpu-[1-2]" → node01, node02, node03, node7, gpu-1, gpu-2. Commas inside
+/// brackets separate ranges, outside them hosts. A range "lo-hi" is zero-padded to the width of
+/// `lo` ("01-03" → 01, 02, 03). Text may follow a bracket ("n[1-2]-ib" → n1-ib, n2-ib), and
+/// several brackets in one host expand to their product, leftmost slowest. "" → no hosts.
+/// @throws error(invalid_argument) quoting the hostlist for an empty host (",,"), an unbalanced or
+///         nested bracket, an empty or non-numeric range, a range whose end is below its start, or
+///         more than 1,000,000 hosts.
+std::vector<std::string> expand_hostlist(const std::string& hostlist);
+
+/// Expands Slurm's tasks-per-node form, matching the expanded hostlist node by node:
+/// "2(x3),1" → 2, 2, 2, 1.
+/// @throws error(invalid_argument) quoting the text when a part is not "N" or "N(xM)".
+std::vector<int> expand_tasks_per_node(const std::string& tasks_per_node);
+
+/// Options of `slurm_cluster_resolver`.
+struct slurm_options {
+  /// The port of the first task on each node; the k-th task on a node listens on port_base + k
+  /// (TF's default, 8888).
+  int port_base = 8888;
+  /// The RPC layer reported by `rpc_layer()` ("grpc", TF's default for Slurm).
+  std::string rpc_layer = "grpc";
+};
+
+/// Resolves the cluster of a Slurm job step (`srun`), like TF's `SlurmClusterResolver` with its
+/// default single job: every task is a worker.
+///
+/// Read from the environment:
+/// - SLURM_PROCID: this task's rank, which is its worker index;
+/// - SLURM_STEP_NUM_TASKS, else SLURM_NTASKS: the number of tasks;
+/// - SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST: the nodes, as a hostlist (`expand_hostlist`);
+/// - SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE: tasks on each node
+///   (`expand_tasks_per_node`).
+///
+/// Tasks are assigned to nodes in nodelist order, as Slurm's default block distribution does:
+/// the first node gets ranks 0..n0-1, the next the following n1 ranks, and so on. The k-th task of
+/// a node gets address "node:port_base+k". (TF sorts the host names first, which puts node10
+/// before node9 and disagrees with Slurm's ranks; we keep Slurm's order.)
+/// When Slurm also sets SLURM_LOCALID or SLURMD_NODENAME, they must agree with that placement
+/// (they do not under, e.g., `srun --distribution=cyclic`, whose addresses this resolver cannot
+/// compute).
+/// Not resolved: accelerators (`num_accelerators()` is empty) and CUDA_VISIBLE_DEVICES, which is
+/// neither read nor set.
+///
+/// Immutable after construction; safe to read from many threads.
+class slurm_cluster_resolver : public cluster_resolver {
+public:
+  /// Reads the variables above through `lookup`.
+  /// @throws error(invalid_argument) naming the variable when one is missing or malformed, when
+  ///         the nodelist and the tasks-per-node list have different lengths, when the tasks per
+  ///         node do not add up to the number of tasks, when SLURM_PROCID is not below it, when
+  ///         a port would exceed 65535, or when SLURM_LOCALID or SLURMD_NODENAME disagree with
+  ///         block distribution.
+  explicit slurm_cluster_resolver(slurm_options options = {},
+                                  const env_lookup& lookup = process_environment());
+
+  /// {"worker": addresses of tasks 0..n-1}.
+  consort::cluster_spec cluster_spec() const override { return spec_; }
+
+  /// Always "worker".
+  std::string task_type() const override { return "worker"; }
+
+  /// SLURM_PROCID.
+  int task_id() const override { return rank_; }
+
+  /// `slurm_options::rpc_layer`.
+  std::string rpc_layer() const override { return rpc_layer_; }
+
+  /// The position of this task among the tasks on its node (0 for the first).
+  int local_task_index() const noexcept { return local_index_; }
+
+private:
+  consort::cluster_spec spec_;
+  int rank_ = 0;
+  int local_index_ = 0;
+  std::string rpc_layer_;
+};
+
+// -- mpi_cluster_resolver -------------------------------------------------------------------------
+
+/// The environment variable that gives every Open MPI task the chief's (rank 0's) address.
+inline constexpr const char* chief_address_variable = "CONSORT_CHIEF_ADDRESS";
+
+/// Options of `mpi_cluster_resolver`.
+struct mpi_options {
+  /// The host name or IP at which peers reach this process; "" = `gethostname()`.
+  std::string host = {};
+  /// This process listens on port_base + OMPI_COMM_WORLD_LOCAL_RANK.
+  int port_base = 8888;
+  /// The chief's "host:port" when CONSORT_CHIEF_ADDRESS is not set; "" = none.
+  std::string default_chief_address = {};
+  /// The RPC layer reported by `rpc_layer()`; "" = none.
+  std::string rpc_layer = {};
+};
+
+/// Resolves a job started by Open MPI's `mpirun`: every rank is a worker, rank 0 is the chief.
+///
+/// What Open MPI's environment gives, and so what this resolver reads:
+/// - OMPI_COMM_WORLD_RANK: this process's rank = its worker index;
+/// - OMPI_COMM_WORLD_SIZE: the number of workers;
+/// - OMPI_COMM_WORLD_LOCAL_RANK: its position on its node, which offsets its port
+///   (`own_address()` = host:port_base + local rank).
+///
+/// What the environment does not give: the other ranks' addresses. They come from an exchange
+/// that the multi-worker runtime performs through the chief: every rank connects to the chief's
+/// address (CONSORT_CHIEF_ADDRESS, else `mpi_options::default_chief_address`; rank 0 uses its own
+/// address when neither is set), sends its own address, gets back the list of all addresses in
+/// rank order, and calls `set_addresses`. This resolver does no networking itself.
+///
+/// Until then `cluster_spec()` is a sparse worker job holding only what is known: the chief at
+/// index 0 and this process at its rank. `num_workers()` and `worker_rank()` are right either way
+/// (they come from the size and rank).
+///
+/// Not thread-safe: `set_addresses` must not run while another thread reads the resolver.
+class mpi_cluster_resolver : public cluster_resolver {
+public:
+  /// Reads the variables above through `lookup`.
+  /// @throws error(invalid_argument) naming the variable when one is missing or malformed, when
+  ///         the rank is not below the size, when a non-chief rank has no chief address, or when
+  ///         the chief address is not "host:port".
+  explicit mpi_cluster_resolver(mpi_options options = {},
+                                const env_lookup& lookup = process_environment());
+
+  /// As above, with the exchange already done: `addresses` are those of ranks 0..size-1.
+  /// @throws error(invalid_argument) as above and as `set_addresses`.
+  mpi_cluster_resolver(mpi_options options, std::vector<std::string> addresses,
+                       const env_lookup& lookup = process_environment());
+
+  /// Stores the result of the address exchange: the "host:port" of every rank, in rank order.
+  /// @throws error(invalid_argument) when there are not OMPI_COMM_WORLD_SIZE addresses or one is
+  ///         not "host:port"; the resolver is then unchanged.
+  void set_addresses(std::vector<std::string> addresses);
+
+  /// True once `set_addresses` (or the constructor) has given every rank's address.
+  bool has_addresses() const noexcept { return !addresses_.empty(); }
+
+  /// {"worker": all addresses} after the exchange; before it, the sparse
+  /// {"worker": {0: chief_address(), rank: own_address()}}.
+  consort::cluster_spec cluster_spec() const override;
+
+  /// Always "worker".
+  std::string task_type() const override { return "worker"; }
+
+  /// OMPI_COMM_WORLD_RANK.
+  int task_id() const override { return rank_; }
+
+  /// `mpi_options::rpc_layer`.
+  std::string rpc_layer() const override { return rpc_layer_; }
+
+  /// OMPI_COMM_WORLD_SIZE.
+  int num_workers() const override { return size_; }
+
+  /// OMPI_COMM_WORLD_LOCAL_RANK.
+  int local_rank() const noexcept { return local_rank_; }
+
+  /// host:port_base + local rank: where this process listens and what it sends in the exchange.
+  const std::string& own_address() const noexcept { return own_address_; }
+
+  /// The chief's address: rank 0's entry after the exchange, else CONSORT_CHIEF_ADDRESS, else the
+  /// default from the options, else (on rank 0 only) `own_address()`.
+  std::string chief_address() const;
+
+private:
+  void read_environment(const mpi_options& options, const env_lookup& lookup);
+
+  int rank_ = 0;
+  int size_ = 1;
+  int local_rank_ = 0;
+  std::string own_address_;
+  std::string chief_address_;
+  std::string rpc_layer_;
+  std::vector<std::string> addresses_;
+};
+
+} // namespace consort

@@ -1,0 +1,461 @@
+#include "fake_env.hpp"
+
+#include <consort/cluster.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+using consort::cluster_spec;
+using consort::errc;
+using consort::task_id;
+using consort::tf_config_cluster_resolver;
+using consort::tf_config_overrides;
+using consort::test::fails_with;
+using consort::test::fake_env;
+
+namespace {
+
+// The cluster of TensorFlow's own tfconfig_cluster_resolver_test.py.
+constexpr const char* ps_worker_cluster =
+    R"("cluster": {"ps": ["ps0:2222", "ps1:2222"],
+                   "worker": ["worker0:2222", "worker1:2222", "worker2:2222"]})";
+
+std::string with_cluster(const std::string& rest) {
+  return std::string("{") + ps_worker_cluster + (rest.empty() ? "" : ", " + rest) + "}";
+}
+
+// Sets an environment variable for one scope and restores its old value (or absence) after.
+class scoped_env {
+public:
+  scoped_env(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name))
+      old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~scoped_env() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  scoped_env(const scoped_env&) = delete;
+  scoped_env& operator=(const scoped_env&) = delete;
+
+private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+} // namespace
+
+// -- what TF_CONFIG says --------------------------------------------------------------------------
+
+TEST(TfConfigClusterResolverTest, ReadsTensorFlowsDocumentedExample) {
+  auto r = tf_config_cluster_resolver::from_json(
+      R"({"cluster": {"worker": ["localhost:12345", "localhost:23456"]},
+          "task": {"type": "worker", "index": 0}})");
+  EXPECT_EQ(r.cluster_spec(),
+            cluster_spec::dense({{"worker", {"localhost:12345", "localhost:23456"}}}));
+  EXPECT_EQ(r.task_type(), "worker");
+  EXPECT_EQ(r.task_id(), 0);
+  EXPECT_EQ(r.rpc_layer(), "");
+  EXPECT_EQ(r.environment(), "");
+  EXPECT_FALSE(r.is_local());
+}
+
+TEST(TfConfigClusterResolverTest, ReadsChiefWorkersPsAndEvaluator) {
+  auto r = tf_config_cluster_resolver::from_json(
+      R"({"cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1", "w2:1"], "ps": ["p0:1", "p1:1"],
+                      "evaluator": ["e:1"]},
+          "task": {"type": "worker", "index": 2}})");
+  EXPECT_EQ(r.cluster_spec(), cluster_spec::dense({{"chief", {"c:1"}},
+                                                   {"worker", {"w0:1", "w1:1", "w2:1"}},
+                                                   {"ps", {"p0:1", "p1:1"}},
+                                                   {"evaluator", {"e:1"}}}));
+  EXPECT_EQ(r.task(), (task_id{"worker", 2}));
+  EXPECT_EQ(r.chief(), (task_id{"chief", 0}));
+  EXPECT_FALSE(r.is_chief());
+  EXPECT_EQ(r.worker_rank(), 3);
+  EXPECT_EQ(r.num_workers(), 4);
+}
+
+TEST(TfConfigClusterResolverTest, ReadsSparseJobs) {
+  auto r = tf_config_cluster_resolver::from_json(
+      R"({"cluster": {"worker": {"1": "w1:1", "3": "w3:1"}, "ps": ["p:1"]},
+          "task": {"type": "worker", "index": 3}})");
+  EXPECT_EQ(r.cluster_spec(),
+            cluster_spec({{"worker", {{1, "w1:1"}, {3, "w3:1"}}}, {"ps", {{0, "p:1"}}}}));
+  EXPECT_EQ(r.task(), (task_id{"worker", 3}));
+  EXPECT_EQ(r.master(), "w3:1");
+}
+
+TEST(TfConfigClusterResolverTest, ReadsTaskTypeIndexAndRpcLayer) {
+  auto r = tf_config_cluster_resolver::from_json(
+      with_cluster(R"("rpc_layer": "grpc", "task": {"type": "ps", "index": 1})"));
+  EXPECT_EQ(r.task_type(), "ps");
+  EXPECT_EQ(r.task_id(), 1);
+  EXPECT_EQ(r.rpc_layer(), "grpc");
+}
+
+TEST(TfConfigClusterResolverTest, MasterIsThisTasksAddress) {
+  auto r =
+      tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"type": "ps", "index": 0})"));
+  EXPECT_EQ(r.master(), "ps0:2222");
+}
+
+TEST(TfConfigClusterResolverTest, RpcLayerPrefixesTheMasterAddress) {
+  auto r = tf_config_cluster_resolver::from_json(
+      with_cluster(R"("rpc_layer": "grpc", "task": {"type": "ps", "index": 0})"));
+  EXPECT_EQ(r.master(), "grpc://ps0:2222");
+}
+
+TEST(TfConfigClusterResolverTest, MasterArgumentsOverrideTheTaskAndTheRpcLayer) {
+  auto r = tf_config_cluster_resolver::from_json(
+      with_cluster(R"("rpc_layer": "grpc", "task": {"type": "ps", "index": 0})"));
+  EXPECT_EQ(r.master("worker", 1), "grpc://worker1:2222");
+  EXPECT_EQ(r.master("", 1), "grpc://ps1:2222");
+  EXPECT_EQ(r.master("worker", -1), "grpc://worker0:2222");
+  EXPECT_EQ(r.master("worker", 2, "test"), "test://worker2:2222");
+}
+
+TEST(TfConfigClusterResolverTest, MasterOfATaskOutsideTheClusterFails) {
+  auto r =
+      tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"type": "ps", "index": 0})"));
+  EXPECT_TRUE(fails_with([&] { r.master("worker", 7); }, errc::out_of_range, {"index 7"}));
+  EXPECT_TRUE(fails_with([&] { r.master("chief", 0); }, errc::invalid_argument, {"\"chief\""}));
+}
+
+TEST(TfConfigClusterResolverTest, MasterIsEmptyForAClusterOfOneTask) {
+  auto r = tf_config_cluster_resolver::from_json(
+      R"({"cluster": {"worker": ["worker0:2222"]}, "task": {"type": "worker", "index": 0},
+          "rpc_layer": "grpc"})");
+  EXPECT_EQ(r.master(), "");
+}
+
+TEST(TfConfigClusterResolverTest, MasterIsEmptyForAnEmptyCluster) {
+  EXPECT_EQ(tf_config_cluster_resolver::from_json("{}").master(), "");
+  EXPECT_EQ(tf_config_cluster_resolver::from_json(R"({"rpc_layer": "grpc"})").master(), "");
+}
+
+TEST(TfConfigClusterResolverTest, MasterReturnsSessionMasterWhenSet) {
+  auto r = tf_config_cluster_resolver::from_json(with_cluster(
+      R"("session_master": "sessionmaster:2222", "task": {"type": "ps", "index": 0})"));
+  EXPECT_EQ(r.session_master(), "sessionmaster:2222");
+  EXPECT_EQ(r.master(), "sessionmaster:2222");
+}
+
+TEST(TfConfigClusterResolverTest, ConstructorArgumentsOverrideTfConfig) {
+  const auto config = with_cluster(
+      R"("rpc_layer": "grpc", "environment": "cloud", "task": {"type": "ps", "index": 1})");
+  auto r = tf_config_cluster_resolver::from_json(
+      config, {.task_type = "worker", .task_id = 2, .rpc_layer = "test", .environment = "google"});
+  EXPECT_EQ(r.task(), (task_id{"worker", 2}));
+  EXPECT_EQ(r.rpc_layer(), "test");
+  EXPECT_EQ(r.environment(), "google");
+  EXPECT_EQ(r.master(), "test://worker2:2222");
+}
+
+TEST(TfConfigClusterResolverTest, OverridingOnlyTheTaskIdKeepsTheTaskTypeOfTfConfig) {
+  // An old TF read the index from TF_CONFIG whenever the *type* was not overridden; each override
+  // is independent.
+  auto r = tf_config_cluster_resolver::from_json(
+      with_cluster(R"("task": {"type": "worker", "index": 0})"), {.task_id = 1});
+  EXPECT_EQ(r.task(), (task_id{"worker", 1}));
+  EXPECT_EQ(r.master(), "worker1:2222");
+}
+
+TEST(TfConfigClusterResolverTest, EnvironmentComesFromTfConfig) {
+  auto r = tf_config_cluster_resolver::from_json(
+      with_cluster(R"("environment": "cloud", "task": {"type": "ps", "index": 0})"));
+  EXPECT_EQ(r.environment(), "cloud");
+}
+
+TEST(TfConfigClusterResolverTest, UnknownTopLevelKeysAreIgnored) {
+  auto r = tf_config_cluster_resolver::from_json(
+      with_cluster(R"("task": {"type": "ps", "index": 0, "trial": "7"}, "job": {"x": [1]},
+                      "experimental": null)"));
+  EXPECT_EQ(r.task(), (task_id{"ps", 0}));
+}
+
+TEST(TfConfigClusterResolverTest, NullRpcLayerCountsAsAbsent) {
+  auto r = tf_config_cluster_resolver::from_json(
+      with_cluster(R"("rpc_layer": null, "task": {"type": "ps", "index": 0})"));
+  EXPECT_EQ(r.rpc_layer(), "");
+}
+
+TEST(TfConfigClusterResolverTest, TaskIndexMayBeADecimalStringAsTfsIntAccepts) {
+  auto r = tf_config_cluster_resolver::from_json(
+      with_cluster(R"("task": {"type": "worker", "index": "2"})"));
+  EXPECT_EQ(r.task_id(), 2);
+}
+
+TEST(TfConfigClusterResolverTest, OverridesMaySupplyTheTaskTfConfigLacks) {
+  auto r = tf_config_cluster_resolver::from_json(with_cluster(""),
+                                                 {.task_type = "worker", .task_id = 1});
+  EXPECT_EQ(r.task(), (task_id{"worker", 1}));
+}
+
+TEST(TfConfigClusterResolverTest, AnEvaluatorMayBeAbsentFromTheCluster) {
+  // TF allows this for Estimator's TF_CONFIG, which lists the evaluator apart.
+  auto r = tf_config_cluster_resolver::from_json(
+      R"({"cluster": {"chief": ["c:1"], "worker": ["w:1"]}, "task": {"type": "evaluator", "index": 0}})");
+  EXPECT_EQ(r.task(), (task_id{"evaluator", 0}));
+  EXPECT_TRUE(r.is_chief());
+  EXPECT_EQ(r.num_workers(), 2);
+  EXPECT_TRUE(fails_with([&] { r.worker_rank(); }, errc::invalid_argument,
+                         {"evaluator:0", "no worker rank"}));
+}
+
+// -- local runs -----------------------------------------------------------------------------------
+
+TEST(TfConfigClusterResolverTest, EmptyOrBlankTfConfigIsALocalRun) {
+  for (std::string text : {"", "  \n\t", "{}"}) {
+    SCOPED_TRACE(text);
+    auto r = tf_config_cluster_resolver::from_json(text);
+    EXPECT_TRUE(r.is_local());
+    EXPECT_TRUE(r.cluster_spec().empty());
+    EXPECT_EQ(r.task_type(), "");
+    EXPECT_EQ(r.task_id(), 0);
+    EXPECT_EQ(r.rpc_layer(), "");
+  }
+}
+
+TEST(TfConfigClusterResolverTest, AnEmptyClusterIsLocalAndKeepsItsTask) {
+  auto r = tf_config_cluster_resolver::from_json(
+      R"({"cluster": {}, "task": {"type": "worker", "index": 3}})");
+  EXPECT_TRUE(r.is_local());
+  EXPECT_EQ(r.task(), (task_id{"worker", 3}));
+}
+
+TEST(TfConfigClusterResolverTest, ALocalRunTakesItsTaskFromTheOverrides) {
+  auto r = tf_config_cluster_resolver::from_json(
+      "", {.task_type = "chief", .task_id = 0, .rpc_layer = "grpc"});
+  EXPECT_TRUE(r.is_local());
+  EXPECT_EQ(r.task(), (task_id{"chief", 0}));
+  EXPECT_EQ(r.rpc_layer(), "grpc");
+  EXPECT_EQ(r.master(), "");
+}
+
+TEST(TfConfigClusterResolverTest, ALocalRunIsTheChiefWithRankZeroAndOneWorker) {
+  auto r = tf_config_cluster_resolver::from_json("");
+  EXPECT_TRUE(r.is_chief());
+  EXPECT_EQ(r.worker_rank(), 0);
+  EXPECT_EQ(r.num_workers(), 1);
+  EXPECT_EQ(r.chief(), r.task());
+}
+
+// -- reading the environment ----------------------------------------------------------------------
+
+TEST(TfConfigClusterResolverTest, ReadsTfConfigThroughTheInjectedEnvironment) {
+  tf_config_cluster_resolver r(
+      {}, fake_env({{"TF_CONFIG", with_cluster(R"("task": {"type": "worker", "index": 1})")}}));
+  EXPECT_EQ(r.task(), (task_id{"worker", 1}));
+  EXPECT_EQ(r.cluster_spec().num_tasks("worker"), 3);
+}
+
+TEST(TfConfigClusterResolverTest, AnUnsetTfConfigIsALocalRun) {
+  tf_config_cluster_resolver r({.task_type = "worker"}, fake_env({}));
+  EXPECT_TRUE(r.is_local());
+  EXPECT_EQ(r.task(), (task_id{"worker", 0}));
+}
+
+TEST(TfConfigClusterResolverTest, ReadsTfConfigFromTheProcessEnvironment) {
+  scoped_env env("TF_CONFIG", R"({"cluster": {"worker": ["a:1", "b:1"]},
+                                  "task": {"type": "worker", "index": 1}})");
+  tf_config_cluster_resolver r;
+  EXPECT_EQ(r.task(), (task_id{"worker", 1}));
+  EXPECT_EQ(r.master(), "b:1");
+}
+
+// -- errors ---------------------------------------------------------------------------------------
+
+TEST(TfConfigClusterResolverTest, RejectsMalformedJsonQuotingTheParserPosition) {
+  EXPECT_TRUE(fails_with(
+      [] { tf_config_cluster_resolver::from_json(R"({"cluster": {"worker": ["a:1"})"); },
+      errc::invalid_argument,
+      {"TF_CONFIG is not valid JSON", "line 1, column 30", "byte 30", "expected a JSON object"}));
+}
+
+TEST(TfConfigClusterResolverTest, MalformedJsonInTheEnvironmentIsAnErrorToo) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver({}, fake_env({{"TF_CONFIG", "{cluster: 1}"}}));
+      },
+      errc::invalid_argument, {"TF_CONFIG is not valid JSON", "column 2"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsATfConfigThatIsNotAnObject) {
+  EXPECT_TRUE(fails_with([] { tf_config_cluster_resolver::from_json(R"(["worker"])"); },
+                         errc::invalid_argument, {"TF_CONFIG must be", "array"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsAClusterThatIsNotAnObject) {
+  EXPECT_TRUE(fails_with([] { tf_config_cluster_resolver::from_json(R"({"cluster": ["a:1"]})"); },
+                         errc::invalid_argument,
+                         {"TF_CONFIG: \"cluster\" must be an object", "array [\"a:1\"]"}));
+  EXPECT_TRUE(fails_with([] { tf_config_cluster_resolver::from_json(R"({"cluster": null})"); },
+                         errc::invalid_argument, {"\"cluster\" must be an object", "null"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsAJobThatIsNeitherAListNorAnObject) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(
+            R"({"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}})");
+      },
+      errc::invalid_argument, {"TF_CONFIG", "job \"worker\"", "list of addresses or an object"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsAnAddressThatIsNotAString) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(
+            R"({"cluster": {"worker": ["a:1", 2222]}, "task": {"type": "worker", "index": 0}})");
+      },
+      errc::invalid_argument, {"TF_CONFIG", "worker:1", "must be a string", "number 2222"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsTwoChiefs) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(
+            R"({"cluster": {"chief": ["c0:1", "c1:1"], "worker": ["w:1"]},
+                "task": {"type": "worker", "index": 0}})");
+      },
+      errc::invalid_argument, {"TF_CONFIG", "at most one 'chief' task", "has 2"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsTwoEvaluators) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(
+            R"({"cluster": {"worker": ["w:1"], "evaluator": ["e0:1", "e1:1"]},
+                "task": {"type": "worker", "index": 0}})");
+      },
+      errc::invalid_argument, {"TF_CONFIG", "at most one 'evaluator' task", "has 2"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsATaskIndexOutOfRangeForItsJob) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(
+            with_cluster(R"("task": {"type": "worker", "index": 3})"));
+      },
+      errc::invalid_argument,
+      {"TF_CONFIG", "task index 3 is out of range for job \"worker\"", "3 task(s)", "0, 1, 2"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsASparseIndexThatNamesNoTask) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(
+            R"({"cluster": {"worker": {"0": "a:1", "2": "c:1"}}, "task": {"type": "worker", "index": 1}})");
+      },
+      errc::invalid_argument, {"task index 1 is out of range", "0, 2"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsAnOverriddenIndexOutOfRange) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"type": "ps", "index": 0})"),
+                                              {.task_id = 2});
+      },
+      errc::invalid_argument, {"task index 2 is out of range for job \"ps\""}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsANegativeTaskIndex) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(
+            with_cluster(R"("task": {"type": "worker", "index": -1})"));
+      },
+      errc::invalid_argument, {"TF_CONFIG", "task index -1", "negative", "0, 1, 2"}));
+  EXPECT_TRUE(fails_with([] { tf_config_cluster_resolver::from_json("", {.task_id = -2}); },
+                         errc::invalid_argument, {"TF_CONFIG", "task index -2 is negative"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsANonEmptyClusterWithoutATask) {
+  EXPECT_TRUE(fails_with([] { tf_config_cluster_resolver::from_json(with_cluster("")); },
+                         errc::invalid_argument,
+                         {"TF_CONFIG", "no task type is given", "ps, worker", "\"task\""}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsATaskWithoutAType) {
+  EXPECT_TRUE(fails_with(
+      [] { tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"index": 0})")); },
+      errc::invalid_argument, {"no task type is given"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsATaskWithoutAnIndex) {
+  EXPECT_TRUE(fails_with(
+      [] { tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"type": "worker"})")); },
+      errc::invalid_argument, {"task \"worker\" has no index"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsATaskTypeThatIsNotAJobOfTheCluster) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(
+            with_cluster(R"("task": {"type": "chief", "index": 0})"));
+      },
+      errc::invalid_argument,
+      {"TF_CONFIG", "task type \"chief\" is not a job of the cluster", "ps, worker"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsAnUnrecognizedTaskType) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(
+            with_cluster(R"("task": {"type": "master", "index": 0})"));
+      },
+      errc::invalid_argument,
+      {"unrecognized task type \"master\"", "chief, worker, ps or evaluator"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsAJobThatIsNotAMultiWorkerTaskType) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(
+            R"({"cluster": {"worker": ["w:1"], "localhost": ["l:1"]},
+                "task": {"type": "worker", "index": 0}})");
+      },
+      errc::invalid_argument, {"job \"localhost\"", "chief, worker, ps or evaluator"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsATaskThatIsNotAnObject) {
+  EXPECT_TRUE(fails_with(
+      [] { tf_config_cluster_resolver::from_json(with_cluster(R"("task": "worker:0")")); },
+      errc::invalid_argument, {"\"task\" must be an object", "string \"worker:0\""}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsATaskTypeThatIsNotAString) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"type": 1, "index": 0})"));
+      },
+      errc::invalid_argument, {"\"task\".\"type\" must be a string", "number 1"}));
+}
+
+TEST(TfConfigClusterResolverTest, RejectsATaskIndexThatIsNotAnInteger) {
+  for (std::string index : {"1.5", "true", "\"one\"", "[0]", "4294967296", "\"\""}) {
+    SCOPED_TRACE(index);
+    EXPECT_TRUE(fails_with(
+        [&] {
+          tf_config_cluster_resolver::from_json(
+              with_cluster(R"("task": {"type": "worker", "index": )" + index + "}"));
+        },
+        errc::invalid_argument, {"\"task\".\"index\" must be an integer task index"}));
+  }
+}
+
+TEST(TfConfigClusterResolverTest, RejectsAnRpcLayerThatIsNotAString) {
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(
+            with_cluster(R"("rpc_layer": 1, "task": {"type": "worker", "index": 0})"));
+      },
+      errc::invalid_argument, {"\"rpc_layer\" must be a string", "number 1"}));
+}
