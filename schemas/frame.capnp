@@ -1,0 +1,64 @@
+# Frames of collective traffic between two ranks of a transport context (transport/tcp).
+#
+# On the wire a frame is
+#
+#   u32 little-endian length L | L bytes: a Cap'n Proto message (flat array) | payload bytes
+#
+# The first frame each way on a new connection carries a `Hello` and no payload; every later frame
+# carries a `FrameHeader` followed by exactly `payloadBytes` raw bytes (tensor bytes are never
+# copied into a Cap'n Proto message). Readers bound L and `payloadBytes` before allocating, read
+# headers with small traversal and nesting limits, and close the connection on anything malformed.
+#
+# Field numbers are never reused or renumbered: add fields at the end and bump `protocolVersion`
+# only when an old reader would misread the new layout.
+
+@0xe0d5d4d4b8f6e19e;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("consort::schemas");
+
+# The version both ends of a connection must agree on (Hello.version, FrameHeader.version).
+const protocolVersion :UInt16 = 1;
+
+# The handshake: the connecting rank sends its Hello first, the accepting rank validates it and
+# answers with its own; the pair is usable only when both have validated the other's.
+struct Hello {
+  version @0 :UInt16;
+  # protocolVersion of the sender.
+
+  rank @1 :UInt32;
+  # The sender's rank in the group.
+
+  size @2 :UInt32;
+  # The number of ranks in the group, as the sender knows it.
+
+  groupId @3 :UInt64;
+  # Identifies the group (a job, or a collective group inside it): connections from another group
+  # are refused.
+
+  epoch @4 :UInt64;
+  # The membership epoch the group was formed in: a rank of an older view is refused.
+
+  nonce @5 :Data;
+  # Fresh random bytes of the sender, the challenge for the peer's `authProof` (reserved: empty
+  # until groups are authenticated).
+
+  authProof @6 :Data;
+  # HMAC-SHA256 of the group's shared secret over the peer's nonce and this Hello's identity fields
+  # (reserved: empty until groups are authenticated).
+}
+
+# The header of one message of a pair.
+struct FrameHeader {
+  version @0 :UInt16;
+  # protocolVersion of the sender.
+
+  senderRank @1 :UInt32;
+  # The sender's rank; must be the rank the connection was established with.
+
+  tag @2 :UInt64;
+  # The message tag: a receive matches the oldest unmatched message with its tag.
+
+  payloadBytes @3 :UInt64;
+  # The number of raw payload bytes that follow the header.
+}

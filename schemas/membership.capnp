@@ -1,0 +1,135 @@
+# Membership messages of a consort cluster (DESIGN.md §5): workers join at the chief, the chief
+# answers with the view, members exchange heartbeats, leave cleanly, and abort the group when a
+# member is lost. Every message on a membership connection is one `MembershipMessage`, framed like
+# collective traffic (see frame.capnp): a u32 little-endian length, then the Cap'n Proto message.
+# Readers bound that length and every list before allocating.
+#
+# Field numbers are never reused or renumbered: add fields at the end.
+
+@0xced3607124bc9856;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("consort::schemas");
+
+# The membership protocol version a worker speaks (Join.protocolVersion).
+const membershipVersion :UInt16 = 1;
+
+# A task of the cluster spec, as TF_CONFIG names it: ("worker", 1), ("chief", 0).
+struct Task {
+  type @0 :Text;
+  index @1 :UInt32;
+}
+
+# One device of a worker, as consort names it ("CPU:0", "GPU:1").
+struct Device {
+  name @0 :Text;
+
+  kind @1 :Kind;
+  enum Kind {
+    cpu @0;
+    gpu @1;
+  }
+
+  memoryBytes @2 :UInt64;
+  # The device's memory, 0 when unknown.
+}
+
+# A worker asks the chief to admit it.
+struct Join {
+  task @0 :Task;
+
+  address @1 :Text;
+  # "host:port" where this worker listens for collective traffic.
+
+  devices @2 :List(Device);
+  # The worker's local devices, in local replica order.
+
+  protocolVersion @3 :UInt16;
+  # membershipVersion of the worker; the chief refuses another version.
+
+  nonce @4 :Data;
+  # Fresh random bytes of the worker, the challenge for the chief's proof (reserved).
+
+  authProof @5 :Data;
+  # HMAC-SHA256 of the cluster's shared secret over the chief's nonce and this Join's task and
+  # address; empty when the cluster has no secret.
+
+  pid @6 :UInt32;
+  # The worker's process id, for logs.
+}
+
+# The chief refuses a Join (wrong version, failed proof, a task it does not expect, a duplicate).
+struct Refusal {
+  task @0 :Task;
+  reason @1 :Text;
+}
+
+# One member of a view.
+struct Member {
+  rank @0 :UInt32;
+  # The member's rank in the group: its worker id (the chief is 0).
+
+  task @1 :Task;
+
+  address @2 :Text;
+  # "host:port" of its collective traffic.
+
+  devices @3 :List(Device);
+}
+
+# The cluster as the chief sees it, sent to every member when all have joined and again whenever
+# it changes; a later epoch replaces an earlier one.
+struct View {
+  epoch @0 :UInt64;
+  # Increases with every change of membership.
+
+  groupId @1 :UInt64;
+  # Identifies the group of this epoch in transport handshakes (frame.capnp Hello.groupId).
+
+  members @2 :List(Member);
+  # Every member, in rank order.
+
+  ncclUniqueId @3 :Data;
+  # The NCCL unique id of this epoch's communicator (128 opaque bytes), empty without GPUs.
+
+  nonce @4 :Data;
+  # The chief's challenge for later proofs (reserved).
+}
+
+# A member's liveness signal, sent periodically to the chief (and by the chief to members).
+struct Heartbeat {
+  epoch @0 :UInt64;
+  rank @1 :UInt32;
+  sequence @2 :UInt64;
+  # Increases by one with every heartbeat of this member.
+}
+
+# A member leaves the cluster cleanly (shutdown); it is not reported as lost.
+struct Leave {
+  epoch @0 :UInt64;
+  rank @1 :UInt32;
+  reason @2 :Text;
+}
+
+# The group of an epoch is abandoned: every pending and later collective of that epoch fails.
+struct Abort {
+  epoch @0 :UInt64;
+
+  cause @1 :Text;
+  # Why, for people: "worker:2 (rank 2) missed 5 heartbeats".
+
+  lostRanks @2 :List(UInt32);
+  # The members that were lost (empty when the abort has another cause).
+}
+
+# Everything sent on a membership connection.
+struct MembershipMessage {
+  union {
+    join @0 :Join;
+    refusal @1 :Refusal;
+    view @2 :View;
+    heartbeat @3 :Heartbeat;
+    leave @4 :Leave;
+    abort @5 :Abort;
+  }
+}

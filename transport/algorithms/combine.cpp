@@ -1,0 +1,170 @@
+// The element-wise combine kernel of the all-reduce algorithms.
+//
+// The loops are plain loops over typed restrict pointers, with no call and no branch on the
+// element, so that g++ vectorises them; signed integers are combined in their unsigned type (they
+// wrap as TensorFlow's do, without undefined behaviour), as in device/cpu_kernels.cpp.
+
+#include "transport/algorithms/common.hpp"
+
+#include <type_traits>
+
+namespace consort::transport::detail {
+
+namespace {
+
+template <class T, bool = std::is_integral_v<T>>
+struct wrap {
+  using type = T;
+};
+template <class T>
+struct wrap<T, true> {
+  using type = std::make_unsigned_t<T>;
+};
+template <class T>
+using wrap_t = typename wrap<T>::type;
+
+struct sum_fn {
+  template <class T>
+  static T apply(T a, T b) {
+    return static_cast<T>(static_cast<wrap_t<T>>(a) + static_cast<wrap_t<T>>(b));
+  }
+};
+
+struct prod_fn {
+  template <class T>
+  static T apply(T a, T b) {
+    return static_cast<T>(static_cast<wrap_t<T>>(a) * static_cast<wrap_t<T>>(b));
+  }
+};
+
+// The same expressions as the host kernels (and as minps/maxps, which they compile to).
+struct min_fn {
+  template <class T>
+  static T apply(T a, T b) {
+    return b < a ? b : a;
+  }
+};
+
+struct max_fn {
+  template <class T>
+  static T apply(T a, T b) {
+    return a < b ? b : a;
+  }
+};
+
+// out = out op b
+template <class T, class Op, bool Scaled>
+void fold_right(T* __restrict out, const T* __restrict b, size_t n, T s) {
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (Scaled)
+      out[i] = Op::apply(out[i], b[i]) * s;
+    else
+      out[i] = Op::apply(out[i], b[i]);
+  }
+}
+
+// out = a op out
+template <class T, class Op, bool Scaled>
+void fold_left(T* __restrict out, const T* __restrict a, size_t n, T s) {
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (Scaled)
+      out[i] = Op::apply(a[i], out[i]) * s;
+    else
+      out[i] = Op::apply(a[i], out[i]);
+  }
+}
+
+// out = a op b
+template <class T, class Op, bool Scaled>
+void fold3(T* __restrict out, const T* __restrict a, const T* __restrict b, size_t n, T s) {
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (Scaled)
+      out[i] = Op::apply(a[i], b[i]) * s;
+    else
+      out[i] = Op::apply(a[i], b[i]);
+  }
+}
+
+template <class T, class Op, bool Scaled>
+void combine_as(void* out, const void* a, const void* b, size_t n, T s) {
+  auto* o = static_cast<T*>(out);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  if (o == x)
+    fold_right<T, Op, Scaled>(o, y, n, s);
+  else if (o == y)
+    fold_left<T, Op, Scaled>(o, x, n, s);
+  else
+    fold3<T, Op, Scaled>(o, x, y, n, s);
+}
+
+template <class T>
+void combine_typed(reduce_op op, void* out, const void* a, const void* b, size_t n, int divisor) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (divisor > 0) {
+      const T s = T(1) / static_cast<T>(divisor);
+      switch (op) {
+      case reduce_op::sum:
+      case reduce_op::mean:
+        return combine_as<T, sum_fn, true>(out, a, b, n, s);
+      case reduce_op::prod:
+        return combine_as<T, prod_fn, true>(out, a, b, n, s);
+      case reduce_op::min:
+        return combine_as<T, min_fn, true>(out, a, b, n, s);
+      case reduce_op::max:
+        return combine_as<T, max_fn, true>(out, a, b, n, s);
+      }
+      return;
+    }
+  }
+  switch (op) {
+  case reduce_op::sum:
+  case reduce_op::mean:
+    return combine_as<T, sum_fn, false>(out, a, b, n, T{});
+  case reduce_op::prod:
+    return combine_as<T, prod_fn, false>(out, a, b, n, T{});
+  case reduce_op::min:
+    return combine_as<T, min_fn, false>(out, a, b, n, T{});
+  case reduce_op::max:
+    return combine_as<T, max_fn, false>(out, a, b, n, T{});
+  }
+}
+
+template <class T>
+void scale_typed(void* data, size_t n, int divisor) {
+  auto* p = static_cast<T*>(data);
+  const T s = T(1) / static_cast<T>(divisor);
+  for (size_t i = 0; i < n; ++i)
+    p[i] *= s;
+}
+
+} // namespace
+
+void combine(dtype type, reduce_op op, void* out, const void* a, const void* b, size_t n,
+             int divisor) {
+  if (n == 0)
+    return;
+  switch (type) {
+  case dtype::float32:
+    return combine_typed<float>(op, out, a, b, n, divisor);
+  case dtype::float64:
+    return combine_typed<double>(op, out, a, b, n, divisor);
+  case dtype::int32:
+    return combine_typed<int32_t>(op, out, a, b, n, divisor);
+  case dtype::int64:
+    return combine_typed<int64_t>(op, out, a, b, n, divisor);
+  case dtype::uint8:
+    return combine_typed<uint8_t>(op, out, a, b, n, divisor);
+  case dtype::boolean:
+    return; // rejected by check_reduction
+  }
+}
+
+void scale(dtype type, void* data, size_t n, int divisor) {
+  if (type == dtype::float32)
+    scale_typed<float>(data, n, divisor);
+  else if (type == dtype::float64)
+    scale_typed<double>(data, n, divisor);
+}
+
+} // namespace consort::transport::detail

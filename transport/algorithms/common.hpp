@@ -1,0 +1,100 @@
+#pragma once
+
+// What the collective algorithms share: message tags, error reports that name the step and the
+// peer, argument checks, block layout, and the element-wise combine kernel.
+
+#include <consort/error.hpp>
+#include <consort/reduce_op.hpp>
+#include <consort/tensor.hpp>
+#include <consort/transport/algorithms.hpp>
+#include <consort/transport/pair.hpp>
+
+#include <caf/error.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace consort {
+
+// Declared in consort/actors/protocol.hpp (defined in actors/runtime.cpp); repeated here to keep
+// CAF's actor headers out of the transport.
+caf::error make_caf_error(errc code, std::string message);
+error to_consort_error(const caf::error& err, const std::string& what);
+
+} // namespace consort
+
+namespace consort::transport::detail {
+
+// -- tags -----------------------------------------------------------------------------------------
+
+/// Bits of a message tag that number the step inside one operation.
+inline constexpr unsigned step_bits = 24;
+
+/// The tag of step `index` of the operation with base tag `base` (< max_tag).
+constexpr uint64_t message_tag(uint64_t base, uint64_t index) noexcept {
+  return (base << step_bits) | (index & ((uint64_t{1} << step_bits) - 1));
+}
+
+/// The step index that `exchange_sizes` uses (the last one, so it never meets a ring step).
+inline constexpr uint64_t sizes_step = (uint64_t{1} << step_bits) - 1;
+
+// -- errors ---------------------------------------------------------------------------------------
+
+/// Who is running: "ring_all_reduce (rank 1 of 4, tag 7)", the prefix of every error.
+std::string who(const char* algorithm, const context& ctx, uint64_t tag);
+
+/// The error of a failed wait: keeps the transport's code and says which algorithm, step and peer
+/// failed; aborts the context first when `opts.abort_on_failure` (posted operations may still
+/// refer to buffers that are about to be released).
+/// `step` reads like "reduce-scatter step 2 of 3, chunk 1 of 4"; `action` is "send to" or
+/// "receive from".
+caf::error step_failed(context& ctx, const algorithm_options& opts, const char* algorithm,
+                       const std::string& step, const char* action, int peer,
+                       const caf::error& cause);
+
+/// An argument error found before anything was sent.
+caf::error argument_error(errc code, const char* algorithm, const context& ctx, uint64_t tag,
+                          const std::string& what);
+
+/// Checks the tag and the timeout of `opts`; an empty error when they are usable.
+caf::error check_options(const char* algorithm, const context& ctx, const algorithm_options& opts);
+
+/// Checks that `op` can reduce `type` (see the rules in algorithms.hpp).
+caf::error check_reduction(const char* algorithm, const context& ctx, const algorithm_options& opts,
+                           dtype type, reduce_op op);
+
+// -- layout ---------------------------------------------------------------------------------------
+
+/// Start of part `i` when `total` items are cut into `parts` parts whose sizes differ by at most
+/// one (the first `total % parts` parts are the larger ones). `part_begin(total, parts, parts)`
+/// is `total`.
+constexpr size_t part_begin(size_t total, size_t parts, size_t i) noexcept {
+  const size_t q = total / parts;
+  const size_t r = total % parts;
+  return i * q + (i < r ? i : r);
+}
+
+/// Number of chunks of at most `chunk` items that hold `total` items (at least 1).
+constexpr size_t chunk_count(size_t total, size_t chunk) noexcept {
+  return total == 0 ? 1 : (total + chunk - 1) / chunk;
+}
+
+/// `(a + b) mod n` for ranks, with `b` possibly negative.
+constexpr int ring_add(int a, int b, int n) noexcept {
+  return ((a + b) % n + n) % n;
+}
+
+// -- kernels --------------------------------------------------------------------------------------
+
+/// `out[i] = a[i] op b[i]` for `n` elements of `type` (MEAN combines as SUM); then, when `divisor`
+/// is positive, `out[i] *= T(1) / T(divisor)` (floating types only). `out` may be `a` or `b` but
+/// must not overlap them otherwise. Plain typed loops over restrict pointers, which g++ vectorises.
+/// @pre the reduction passed `check_reduction`.
+void combine(dtype type, reduce_op op, void* out, const void* a, const void* b, size_t n,
+             int divisor = 0);
+
+/// `data[i] *= T(1) / T(divisor)` for `n` elements of a floating `type`.
+void scale(dtype type, void* data, size_t n, int divisor);
+
+} // namespace consort::transport::detail

@@ -1,0 +1,762 @@
+// The TCP context: listening, the full mesh (connect, accept, handshake) and abort; the pairs do
+// the I/O of established connections (pair_impl.hpp).
+//
+// Threads. One I/O thread per context runs its io_context: accepts, connects, handshakes, retry
+// timers, and the readiness waits of the pairs. Callers' threads post operations and, while they
+// wait, drive their own pair's socket.
+//
+// The mesh. Rank i connects to every rank j < i and accepts every rank j > i. The connecting side
+// sends its hello first; the accepting side checks it (version, group, epoch, size, rank, not yet
+// connected) and answers with its own, which the connecting side checks in turn. Only then does a
+// pair take the socket. Refused, reset or timed-out connection attempts are retried with back-off
+// until the mesh deadline, since peers start at different times. Every accepted connection must
+// present a valid hello within `handshake_timeout`; anything else (garbage, a truncated or
+// oversized frame, another group) is logged with the remote address and closed, and the context
+// goes on serving its real peers. The listening socket stays open after the mesh is complete, so
+// a stray or hostile client always meets a handshake that refuses it with a logged reason.
+
+#include "transport/tcp/pair_impl.hpp"
+#include "transport/tcp/wire.hpp"
+
+#include <consort/transport/tcp.hpp>
+
+#include <utility> // Boost 1.74's Asio needs <utility> before it on C++20
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <unordered_set>
+
+namespace consort::transport::tcp {
+
+namespace {
+
+namespace asio = boost::asio;
+using asio_tcp = boost::asio::ip::tcp;
+using error_code = boost::system::error_code;
+
+/// How many accepted connections may be in their handshake at once; more are closed at once.
+constexpr std::size_t max_pending_handshakes = 64;
+
+/// Back-off between connection attempts to a peer that is not up yet.
+constexpr std::chrono::milliseconds first_backoff{2};
+constexpr std::chrono::milliseconds max_backoff{200};
+
+struct host_port {
+  std::string host;
+  std::string port;
+};
+
+/// Splits "host:port" or "[v6 address]:port"; returns why not on failure.
+std::string split_address(const std::string& text, host_port& out) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
+    return "\"" + text + "\" is not host:port";
+  out.host = text.substr(0, colon);
+  out.port = text.substr(colon + 1);
+  if (out.host.size() >= 2 && out.host.front() == '[' && out.host.back() == ']')
+    out.host = out.host.substr(1, out.host.size() - 2);
+  if (out.port.size() > 5 ||
+      !std::all_of(out.port.begin(), out.port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      std::stoul(out.port) > 65535)
+    return "\"" + text + "\" has no valid port (0-65535)";
+  return {};
+}
+
+std::string endpoint_text(const asio_tcp::endpoint& ep) {
+  auto addr = ep.address();
+  auto host = addr.to_string();
+  if (addr.is_v6())
+    host = "[" + host + "]";
+  return host + ":" + std::to_string(ep.port());
+}
+
+std::string ms_text(std::chrono::milliseconds ms) {
+  return std::to_string(ms.count()) + " ms";
+}
+
+} // namespace
+
+/// The TCP context (see the file comment).
+///
+/// Thread safety: thread-safe. `pairs_` is fixed at construction; the mesh state is guarded by
+/// mesh_mu_; everything Asio (acceptor, handshakes, timers) belongs to the I/O thread.
+class context_impl final : public context {
+public:
+  explicit context_impl(const mesh_options& opts);
+  ~context_impl() override;
+
+  context_impl(const context_impl&) = delete;
+  context_impl& operator=(const context_impl&) = delete;
+
+  /// Binds and listens, then starts the I/O thread and accepting.
+  caf::error start();
+
+  // -- transport::context ----------------------------------------------------------------------
+
+  int rank() const noexcept override { return opts_.rank; }
+  int size() const noexcept override { return opts_.size; }
+  transport::pair& to(int peer) override;
+  void abort(const std::string& why) override;
+
+  // -- tcp::context ----------------------------------------------------------------------------
+
+  std::string listen_address() const override { return listen_address_; }
+  uint16_t port() const noexcept override { return port_; }
+  caf::error connect(const std::vector<std::string>& addresses) override;
+
+private:
+  /// A connection before its pair takes it: connecting or accepted, until its hellos are checked.
+  struct handshake {
+    explicit handshake(asio::io_context& io) : socket(io), timer(io), resolver(io) {}
+    asio_tcp::socket socket;
+    asio::steady_timer timer;
+    asio_tcp::resolver resolver;
+    asio_tcp::resolver::results_type endpoints;
+    std::size_t next_endpoint = 0;
+    std::string address; // the remote end, for logs and errors
+    int peer = -1; // the rank: known in advance when connecting, from the hello when accepting
+    bool outbound = false; // we connected
+    bool finished = false;
+    bool timed_out = false;
+    std::array<std::byte, wire::prefix_bytes> prefix{};
+    std::vector<std::byte> body;
+    std::vector<std::byte> out;
+  };
+  using handshake_ptr = std::shared_ptr<handshake>;
+  using hello_handler = std::function<void(const std::string& error, const wire::hello& hello)>;
+
+  // -- I/O thread ------------------------------------------------------------------------------
+
+  void accept_next();
+  void on_accepted(const handshake_ptr& hs);
+  void start_connect(int peer, std::chrono::milliseconds backoff);
+  void connect_next_endpoint(const handshake_ptr& hs, std::chrono::milliseconds backoff);
+  void on_connected(const handshake_ptr& hs, std::chrono::milliseconds backoff);
+  void attempt_failed(const handshake_ptr& hs, const std::string& why,
+                      std::chrono::milliseconds backoff);
+  void read_hello(const handshake_ptr& hs, hello_handler then);
+  void arm_timer(const handshake_ptr& hs, deadline until);
+  void finish(const handshake_ptr& hs);
+  void refuse(const handshake_ptr& hs, const std::string& why);
+  void connected(const handshake_ptr& hs);
+  std::string check_hello(const wire::hello& h) const;
+  void apply_socket_options(asio_tcp::socket& socket);
+  std::string timeout_text(const handshake_ptr& hs, const char* what) const;
+
+  wire::hello my_hello() const;
+
+  mesh_options opts_;
+  std::shared_ptr<pair_env> env_;
+  std::string listen_address_;
+  uint16_t port_ = 0;
+
+  // Declared before every Asio object of this class, so that it is destroyed after them.
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  asio_tcp::acceptor acceptor_;
+  std::vector<std::shared_ptr<pair_impl>> pairs_; // by rank; null at this rank
+  std::thread thread_;
+
+  // I/O thread only
+  std::unordered_set<handshake_ptr> handshakes_;
+  std::size_t inbound_handshakes_ = 0;
+  std::vector<bool> claimed_;          // a hello from this rank was accepted
+  std::vector<bool> warned_;           // a failed attempt to reach this rank was logged
+  std::vector<std::string> addresses_; // written by connect before it posts to the I/O thread
+  deadline mesh_deadline_{};
+  std::vector<std::unique_ptr<asio::steady_timer>> retry_timers_;
+
+  std::atomic<bool> closing_{false};
+  std::atomic<bool> mesh_done_{false}; // connect returned: no more retries
+  std::atomic<bool> connect_called_{false};
+
+  std::mutex mesh_mu_;
+  std::condition_variable mesh_cv_;     // guarded by mesh_mu_
+  int missing_ = 0;                     // guarded by mesh_mu_
+  std::vector<bool> connected_;         // guarded by mesh_mu_
+  std::vector<std::string> last_error_; // guarded by mesh_mu_: per rank, why it is missing
+  std::string last_refusal_;            // guarded by mesh_mu_
+  caf::error mesh_failure_;             // guarded by mesh_mu_
+  std::optional<std::string> aborted_;  // guarded by mesh_mu_
+};
+
+// -- construction and destruction ----------------------------------------------------------------
+
+context_impl::context_impl(const mesh_options& opts)
+    : opts_(opts), env_(std::make_shared<pair_env>()), acceptor_(io_) {
+  env_->rank = opts.rank;
+  env_->size = opts.size;
+  env_->spin = opts.spin;
+  env_->busy_poll = opts.busy_poll;
+  env_->max_payload_bytes = opts.max_payload_bytes;
+  env_->max_stash_bytes = opts.max_stash_bytes;
+  env_->log = opts.log;
+  pairs_.resize(static_cast<std::size_t>(opts.size));
+  for (int peer = 0; peer < opts.size; ++peer)
+    if (peer != opts.rank)
+      pairs_[peer] = std::make_shared<pair_impl>(env_, io_, peer);
+  claimed_.assign(opts.size, false);
+  warned_.assign(opts.size, false);
+  connected_.assign(opts.size, false);
+  last_error_.assign(opts.size, std::string{});
+  missing_ = opts.size - 1;
+  retry_timers_.resize(opts.size);
+  for (auto& timer : retry_timers_)
+    timer = std::make_unique<asio::steady_timer>(io_);
+}
+
+context_impl::~context_impl() {
+  closing_.store(true);
+  mesh_done_.store(true);
+  {
+    std::lock_guard lock(mesh_mu_);
+    if (!aborted_)
+      aborted_ = "the context was destroyed";
+  }
+  mesh_cv_.notify_all();
+  io_.stop();
+  if (thread_.joinable())
+    thread_.join();
+  // The I/O thread is gone: close every Asio object here, before io_ goes. Operations that
+  // outlive the context find their pair failed and closed.
+  for (auto& pair : pairs_)
+    if (pair)
+      pair->teardown("the context of rank " + std::to_string(opts_.rank) + " was destroyed");
+  error_code ignored;
+  acceptor_.close(ignored);
+  for (const auto& hs : handshakes_) {
+    hs->socket.close(ignored);
+    hs->timer.cancel();
+    hs->resolver.cancel();
+  }
+  handshakes_.clear();
+  for (auto& timer : retry_timers_)
+    timer->cancel();
+  work_.reset();
+}
+
+caf::error context_impl::start() {
+  auto text = opts_.listen_address.empty() ? opts_.addresses[opts_.rank] : opts_.listen_address;
+  host_port hp;
+  if (auto why = split_address(text, hp); !why.empty())
+    return make_caf_error(errc::invalid_argument,
+                          "rank " + std::to_string(opts_.rank) + " cannot listen: " + why);
+  error_code ec;
+  asio_tcp::resolver resolver(io_);
+  auto results = resolver.resolve(
+      hp.host, hp.port, asio_tcp::resolver::passive | asio_tcp::resolver::numeric_service, ec);
+  auto fail = [&](const char* syscall) {
+    return make_caf_error(errc::invalid_argument, "rank " + std::to_string(opts_.rank) +
+                                                      " cannot listen on " + text + ": " + syscall +
+                                                      ": " + ec.message());
+  };
+  if (ec)
+    return fail("resolve");
+  if (results.empty())
+    return make_caf_error(errc::invalid_argument, "rank " + std::to_string(opts_.rank) +
+                                                      " cannot listen on " + text +
+                                                      ": the host has no address");
+  auto ep = results.begin()->endpoint();
+  if (acceptor_.open(ep.protocol(), ec); ec)
+    return fail("socket");
+  if (acceptor_.set_option(asio_tcp::acceptor::reuse_address(true), ec); ec)
+    return fail("setsockopt(SO_REUSEADDR)");
+  // Accepted sockets inherit the buffer sizes; set before listen so the window scale fits them.
+  if (opts_.recv_buffer_bytes > 0)
+    acceptor_.set_option(asio::socket_base::receive_buffer_size(opts_.recv_buffer_bytes), ec);
+  if (opts_.send_buffer_bytes > 0)
+    acceptor_.set_option(asio::socket_base::send_buffer_size(opts_.send_buffer_bytes), ec);
+  if (acceptor_.bind(ep, ec); ec)
+    return fail("bind");
+  if (acceptor_.listen(asio::socket_base::max_listen_connections, ec); ec)
+    return fail("listen");
+  auto local = acceptor_.local_endpoint(ec);
+  if (ec)
+    return fail("getsockname");
+  listen_address_ = endpoint_text(local);
+  port_ = local.port();
+  work_.emplace(io_.get_executor());
+  asio::post(io_, [this] { accept_next(); });
+  thread_ = std::thread([this] {
+    for (;;) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        env_->log_line(std::string("an I/O handler threw: ") + e.what());
+      }
+    }
+  });
+  return {};
+}
+
+// -- transport::context --------------------------------------------------------------------------
+
+transport::pair& context_impl::to(int peer) {
+  if (peer < 0 || peer >= opts_.size || peer == opts_.rank) {
+    std::fprintf(stderr, "consort: tcp::context::to(%d) on rank %d of %d: no such peer\n", peer,
+                 opts_.rank, opts_.size);
+    std::abort();
+  }
+  return *pairs_[peer];
+}
+
+void context_impl::abort(const std::string& why) {
+  {
+    std::lock_guard lock(mesh_mu_);
+    if (!aborted_)
+      aborted_ = why;
+  }
+  mesh_cv_.notify_all();
+  for (auto& pair : pairs_)
+    if (pair) {
+      pair->fail("rank " + std::to_string(opts_.rank) + " aborted its transport context: " + why,
+                 pair_impl::log_mode::never);
+      // Fail the operations being read or written right here, not on the I/O thread.
+      pair->pump_rx();
+      pair->pump_tx();
+    }
+}
+
+// -- the mesh ------------------------------------------------------------------------------------
+
+caf::error context_impl::connect(const std::vector<std::string>& addresses) {
+  if (connect_called_.exchange(true))
+    return make_caf_error(errc::invalid_argument, "tcp::context::connect called twice");
+  if (addresses.size() != static_cast<std::size_t>(opts_.size))
+    return make_caf_error(errc::invalid_argument,
+                          "tcp::context::connect: " + std::to_string(addresses.size()) +
+                              " addresses for a group of " + std::to_string(opts_.size));
+  for (int peer = 0; peer < opts_.rank; ++peer) {
+    host_port hp;
+    if (auto why = split_address(addresses[peer], hp); !why.empty())
+      return make_caf_error(errc::invalid_argument, "tcp::context::connect: the address of rank " +
+                                                        std::to_string(peer) + ": " + why);
+  }
+  auto started = clock::now();
+  auto until = started + opts_.connect_timeout;
+  addresses_ = addresses;
+  mesh_deadline_ = until;
+  asio::post(io_, [this] {
+    for (int peer = 0; peer < opts_.rank; ++peer)
+      start_connect(peer, first_backoff);
+  });
+  std::unique_lock lock(mesh_mu_);
+  mesh_cv_.wait_until(lock, until, [this] { return missing_ == 0 || mesh_failure_ || aborted_; });
+  mesh_done_.store(true);
+  if (missing_ == 0)
+    return {};
+  // Describe every missing rank; their pairs fail with it, so that nothing posted on them waits.
+  std::vector<std::pair<int, std::string>> missing;
+  for (int peer = 0; peer < opts_.size; ++peer) {
+    if (peer == opts_.rank || connected_[peer])
+      continue;
+    auto why = "rank " + std::to_string(peer) + " at " + addresses[peer] + " (";
+    if (peer < opts_.rank)
+      why += last_error_[peer].empty() ? std::string{"no attempt finished"} : last_error_[peer];
+    else
+      why += "it has not connected to this rank" +
+             (last_refusal_.empty() ? std::string{} : "; last refused: " + last_refusal_);
+    missing.emplace_back(peer, why + ")");
+  }
+  caf::error result;
+  if (aborted_) {
+    result = make_caf_error(errc::peer_lost, "rank " + std::to_string(opts_.rank) +
+                                                 " stopped forming its mesh: " + *aborted_);
+  } else if (mesh_failure_) {
+    result = mesh_failure_;
+  } else {
+    std::ostringstream out;
+    out << "rank " << opts_.rank << " could not form the mesh of " << opts_.size << " ranks within "
+        << ms_text(opts_.connect_timeout) << "; missing:";
+    for (const auto& [peer, why] : missing)
+      out << " " << why << ";";
+    result = make_caf_error(errc::collective_timeout, out.str());
+  }
+  lock.unlock();
+  for (const auto& [peer, why] : missing)
+    pairs_[peer]->fail("the mesh was not formed, no connection to " + why,
+                       pair_impl::log_mode::never);
+  return result;
+}
+
+wire::hello context_impl::my_hello() const {
+  wire::hello h;
+  h.rank = static_cast<uint32_t>(opts_.rank);
+  h.size = static_cast<uint32_t>(opts_.size);
+  h.group_id = opts_.group_id;
+  h.epoch = opts_.epoch;
+  return h;
+}
+
+std::string context_impl::check_hello(const wire::hello& h) const {
+  if (h.version != wire::protocol_version)
+    return "its hello has protocol version " + std::to_string(h.version) + ", expected " +
+           std::to_string(wire::protocol_version);
+  if (h.group_id != opts_.group_id || h.epoch != opts_.epoch)
+    return "its hello is of group " + std::to_string(h.group_id) + " epoch " +
+           std::to_string(h.epoch) + ", expected group " + std::to_string(opts_.group_id) +
+           " epoch " + std::to_string(opts_.epoch);
+  if (h.size != static_cast<uint32_t>(opts_.size))
+    return "its hello is of a group of " + std::to_string(h.size) + " ranks, expected " +
+           std::to_string(opts_.size);
+  if (h.rank >= static_cast<uint32_t>(opts_.size))
+    return "its hello names rank " + std::to_string(h.rank) + ", outside [0, " +
+           std::to_string(opts_.size) + ")";
+  return {};
+}
+
+void context_impl::apply_socket_options(asio_tcp::socket& socket) {
+  error_code ignored;
+  socket.set_option(asio_tcp::no_delay(true), ignored);
+  if (opts_.recv_buffer_bytes > 0)
+    socket.set_option(asio::socket_base::receive_buffer_size(opts_.recv_buffer_bytes), ignored);
+  if (opts_.send_buffer_bytes > 0)
+    socket.set_option(asio::socket_base::send_buffer_size(opts_.send_buffer_bytes), ignored);
+}
+
+void context_impl::arm_timer(const handshake_ptr& hs, deadline until) {
+  hs->timer.expires_at(until);
+  hs->timer.async_wait([hs](const error_code& ec) {
+    if (ec || hs->finished)
+      return;
+    hs->timed_out = true;
+    error_code ignored;
+    hs->socket.close(ignored); // its pending operation completes with operation_aborted
+    hs->resolver.cancel();
+  });
+}
+
+void context_impl::finish(const handshake_ptr& hs) {
+  hs->finished = true;
+  hs->timer.cancel();
+  if (!hs->outbound)
+    --inbound_handshakes_;
+  handshakes_.erase(hs);
+}
+
+std::string context_impl::timeout_text(const handshake_ptr& hs, const char* what) const {
+  return std::string("timed out ") + what + " (" +
+         ms_text(hs->outbound ? std::min(opts_.handshake_timeout, opts_.connect_timeout)
+                              : opts_.handshake_timeout) +
+         ")";
+}
+
+void context_impl::read_hello(const handshake_ptr& hs, hello_handler then) {
+  auto on_error = [this, hs](const error_code& ec, std::size_t got, std::size_t want,
+                             const char* part) {
+    if (hs->timed_out)
+      return timeout_text(hs, ("waiting for the hello's " + std::string(part)).c_str());
+    if (ec == asio::error::eof)
+      return "truncated hello: the connection ended after " + std::to_string(got) + " of " +
+             std::to_string(want) + " bytes of its " + part;
+    return "read of the hello's " + std::string(part) + " failed after " + std::to_string(got) +
+           " of " + std::to_string(want) + " bytes: " + ec.message();
+  };
+  asio::async_read(
+      hs->socket, asio::buffer(hs->prefix),
+      [this, hs, then = std::move(then), on_error](const error_code& ec, std::size_t n) mutable {
+        if (closing_)
+          return;
+        if (ec)
+          return then(on_error(ec, n, wire::prefix_bytes, "length prefix"), {});
+        uint32_t length = 0;
+        if (auto why = wire::decode_length(hs->prefix, length); !why.empty())
+          return then("malformed hello: " + why, {});
+        hs->body.resize(length); // bounded by decode_length
+        asio::async_read(
+            hs->socket, asio::buffer(hs->body),
+            [this, hs, then = std::move(then), on_error](const error_code& ec, std::size_t n) {
+              if (closing_)
+                return;
+              if (ec)
+                return then(on_error(ec, n, hs->body.size(), "header"), {});
+              wire::hello h;
+              if (auto why = wire::decode_hello(hs->body, h); !why.empty())
+                return then("malformed hello: " + why, {});
+              then({}, h);
+            });
+      });
+}
+
+// -- accepting -----------------------------------------------------------------------------------
+
+void context_impl::accept_next() {
+  if (closing_)
+    return;
+  auto hs = std::make_shared<handshake>(io_);
+  acceptor_.async_accept(hs->socket, [this, hs](const error_code& ec) {
+    if (closing_ || ec == asio::error::operation_aborted)
+      return;
+    if (ec) {
+      // Out of descriptors and the like: log, and keep accepting after a pause.
+      env_->log_line("accept failed: " + ec.message());
+      auto& timer = *retry_timers_[opts_.rank];
+      timer.expires_after(std::chrono::milliseconds(50));
+      timer.async_wait([this](const error_code& ec) {
+        if (!ec)
+          accept_next();
+      });
+      return;
+    }
+    accept_next();
+    on_accepted(hs);
+  });
+}
+
+void context_impl::on_accepted(const handshake_ptr& hs) {
+  error_code ec;
+  auto remote = hs->socket.remote_endpoint(ec);
+  hs->address = ec ? std::string{"an unknown address"} : endpoint_text(remote);
+  if (inbound_handshakes_ >= max_pending_handshakes) {
+    env_->log_line("refused a connection from " + hs->address + ": " +
+                   std::to_string(inbound_handshakes_) +
+                   " connections are already in their handshake");
+    error_code ignored;
+    hs->socket.close(ignored);
+    return;
+  }
+  ++inbound_handshakes_;
+  handshakes_.insert(hs);
+  apply_socket_options(hs->socket);
+  arm_timer(hs, clock::now() + opts_.handshake_timeout);
+  read_hello(hs, [this, hs](const std::string& error, const wire::hello& h) {
+    if (!error.empty())
+      return refuse(hs, error);
+    auto why = check_hello(h);
+    if (why.empty()) {
+      auto rank = static_cast<int>(h.rank);
+      if (rank == opts_.rank)
+        why = "its hello claims this rank (" + std::to_string(rank) + ")";
+      else if (rank < opts_.rank)
+        why = "its hello is of rank " + std::to_string(rank) + ", which this rank connects to (" +
+              "only higher ranks connect to rank " + std::to_string(opts_.rank) + ")";
+      else if (claimed_[rank])
+        why = "its hello is of rank " + std::to_string(rank) + ", which is already connected";
+    }
+    if (!why.empty())
+      return refuse(hs, why);
+    hs->peer = static_cast<int>(h.rank);
+    claimed_[hs->peer] = true;
+    hs->out = wire::encode_hello(my_hello());
+    asio::async_write(
+        hs->socket, asio::buffer(hs->out), [this, hs](const error_code& ec, std::size_t n) {
+          if (closing_)
+            return;
+          if (ec) {
+            claimed_[hs->peer] = false;
+            return refuse(hs, hs->timed_out
+                                  ? timeout_text(hs, "writing the reply hello")
+                                  : "writing the reply hello failed after " + std::to_string(n) +
+                                        " of " + std::to_string(hs->out.size()) +
+                                        " bytes: " + ec.message());
+          }
+          connected(hs);
+        });
+  });
+}
+
+void context_impl::refuse(const handshake_ptr& hs, const std::string& why) {
+  if (hs->finished)
+    return;
+  finish(hs);
+  error_code ignored;
+  hs->socket.close(ignored);
+  env_->log_line("refused the connection from " + hs->address + ": " + why);
+  std::lock_guard lock(mesh_mu_);
+  last_refusal_ = hs->address + ": " + why;
+}
+
+// -- connecting ----------------------------------------------------------------------------------
+
+void context_impl::start_connect(int peer, std::chrono::milliseconds backoff) {
+  if (closing_ || mesh_done_)
+    return;
+  auto hs = std::make_shared<handshake>(io_);
+  hs->outbound = true;
+  hs->peer = peer;
+  hs->address = addresses_[peer];
+  handshakes_.insert(hs);
+  arm_timer(hs, std::min(mesh_deadline_, clock::now() + opts_.handshake_timeout));
+  host_port hp;
+  split_address(hs->address, hp); // checked by connect
+  hs->resolver.async_resolve(
+      hp.host, hp.port, asio_tcp::resolver::numeric_service,
+      [this, hs, backoff](const error_code& ec, asio_tcp::resolver::results_type results) {
+        if (closing_)
+          return;
+        if (ec || results.empty())
+          return attempt_failed(hs,
+                                hs->timed_out
+                                    ? timeout_text(hs, "resolving the address")
+                                    : "resolve: " + (ec ? ec.message() : std::string{"no address"}),
+                                backoff);
+        hs->endpoints = std::move(results);
+        hs->next_endpoint = 0;
+        connect_next_endpoint(hs, backoff);
+      });
+}
+
+void context_impl::connect_next_endpoint(const handshake_ptr& hs,
+                                         std::chrono::milliseconds backoff) {
+  auto it = hs->endpoints.begin();
+  std::advance(it, static_cast<std::ptrdiff_t>(hs->next_endpoint++));
+  auto ep = it->endpoint();
+  error_code ec;
+  hs->socket.close(ec);
+  if (hs->socket.open(ep.protocol(), ec); ec)
+    return attempt_failed(hs, "socket: " + ec.message(), backoff);
+  // Buffer sizes before connect, so that the window scale of the connection fits them.
+  apply_socket_options(hs->socket);
+  hs->socket.async_connect(ep, [this, hs, backoff](const error_code& ec) {
+    if (closing_)
+      return;
+    if (!ec)
+      return on_connected(hs, backoff);
+    if (!hs->timed_out && hs->next_endpoint < static_cast<std::size_t>(std::distance(
+                                                  hs->endpoints.begin(), hs->endpoints.end())))
+      return connect_next_endpoint(hs, backoff);
+    attempt_failed(hs, hs->timed_out ? timeout_text(hs, "connecting") : "connect: " + ec.message(),
+                   backoff);
+  });
+}
+
+void context_impl::on_connected(const handshake_ptr& hs, std::chrono::milliseconds backoff) {
+  hs->out = wire::encode_hello(my_hello());
+  asio::async_write(
+      hs->socket, asio::buffer(hs->out), [this, hs, backoff](const error_code& ec, std::size_t n) {
+        if (closing_)
+          return;
+        if (ec)
+          return attempt_failed(
+              hs,
+              hs->timed_out ? timeout_text(hs, "writing the hello")
+                            : "writing the hello failed after " + std::to_string(n) + " of " +
+                                  std::to_string(hs->out.size()) + " bytes: " + ec.message(),
+              backoff);
+        read_hello(hs, [this, hs, backoff](const std::string& error, const wire::hello& h) {
+          // A peer that refuses us closes the connection: an error here is worth a retry (the
+          // peer may be a previous incarnation on its way out); a wrong hello is not.
+          if (!error.empty())
+            return attempt_failed(hs, "no valid hello in reply: " + error, backoff);
+          auto why = check_hello(h);
+          if (why.empty() && static_cast<int>(h.rank) != hs->peer)
+            why = "its hello is of rank " + std::to_string(h.rank) + ", expected rank " +
+                  std::to_string(hs->peer);
+          if (!why.empty()) {
+            finish(hs);
+            error_code ignored;
+            hs->socket.close(ignored);
+            auto text = "the peer at " + hs->address + " is not rank " + std::to_string(hs->peer) +
+                        " of this group: " + why;
+            env_->log_line(text);
+            {
+              std::lock_guard lock(mesh_mu_);
+              if (!mesh_failure_)
+                mesh_failure_ =
+                    make_caf_error(errc::peer_lost, "rank " + std::to_string(opts_.rank) +
+                                                        " cannot form its mesh: " + text);
+            }
+            mesh_cv_.notify_all();
+            return;
+          }
+          connected(hs);
+        });
+      });
+}
+
+void context_impl::attempt_failed(const handshake_ptr& hs, const std::string& why,
+                                  std::chrono::milliseconds backoff) {
+  if (hs->finished)
+    return;
+  finish(hs);
+  error_code ignored;
+  hs->socket.close(ignored);
+  auto peer = hs->peer;
+  {
+    std::lock_guard lock(mesh_mu_);
+    last_error_[peer] = why;
+  }
+  if (closing_ || mesh_done_ || clock::now() + backoff >= mesh_deadline_)
+    return;
+  if (!warned_[peer]) {
+    // Once per peer: peers start at different times, so a refused first attempt is common.
+    warned_[peer] = true;
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(mesh_deadline_ - clock::now());
+    env_->log_line("cannot reach rank " + std::to_string(peer) + " at " + hs->address + " yet (" +
+                   why + "); retrying for up to " + ms_text(left));
+  }
+  auto& timer = *retry_timers_[peer];
+  timer.expires_after(backoff);
+  timer.async_wait([this, peer, backoff](const error_code& ec) {
+    if (!ec)
+      start_connect(peer, std::min(backoff * 2, max_backoff));
+  });
+}
+
+void context_impl::connected(const handshake_ptr& hs) {
+  finish(hs);
+  auto peer = hs->peer;
+  pairs_[peer]->open(std::move(hs->socket), hs->address);
+  {
+    std::lock_guard lock(mesh_mu_);
+    if (!connected_[peer]) {
+      connected_[peer] = true;
+      --missing_;
+    }
+  }
+  mesh_cv_.notify_all();
+}
+
+// -- factories -----------------------------------------------------------------------------------
+
+caf::expected<std::shared_ptr<context>> listen(const mesh_options& opts) {
+  auto bad = [](const std::string& why) {
+    return make_caf_error(errc::invalid_argument, "tcp::listen: " + why);
+  };
+  if (opts.size < 1)
+    return bad("size " + std::to_string(opts.size) + " is not positive");
+  if (opts.rank < 0 || opts.rank >= opts.size)
+    return bad("rank " + std::to_string(opts.rank) + " is outside [0, " +
+               std::to_string(opts.size) + ")");
+  if (!opts.addresses.empty() && opts.addresses.size() != static_cast<std::size_t>(opts.size))
+    return bad(std::to_string(opts.addresses.size()) + " addresses for a group of " +
+               std::to_string(opts.size));
+  if (opts.listen_address.empty() && opts.addresses.empty())
+    return bad("neither listen_address nor addresses is set");
+  if (opts.max_payload_bytes == 0)
+    return bad("max_payload_bytes is 0");
+  if (opts.connect_timeout.count() <= 0 || opts.handshake_timeout.count() <= 0)
+    return bad("connect_timeout and handshake_timeout must be positive");
+  auto ctx = std::make_shared<context_impl>(opts);
+  if (auto err = ctx->start())
+    return err;
+  return std::shared_ptr<context>(std::move(ctx));
+}
+
+caf::expected<std::shared_ptr<context>> connect_mesh(const mesh_options& opts) {
+  auto ctx = listen(opts);
+  if (!ctx)
+    return ctx;
+  if (auto err = (*ctx)->connect(opts.addresses))
+    return err;
+  return ctx;
+}
+
+} // namespace consort::transport::tcp

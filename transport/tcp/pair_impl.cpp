@@ -1,0 +1,779 @@
+// A TCP pair: operations, the receive and send pumps, matching and the stash (see pair_impl.hpp).
+
+#include "transport/tcp/pair_impl.hpp"
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/socket_base.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <system_error>
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace consort::transport::tcp {
+
+namespace {
+
+/// Reads of headers and small payloads land here first (one syscall for many small frames).
+constexpr std::size_t stage_bytes = 64 * 1024;
+
+/// The most buffers one sendmsg gathers (the kernel allows IOV_MAX = 1024).
+constexpr int max_iov = 64;
+
+void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+std::string errno_text(int err) {
+  return std::error_code(err, std::system_category()).message();
+}
+
+std::string n_bytes(uint64_t n) {
+  return std::to_string(n) + (n == 1 ? " byte" : " bytes");
+}
+
+} // namespace
+
+// -- pair_env ------------------------------------------------------------------------------------
+
+void pair_env::log_line(const std::string& line) const {
+  auto text = "consort tcp rank " + std::to_string(rank) + ": " + line;
+  if (log) {
+    log(text);
+    return;
+  }
+  text += '\n';
+  std::fwrite(text.data(), 1, text.size(), stderr); // one write: lines of threads do not mix
+}
+
+// -- operations ----------------------------------------------------------------------------------
+
+caf::error op_base::wait(deadline until) {
+  if (!done()) {
+    const auto& env = pair_->env();
+    auto spin_until = env.busy_poll ? until : std::min(until, clock::now() + env.spin);
+    // Spin while driving the socket ourselves: when the peer is already on its way this returns
+    // without any thread wake-up (DESIGN.md §8). A busy poll spins the same way to the deadline
+    // (sched_yield in the loop was tried: it did not help, and can give the core away for a time
+    // slice).
+    spinning(true);
+    for (;;) {
+      drive();
+      if (done() || clock::now() >= spin_until)
+        break;
+      cpu_relax();
+    }
+    spinning(false);
+    if (!done()) {
+      std::unique_lock lock(mu_);
+      ++waiters_;
+      cv_.wait_until(lock, until, [this] { return done_.load(std::memory_order_acquire); });
+      --waiters_;
+    }
+    if (!done())
+      return timeout_error();
+  }
+  std::lock_guard lock(mu_);
+  return result_;
+}
+
+void op_base::complete(caf::error err) {
+  std::lock_guard lock(mu_);
+  if (done_.load(std::memory_order_relaxed))
+    return;
+  result_ = std::move(err);
+  done_.store(true, std::memory_order_release);
+  // Notified under the lock: a waiter that returns may destroy the operation at once.
+  if (waiters_ > 0)
+    cv_.notify_all();
+}
+
+void recv_op::drive() {
+  pair_->pump_rx();
+}
+
+void recv_op::spinning(bool on) {
+  pair_->spinning_on_rx(on);
+}
+
+caf::error recv_op::timeout_error() const {
+  auto got = received.load(std::memory_order_relaxed);
+  return make_caf_error(
+      errc::collective_timeout,
+      "recv of tag " + std::to_string(tag_) + " (" + n_bytes(into_.size()) + ") from " +
+          pair_->describe() + " did not complete before its deadline: " +
+          (got == 0 ? std::string{"no byte of it has arrived"}
+                    : std::to_string(got) + " of " + n_bytes(into_.size()) + " received"));
+}
+
+void recv_op::fail(const std::string& why) {
+  complete(make_caf_error(errc::peer_lost, "recv of tag " + std::to_string(tag_) + " (" +
+                                               n_bytes(into_.size()) + ") from " +
+                                               pair_->describe() + " failed after " +
+                                               std::to_string(received.load()) + " of " +
+                                               n_bytes(into_.size()) + ": " + why));
+}
+
+send_op::send_op(std::shared_ptr<pair_impl> pair, uint64_t tag, std::vector<const_bytes> parts,
+                 uint64_t payload_bytes)
+    : op_base(std::move(pair)), tag_(tag), payload_bytes_(payload_bytes), parts_(std::move(parts)) {
+  wire::header h;
+  h.sender_rank = static_cast<uint32_t>(pair_->env().rank);
+  h.tag = tag;
+  h.payload_bytes = payload_bytes;
+  head_len_ = wire::encode_header(h, head_);
+}
+
+void send_op::drive() {
+  pair_->pump_tx();
+}
+
+caf::error send_op::timeout_error() const {
+  return make_caf_error(
+      errc::collective_timeout,
+      "send of tag " + std::to_string(tag_) + " (" + n_bytes(payload_bytes_) + ") to " +
+          pair_->describe() +
+          " did not complete before its deadline: " + std::to_string(written_.load()) + " of " +
+          n_bytes(total_bytes()) + " (header included) written");
+}
+
+void send_op::fail(const std::string& why) {
+  complete(make_caf_error(errc::peer_lost,
+                          "send of tag " + std::to_string(tag_) + " (" + n_bytes(payload_bytes_) +
+                              ") to " + pair_->describe() + " failed after " +
+                              std::to_string(written_.load()) + " of " + n_bytes(total_bytes()) +
+                              " (header included) were written: " + why));
+}
+
+// -- the stash -----------------------------------------------------------------------------------
+
+/// A message that arrived before its receive. Its bytes were reserved in `pair_env::stash_bytes`
+/// before it was allocated and are released with it.
+struct pair_impl::stash_entry {
+  stash_entry(std::shared_ptr<pair_env> env, uint64_t size)
+      : env(std::move(env)), size(size),
+        data(size > 0 ? std::make_unique_for_overwrite<std::byte[]>(size) : nullptr) {}
+  ~stash_entry() { env->stash_bytes.fetch_sub(size, std::memory_order_relaxed); }
+
+  std::shared_ptr<pair_env> env;
+  uint64_t size;
+  std::unique_ptr<std::byte[]> data;
+  bool complete = false;           // guarded by match_mu_
+  std::shared_ptr<recv_op> waiter; // guarded by match_mu_: claimed it while it was being read
+};
+
+// -- construction --------------------------------------------------------------------------------
+
+pair_impl::pair_impl(std::shared_ptr<pair_env> env, boost::asio::io_context& io, int peer_rank)
+    : env_(std::move(env)), io_(&io), peer_(peer_rank),
+      stage_(std::make_unique_for_overwrite<std::byte[]>(stage_bytes)) {}
+
+pair_impl::~pair_impl() = default;
+
+std::string pair_impl::describe() const {
+  std::lock_guard lock(address_mu_);
+  auto out = "rank " + std::to_string(peer_);
+  if (!address_.empty())
+    out += " (" + address_ + ")";
+  return out;
+}
+
+std::string pair_impl::failure_text() const {
+  std::lock_guard lock(match_mu_);
+  return failure_;
+}
+
+// -- transport::pair -----------------------------------------------------------------------------
+
+operation_ptr pair_impl::send(uint64_t tag, std::vector<const_bytes> parts) {
+  uint64_t total = 0;
+  for (const auto& part : parts)
+    total += part.size();
+  auto op = std::make_shared<send_op>(shared_from_this(), tag, std::move(parts), total);
+  if (total > env_->max_payload_bytes) {
+    op->complete(make_caf_error(errc::invalid_argument,
+                                "send of tag " + std::to_string(tag) + " to " + describe() + ": " +
+                                    n_bytes(total) + " exceed max_payload_bytes (" +
+                                    std::to_string(env_->max_payload_bytes) + ")"));
+    return op;
+  }
+  if (failed_.load(std::memory_order_acquire)) {
+    op->fail(failure_text());
+    return op;
+  }
+  {
+    std::lock_guard lock(txq_mu_);
+    txq_.push_back(op);
+  }
+  // Written from the caller's thread when the socket takes it: no hop for small messages. A pair
+  // that failed meanwhile fails the queued operation in this pump.
+  pump_tx();
+  return op;
+}
+
+operation_ptr pair_impl::recv(uint64_t tag, mutable_bytes into) {
+  auto op = std::make_shared<recv_op>(shared_from_this(), tag, into);
+  std::shared_ptr<stash_entry> early;
+  bool failed = false;
+  bool ready = false; // `early` is complete: copy it here (else the reader hands it over)
+  {
+    std::lock_guard lock(match_mu_);
+    if (failed_.load(std::memory_order_relaxed)) {
+      failed = true;
+    } else if (auto it = stash_.find(tag); it != stash_.end()) {
+      early = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty())
+        stash_.erase(it);
+      // A message still being read is handed to this receive when it is complete (the reader
+      // holds the other reference); one of the wrong size is dropped when it is complete.
+      ready = early->complete;
+      if (!ready && early->size == into.size())
+        early->waiter = op;
+    } else {
+      posted_[tag].push_back(op);
+    }
+  }
+  if (failed) {
+    op->fail(failure_text());
+  } else if (early && early->size != into.size()) {
+    op->complete(make_caf_error(errc::invalid_argument,
+                                "recv of tag " + std::to_string(tag) + " from " + describe() +
+                                    ": the buffer has " + n_bytes(into.size()) +
+                                    " but the message has " + n_bytes(early->size) +
+                                    "; the message was dropped"));
+  } else if (ready) {
+    if (early->size > 0)
+      std::memcpy(into.data(), early->data.get(), early->size);
+    op->received.store(early->size, std::memory_order_relaxed);
+    op->complete();
+  }
+  return op;
+}
+
+// -- life cycle ----------------------------------------------------------------------------------
+
+void pair_impl::open(boost::asio::ip::tcp::socket socket, std::string address) {
+  {
+    std::lock_guard lock(address_mu_);
+    address_ = std::move(address);
+  }
+  socket_ = std::make_unique<boost::asio::ip::tcp::socket>(std::move(socket));
+  {
+    std::scoped_lock lock(rx_mu_, tx_mu_);
+    fd_.store(socket_->native_handle(), std::memory_order_release);
+  }
+  if (failed_.load(std::memory_order_acquire)) {
+    // Aborted (or the mesh deadline passed) before the handshake finished.
+    ::shutdown(fd_.load(), SHUT_RDWR);
+    return;
+  }
+  // Pump to EAGAIN before arming the (edge-triggered) wait: bytes that arrived with the
+  // handshake are not announced again.
+  pump_rx();
+  arm_read();
+  pump_tx();
+}
+
+void pair_impl::fail(const std::string& why, log_mode log) {
+  std::vector<std::shared_ptr<recv_op>> posted;
+  {
+    std::lock_guard lock(match_mu_);
+    if (failed_.load(std::memory_order_relaxed))
+      return;
+    failure_ = why;
+    failed_.store(true, std::memory_order_release);
+    if (log == log_mode::if_busy) {
+      bool busy = !posted_.empty();
+      std::lock_guard queue_lock(txq_mu_);
+      busy = busy || !txq_.empty();
+      log = busy ? log_mode::always : log_mode::never;
+    }
+    for (auto& [tag, ops] : posted_)
+      for (auto& op : ops)
+        posted.push_back(std::move(op));
+    posted_.clear();
+    // Complete early messages are released here; one being read is the reader's to abandon.
+    stash_.clear();
+  }
+  if (log == log_mode::always)
+    env_->log_line("closing the connection to " + describe() + ": " + why);
+  if (auto fd = fd_.load(std::memory_order_acquire); fd >= 0)
+    ::shutdown(fd, SHUT_RDWR); // the peer learns at once; the descriptor stays ours until teardown
+  for (auto& op : posted)
+    op->fail(why);
+  // The receive being read into and the queued sends are failed by the next pump of their
+  // direction; the caller may hold one of them, so make sure the I/O thread runs both.
+  rx_kick_.store(true);
+  tx_kick_.store(true);
+  if (!torn_down_.load() && io_ != nullptr)
+    boost::asio::post(*io_, [self = shared_from_this()] {
+      self->pump_rx();
+      self->pump_tx();
+    });
+}
+
+void pair_impl::teardown(const std::string& why) {
+  fail(why, log_mode::never);
+  std::scoped_lock lock(rx_mu_, tx_mu_);
+  torn_down_.store(true);
+  abandon_incoming();
+  pump_tx_locked(); // fails what is queued
+  fd_.store(-1, std::memory_order_release);
+  if (socket_) {
+    boost::system::error_code ignored;
+    socket_->close(ignored);
+    socket_.reset();
+  }
+  io_ = nullptr;
+}
+
+// -- receive -------------------------------------------------------------------------------------
+
+void pair_impl::spinning_on_rx(bool on) {
+  if (on) {
+    rx_spinners_.fetch_add(1);
+    return;
+  }
+  rx_spinners_.fetch_sub(1);
+  // Pairs with the read handler's store-then-load (arm_read): either it sees no spinner and pumps
+  // itself, or this sees its flag and pumps what it left.
+  if (rx_skipped_.exchange(false))
+    pump_rx();
+}
+
+void pair_impl::pump_rx() {
+  // Whoever finds the pump busy leaves a kick; the thread inside runs again before it leaves.
+  rx_kick_.store(true);
+  while (rx_kick_.load() && rx_mu_.try_lock()) {
+    rx_kick_.store(false);
+    pump_rx_locked();
+    rx_mu_.unlock();
+  }
+}
+
+void pair_impl::pump_rx_locked() {
+  for (;;) {
+    if (failed_.load(std::memory_order_acquire)) {
+      abandon_incoming();
+      return;
+    }
+    int fd = fd_.load(std::memory_order_acquire);
+    if (fd < 0)
+      return;
+    if (!consume_staged())
+      continue; // the pair failed
+    // consume_staged needs more bytes. While a payload with a destination is being read the
+    // stage is empty: the payload goes straight to its destination, what follows it to the stage.
+    iovec iov[2];
+    int n_iov = 1;
+    bool direct = phase_ == rx_phase::payload && in_sink_ != sink::drop;
+    if (direct) {
+      stage_begin_ = stage_end_ = 0;
+      iov[0] = {in_dst_ + in_got_, static_cast<std::size_t>(in_.payload_bytes - in_got_)};
+      iov[1] = {stage_.get(), stage_bytes};
+      n_iov = 2;
+    } else {
+      if (stage_begin_ == stage_end_) {
+        stage_begin_ = stage_end_ = 0;
+      } else if (stage_begin_ > 0) {
+        std::memmove(stage_.get(), stage_.get() + stage_begin_, stage_end_ - stage_begin_);
+        stage_end_ -= stage_begin_;
+        stage_begin_ = 0;
+      }
+      iov[0] = {stage_.get() + stage_end_, stage_bytes - stage_end_};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n_iov;
+    auto n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+    if (n > 0) {
+      auto got = static_cast<std::size_t>(n);
+      if (direct) {
+        auto to_payload = std::min(got, iov[0].iov_len);
+        in_got_ += to_payload;
+        stage_end_ = got - to_payload;
+        if (in_op_)
+          in_op_->received.store(in_got_, std::memory_order_relaxed);
+        if (in_got_ == in_.payload_bytes)
+          finish_message();
+      } else {
+        stage_end_ += got;
+      }
+      continue;
+    }
+    if (n == 0) {
+      auto buffered = stage_end_ - stage_begin_;
+      std::string why;
+      if (phase_ == rx_phase::prefix && buffered == 0) {
+        fail("the peer closed the connection (read: end of file)", log_mode::if_busy);
+        continue;
+      }
+      if (phase_ == rx_phase::payload) {
+        why = "truncated frame: the connection ended after " + std::to_string(in_got_) + " of " +
+              n_bytes(in_.payload_bytes) + " of the payload of tag " + std::to_string(in_.tag) +
+              " (read: end of file)";
+      } else {
+        why = "truncated frame: the connection ended after " + n_bytes(buffered) + " of a " +
+              (phase_ == rx_phase::prefix ? "4-byte length prefix"
+                                          : std::to_string(head_len_) + "-byte header") +
+              " (read: end of file)";
+      }
+      fail(why, log_mode::always);
+      continue;
+    }
+    int err = errno;
+    if (err == EINTR)
+      continue;
+    if (err == EAGAIN || err == EWOULDBLOCK)
+      return;
+    fail("read failed (recvmsg): " + errno_text(err) +
+             (phase_ == rx_phase::payload
+                  ? "; " + std::to_string(in_got_) + " of " + n_bytes(in_.payload_bytes) +
+                        " of the payload of tag " + std::to_string(in_.tag) + " received"
+                  : std::string{}),
+         log_mode::always);
+  }
+}
+
+bool pair_impl::consume_staged() {
+  for (;;) {
+    auto avail = stage_end_ - stage_begin_;
+    auto* at = stage_.get() + stage_begin_;
+    switch (phase_) {
+    case rx_phase::prefix: {
+      if (avail < wire::prefix_bytes)
+        return true;
+      auto why =
+          wire::decode_length(std::span<const std::byte, wire::prefix_bytes>(at, 4), head_len_);
+      if (!why.empty()) {
+        malformed(why);
+        return false;
+      }
+      stage_begin_ += wire::prefix_bytes;
+      phase_ = rx_phase::header;
+      break;
+    }
+    case rx_phase::header: {
+      if (avail < head_len_)
+        return true;
+      wire::header h;
+      auto why = wire::decode_header({at, head_len_}, h);
+      if (why.empty() && h.version != wire::protocol_version)
+        why = "protocol version " + std::to_string(h.version) + ", expected " +
+              std::to_string(wire::protocol_version);
+      if (why.empty() && h.sender_rank != static_cast<uint32_t>(peer_))
+        why = "a frame of sender rank " + std::to_string(h.sender_rank) +
+              " on the connection of rank " + std::to_string(peer_);
+      if (why.empty() && h.payload_bytes > env_->max_payload_bytes)
+        why = "a payload of " + n_bytes(h.payload_bytes) + " exceeds max_payload_bytes (" +
+              std::to_string(env_->max_payload_bytes) + ")";
+      if (!why.empty()) {
+        malformed(why);
+        return false;
+      }
+      stage_begin_ += head_len_;
+      if (!begin_message(h))
+        return false;
+      if (h.payload_bytes == 0)
+        finish_message();
+      else
+        phase_ = rx_phase::payload;
+      break;
+    }
+    case rx_phase::payload: {
+      if (avail == 0)
+        return true;
+      auto n = static_cast<std::size_t>(std::min<uint64_t>(avail, in_.payload_bytes - in_got_));
+      if (in_sink_ != sink::drop)
+        std::memcpy(in_dst_ + in_got_, at, n);
+      in_got_ += n;
+      stage_begin_ += n;
+      if (in_op_)
+        in_op_->received.store(in_got_, std::memory_order_relaxed);
+      if (in_got_ == in_.payload_bytes)
+        finish_message();
+      break;
+    }
+    }
+  }
+}
+
+bool pair_impl::begin_message(const wire::header& h) {
+  in_ = h;
+  in_got_ = 0;
+  in_sink_ = sink::drop;
+  in_dst_ = nullptr;
+  std::shared_ptr<recv_op> mismatched;
+  std::size_t held = 0;
+  bool over = false;
+  {
+    std::lock_guard lock(match_mu_);
+    if (failed_.load(std::memory_order_relaxed))
+      return false;
+    if (auto it = posted_.find(h.tag); it != posted_.end()) {
+      auto op = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty())
+        posted_.erase(it);
+      if (op->into().size() == h.payload_bytes) {
+        in_sink_ = sink::op;
+        in_dst_ = op->into().data();
+        in_op_ = std::move(op);
+      } else {
+        mismatched = std::move(op); // the message is read and dropped
+      }
+    } else {
+      // No receive yet: reserve the bytes in the context's stash before allocating them.
+      held = env_->stash_bytes.fetch_add(h.payload_bytes, std::memory_order_relaxed);
+      if (held + h.payload_bytes > env_->max_stash_bytes) {
+        env_->stash_bytes.fetch_sub(h.payload_bytes, std::memory_order_relaxed);
+        over = true;
+      } else {
+        auto entry = std::make_shared<stash_entry>(env_, h.payload_bytes);
+        stash_[h.tag].push_back(entry);
+        in_sink_ = sink::stash;
+        in_dst_ = entry->data.get();
+        in_stash_ = std::move(entry);
+      }
+    }
+  }
+  if (mismatched)
+    mismatched->complete(make_caf_error(
+        errc::invalid_argument, "recv of tag " + std::to_string(h.tag) + " from " + describe() +
+                                    ": the buffer has " + n_bytes(mismatched->into().size()) +
+                                    " but the message has " + n_bytes(h.payload_bytes) +
+                                    "; the message was dropped"));
+  if (over) {
+    fail("the stash is full: a message of tag " + std::to_string(h.tag) + " with " +
+             n_bytes(h.payload_bytes) +
+             " arrived before its receive was posted, and this context already holds " +
+             n_bytes(held) + " of early messages (max_stash_bytes " +
+             std::to_string(env_->max_stash_bytes) + ")",
+         log_mode::always);
+    return false;
+  }
+  return true;
+}
+
+void pair_impl::finish_message() {
+  phase_ = rx_phase::prefix;
+  auto kind = in_sink_;
+  in_sink_ = sink::drop;
+  in_dst_ = nullptr;
+  if (kind == sink::op) {
+    auto op = std::move(in_op_);
+    op->received.store(in_.payload_bytes, std::memory_order_relaxed);
+    op->complete();
+  } else if (kind == sink::stash) {
+    auto entry = std::move(in_stash_);
+    std::shared_ptr<recv_op> waiter;
+    {
+      std::lock_guard lock(match_mu_);
+      entry->complete = true;
+      waiter = std::move(entry->waiter);
+    }
+    if (waiter) {
+      if (entry->size > 0)
+        std::memcpy(waiter->into().data(), entry->data.get(), entry->size);
+      waiter->received.store(entry->size, std::memory_order_relaxed);
+      waiter->complete();
+    }
+  }
+}
+
+void pair_impl::abandon_incoming() {
+  if (!in_op_ && !in_stash_)
+    return;
+  auto why = failure_text();
+  if (in_op_) {
+    in_op_->fail(why);
+    in_op_.reset();
+  }
+  if (in_stash_) {
+    std::shared_ptr<recv_op> waiter;
+    {
+      std::lock_guard lock(match_mu_);
+      waiter = std::move(in_stash_->waiter);
+    }
+    if (waiter)
+      waiter->fail(why);
+    in_stash_.reset();
+  }
+  in_sink_ = sink::drop;
+  in_dst_ = nullptr;
+}
+
+void pair_impl::malformed(const std::string& what) {
+  fail("malformed frame: " + what, log_mode::always);
+}
+
+// -- send ----------------------------------------------------------------------------------------
+
+void pair_impl::pump_tx() {
+  tx_kick_.store(true);
+  while (tx_kick_.load() && tx_mu_.try_lock()) {
+    tx_kick_.store(false);
+    if (pump_tx_locked())
+      request_write_wait(); // under tx_mu_, so teardown cannot have begun
+    tx_mu_.unlock();
+  }
+}
+
+bool pair_impl::pump_tx_locked() {
+  for (;;) {
+    if (failed_.load(std::memory_order_acquire)) {
+      std::deque<std::shared_ptr<send_op>> queued;
+      {
+        std::lock_guard lock(txq_mu_);
+        queued.swap(txq_);
+      }
+      if (!queued.empty()) {
+        auto why = failure_text();
+        for (auto& op : queued)
+          op->fail(why);
+      }
+      return false;
+    }
+    int fd = fd_.load(std::memory_order_acquire);
+    if (fd < 0)
+      return false;
+    // Gather the unwritten bytes of the queued messages: heads and the callers' buffers in place.
+    iovec iov[max_iov];
+    int n_iov = 0;
+    {
+      std::lock_guard lock(txq_mu_);
+      for (const auto& op : txq_) {
+        uint64_t skip = op->written_.load(std::memory_order_relaxed);
+        if (skip < op->head_len_) {
+          iov[n_iov++] = {op->head_.data() + skip, static_cast<std::size_t>(op->head_len_ - skip)};
+          skip = 0;
+        } else {
+          skip -= op->head_len_;
+        }
+        for (const auto& part : op->parts_) {
+          if (n_iov == max_iov)
+            break;
+          if (part.size() <= skip) {
+            skip -= part.size();
+            continue;
+          }
+          iov[n_iov++] = {const_cast<std::byte*>(part.data()) + skip,
+                          static_cast<std::size_t>(part.size() - skip)};
+          skip = 0;
+        }
+        if (n_iov == max_iov)
+          break;
+      }
+    }
+    if (n_iov == 0)
+      return false;
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n_iov;
+    auto n = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n >= 0) {
+      auto left = static_cast<uint64_t>(n);
+      std::lock_guard lock(txq_mu_);
+      while (!txq_.empty()) {
+        auto& op = txq_.front();
+        auto written = op->written_.load(std::memory_order_relaxed);
+        auto take = std::min(left, op->total_bytes() - written);
+        op->written_.store(written + take, std::memory_order_relaxed);
+        left -= take;
+        if (written + take < op->total_bytes())
+          break;
+        op->complete();
+        txq_.pop_front();
+      }
+      continue;
+    }
+    int err = errno;
+    if (err == EINTR)
+      continue;
+    if (err == EAGAIN || err == EWOULDBLOCK)
+      return true;
+    std::string progress;
+    {
+      std::lock_guard lock(txq_mu_);
+      if (!txq_.empty())
+        progress = "; " + std::to_string(txq_.front()->written_.load()) + " of " +
+                   n_bytes(txq_.front()->total_bytes()) + " of the message of tag " +
+                   std::to_string(txq_.front()->tag()) + " written";
+    }
+    fail("write failed (sendmsg): " + errno_text(err) + progress, log_mode::always);
+  }
+}
+
+void pair_impl::request_write_wait() {
+  if (torn_down_.load() || io_ == nullptr)
+    return;
+  if (!write_request_posted_.exchange(true))
+    boost::asio::post(*io_, [self = shared_from_this()] { self->on_write_request(); });
+}
+
+// -- the I/O thread's waits ----------------------------------------------------------------------
+
+void pair_impl::arm_read() {
+  if (failed_.load(std::memory_order_acquire) || !socket_)
+    return;
+  socket_->async_wait(boost::asio::socket_base::wait_read,
+                      [this, self = shared_from_this()](const boost::system::error_code& ec) {
+                        if (ec == boost::asio::error::operation_aborted)
+                          return;
+                        if (ec) {
+                          fail("waiting for data failed: " + ec.message(), log_mode::always);
+                          pump_rx();
+                          pump_tx();
+                          return;
+                        }
+                        // To EAGAIN, then arm again (see the file comment), unless a waiting
+                        // thread is reading (see spinning_on_rx).
+                        rx_skipped_.store(true);
+                        if (rx_spinners_.load() == 0) {
+                          rx_skipped_.store(false);
+                          pump_rx();
+                        }
+                        arm_read();
+                      });
+}
+
+void pair_impl::on_write_request() {
+  write_request_posted_.store(false);
+  if (write_armed_ || !socket_)
+    return;
+  pump_tx();
+  bool pending;
+  {
+    std::lock_guard lock(txq_mu_);
+    pending = !txq_.empty();
+  }
+  if (!pending || failed_.load(std::memory_order_acquire))
+    return;
+  write_armed_ = true;
+  socket_->async_wait(boost::asio::socket_base::wait_write,
+                      [this, self = shared_from_this()](const boost::system::error_code& ec) {
+                        write_armed_ = false;
+                        if (ec == boost::asio::error::operation_aborted)
+                          return;
+                        if (ec) {
+                          fail("waiting to write failed: " + ec.message(), log_mode::always);
+                          pump_rx();
+                          pump_tx();
+                          return;
+                        }
+                        on_write_request();
+                      });
+}
+
+} // namespace consort::transport::tcp

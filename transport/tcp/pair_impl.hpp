@@ -1,0 +1,291 @@
+#pragma once
+
+// One TCP connection of a context (see context.cpp for the mesh, wire.hpp for the frames).
+//
+// Who does the I/O. The socket is non-blocking and both directions are "pumped": a pump reads
+// (or writes) until the kernel says EAGAIN. Any thread may pump, one at a time per direction:
+// - a thread waiting on an operation pumps its pair while it spins (DESIGN.md §8: the waiting
+//   thread reads its own message instead of being woken by the I/O thread, saving a hop);
+// - a thread calling `send` writes at once (small messages never leave the caller's thread);
+// - the context's I/O thread pumps when epoll reports the socket readable (always armed; it
+//   leaves the reading to a thread that spins on a receive of the pair) or writable (armed while
+//   bytes are queued), so progress never depends on a waiter, and messages that arrive before
+//   their receive is posted are drained into the stash rather than stalling the sender.
+// A pump that finds its direction busy sets a "kick" flag instead of blocking; the thread inside
+// re-runs the pump before it leaves, so no readiness is ever lost. Asio's reactor is edge
+// triggered: the I/O thread always pumps to EAGAIN before (re-)arming a wait, and harvests edges
+// only between its handlers, so an edge cannot fall between a pump and the next wait.
+//
+// Receive matching. A frame's header names its tag and size; the oldest posted receive of that
+// tag gets the payload read straight into its buffer. With none posted, the payload goes to the
+// stash (bounded per context) until a receive claims it.
+//
+// Lock order: rx_mu_ -> tx_mu_ -> match_mu_ -> txq_mu_ -> an operation's mutex -> address_mu_.
+// Pumps only ever try-lock rx_mu_ and tx_mu_ (see above), and hold one of them at a time.
+
+#include "transport/tcp/wire.hpp"
+
+#include <consort/error.hpp>
+#include <consort/transport/tcp.hpp>
+
+#include <utility> // Boost 1.74's Asio needs <utility> before it on C++20
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace consort {
+
+// Declared in consort/actors/protocol.hpp (defined in actors/runtime.cpp); repeated here to keep
+// CAF's actor headers out of the transport.
+caf::error make_caf_error(errc code, std::string message);
+
+} // namespace consort
+
+namespace consort::transport::tcp {
+
+/// What the pairs of a context share; outlives the context while operations hold its pairs.
+///
+/// Thread safety: immutable after construction except `stash_bytes` (atomic).
+struct pair_env {
+  int rank = 0;
+  int size = 0;
+  std::chrono::microseconds spin{50};
+  bool busy_poll = false;
+  std::size_t max_payload_bytes = 0;
+  std::size_t max_stash_bytes = 0;
+  std::function<void(const std::string&)> log;
+  /// Payload bytes held by the stashes of all pairs of the context.
+  std::atomic<std::size_t> stash_bytes{0};
+
+  /// Writes one line to the log, prefixed with this rank.
+  void log_line(const std::string& line) const;
+};
+
+class pair_impl;
+
+/// The state every send and receive has: completion, its error, and the wait (spin, then block).
+///
+/// Thread safety: thread-safe; `complete` takes effect once.
+class op_base : public operation {
+public:
+  explicit op_base(std::shared_ptr<pair_impl> pair) : pair_(std::move(pair)) {}
+
+  caf::error wait(deadline until) override;
+  bool done() const noexcept override { return done_.load(std::memory_order_acquire); }
+
+  /// Completes the operation with `err` (empty: success). Later calls are ignored.
+  void complete(caf::error err = caf::error{});
+
+protected:
+  /// Drives this operation's direction of the pair (one pump) while spinning.
+  virtual void drive() = 0;
+  /// Called before and after the spin phase of a wait.
+  virtual void spinning(bool) {}
+  /// The error for a wait that reached its deadline.
+  virtual caf::error timeout_error() const = 0;
+
+  std::shared_ptr<pair_impl> pair_;
+
+private:
+  std::atomic<bool> done_{false};
+  std::mutex mu_;
+  std::condition_variable cv_; // guarded by mu_
+  int waiters_ = 0;            // guarded by mu_
+  caf::error result_;          // guarded by mu_
+};
+
+/// A posted receive.
+class recv_op final : public op_base {
+public:
+  recv_op(std::shared_ptr<pair_impl> pair, uint64_t tag, mutable_bytes into)
+      : op_base(std::move(pair)), tag_(tag), into_(into) {}
+
+  uint64_t tag() const noexcept { return tag_; }
+  mutable_bytes into() const noexcept { return into_; }
+  /// Payload bytes written so far (for error messages).
+  std::atomic<uint64_t> received{0};
+
+  /// Fails this receive because its pair failed with `why`.
+  void fail(const std::string& why);
+
+protected:
+  void drive() override;
+  void spinning(bool on) override;
+  caf::error timeout_error() const override;
+
+private:
+  uint64_t tag_;
+  mutable_bytes into_;
+};
+
+/// A posted send: the encoded head and the caller's parts, written in place.
+class send_op final : public op_base {
+public:
+  send_op(std::shared_ptr<pair_impl> pair, uint64_t tag, std::vector<const_bytes> parts,
+          uint64_t payload_bytes);
+
+  uint64_t tag() const noexcept { return tag_; }
+  uint64_t payload_bytes() const noexcept { return payload_bytes_; }
+  /// Head plus payload bytes.
+  uint64_t total_bytes() const noexcept { return head_len_ + payload_bytes_; }
+
+  /// Fails this send because its pair failed with `why`.
+  void fail(const std::string& why);
+
+protected:
+  void drive() override;
+  caf::error timeout_error() const override;
+
+private:
+  friend class pair_impl;
+  uint64_t tag_;
+  uint64_t payload_bytes_;
+  std::array<std::byte, wire::max_head_bytes> head_{};
+  std::size_t head_len_ = 0;
+  std::vector<const_bytes> parts_;
+  /// Bytes of head + payload written (written by the tx pump, read for error messages).
+  std::atomic<uint64_t> written_{0};
+};
+
+/// A pair of a TCP context (see the file comment).
+///
+/// Thread safety: thread-safe; `open`, `arm_*` and `on_*` run on the context's I/O thread.
+class pair_impl final : public transport::pair, public std::enable_shared_from_this<pair_impl> {
+public:
+  pair_impl(std::shared_ptr<pair_env> env, boost::asio::io_context& io, int peer_rank);
+  ~pair_impl() override;
+
+  pair_impl(const pair_impl&) = delete;
+  pair_impl& operator=(const pair_impl&) = delete;
+
+  // -- transport::pair -------------------------------------------------------------------------
+
+  int peer_rank() const noexcept override { return peer_; }
+  operation_ptr send(uint64_t tag, std::vector<const_bytes> parts) override;
+  operation_ptr recv(uint64_t tag, mutable_bytes into) override;
+
+  // -- life cycle (I/O thread) -----------------------------------------------------------------
+
+  /// Takes over the handshaken `socket` of the peer at `address` and starts the I/O.
+  void open(boost::asio::ip::tcp::socket socket, std::string address);
+
+  /// Whether `open` ran.
+  bool is_open() const noexcept { return fd_.load(std::memory_order_acquire) >= 0; }
+
+  /// How `fail` logs.
+  enum class log_mode { never, always, if_busy };
+
+  /// Fails every pending and later operation with `peer_lost` and `why`, shuts the socket down
+  /// (the peer sees the connection end) and logs `why`: always, never, or (`if_busy`) only when
+  /// operations were pending (a peer that closes an idle connection is shutting down). Any
+  /// thread.
+  void fail(const std::string& why, log_mode log);
+
+  /// Fails the pair (unless it already failed) and releases the socket, after the I/O thread
+  /// has stopped. Operations that outlive the context then find a failed, closed pair.
+  void teardown(const std::string& why);
+
+  // -- pumps (any thread) ----------------------------------------------------------------------
+
+  /// Reads and dispatches what the socket has, unless another thread is at it.
+  void pump_rx();
+  /// Writes what is queued, unless another thread is at it.
+  void pump_tx();
+
+  /// A thread starts (`true`) or stops spinning on a receive of this pair. While one spins, the
+  /// I/O thread leaves the reading to it: an I/O thread that took the pump and was then preempted
+  /// by a spinner on a busy core would stall the very message the spinner waits for. A spinner
+  /// that stops pumps once more, so that nothing that arrived meanwhile is left unread.
+  void spinning_on_rx(bool on);
+
+  /// "rank 2 (127.0.0.1:4000)"
+  std::string describe() const;
+
+  const pair_env& env() const noexcept { return *env_; }
+
+private:
+  struct stash_entry;
+
+  enum class rx_phase { prefix, header, payload };
+  enum class sink { op, stash, drop };
+
+  // rx side, rx_mu_ held
+  void pump_rx_locked();
+  bool consume_staged();
+  bool begin_message(const wire::header& h);
+  void finish_message();
+  void abandon_incoming();
+  void malformed(const std::string& what);
+
+  // tx side, tx_mu_ held; returns true when bytes remain that the socket would not take
+  bool pump_tx_locked();
+  void request_write_wait();
+
+  // I/O thread
+  void arm_read();
+  void on_write_request();
+  std::string failure_text() const;
+
+  std::shared_ptr<pair_env> env_;
+  boost::asio::io_context* io_; // valid until teardown
+  const int peer_;
+
+  /// The socket, for Asio's waits (I/O thread only; reset by teardown).
+  std::unique_ptr<boost::asio::ip::tcp::socket> socket_;
+  bool write_armed_ = false; // I/O thread only
+  /// The socket's descriptor for the pumps' syscalls; -1 before open and after teardown.
+  /// Changed only with rx_mu_ and tx_mu_ held.
+  std::atomic<int> fd_{-1};
+  mutable std::mutex address_mu_; // innermost
+  std::string address_;           // guarded by address_mu_: the peer's address, set by open
+  std::atomic<bool> torn_down_{false};
+
+  // -- failure ------------------------------------------------------------------------------
+  std::atomic<bool> failed_{false};
+  std::string failure_; // guarded by match_mu_; set once, before failed_
+
+  // -- receive ------------------------------------------------------------------------------
+  std::mutex rx_mu_; // the reading pump; try-locked
+  std::atomic<bool> rx_kick_{false};
+  std::atomic<int> rx_spinners_{0};
+  std::atomic<bool> rx_skipped_{false};   // the I/O thread left a readiness to a spinner
+  rx_phase phase_ = rx_phase::prefix;     // guarded by rx_mu_
+  std::unique_ptr<std::byte[]> stage_;    // guarded by rx_mu_: small reads land here
+  std::size_t stage_begin_ = 0;           // guarded by rx_mu_
+  std::size_t stage_end_ = 0;             // guarded by rx_mu_
+  uint32_t head_len_ = 0;                 // guarded by rx_mu_
+  wire::header in_{};                     // guarded by rx_mu_: the frame being read
+  uint64_t in_got_ = 0;                   // guarded by rx_mu_
+  sink in_sink_ = sink::drop;             // guarded by rx_mu_
+  std::byte* in_dst_ = nullptr;           // guarded by rx_mu_
+  std::shared_ptr<recv_op> in_op_;        // guarded by rx_mu_
+  std::shared_ptr<stash_entry> in_stash_; // guarded by rx_mu_
+
+  mutable std::mutex match_mu_;
+  /// Posted receives without a message yet, oldest first, per tag.
+  std::unordered_map<uint64_t, std::deque<std::shared_ptr<recv_op>>> posted_; // match_mu_
+  /// Messages (complete or being read) without a receive yet, oldest first, per tag.
+  std::unordered_map<uint64_t, std::deque<std::shared_ptr<stash_entry>>> stash_; // match_mu_
+
+  // -- send ---------------------------------------------------------------------------------
+  std::mutex tx_mu_; // the writing pump; try-locked
+  std::atomic<bool> tx_kick_{false};
+  std::atomic<bool> write_request_posted_{false};
+  std::mutex txq_mu_;
+  std::deque<std::shared_ptr<send_op>> txq_; // guarded by txq_mu_: front is being written
+};
+
+} // namespace consort::transport::tcp
