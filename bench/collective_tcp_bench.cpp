@@ -1,0 +1,312 @@
+// collective_tcp_bench: all_reduce, all_gather and broadcast between worker processes over the
+// TCP transport, in nccl-tests columns, beside two limits measured in the same run between
+// ranks 0 and 1 with plain blocking sockets: loopback TCP stream bandwidth and the 8-byte TCP
+// ping-pong round trip.
+//
+// Usage (the cluster comes from TF_CONFIG, which the launcher sets for each worker):
+//   tools/consort-launch -n 2 -- ./build/bench/collective_tcp_bench [--max-bytes 64M] [--iters 20]
+// Only rank 0 prints. Targets (issue 3, 2 workers on loopback):
+//   64 MiB all_reduce busbw >= 0.6 x TCP stream bandwidth; 4 B all_reduce p50 <= 2 x ping-pong.
+
+#include "common.hpp"
+
+#include <consort/actors/protocol.hpp>
+#include <consort/cluster.hpp>
+#include <consort/transport/algorithms.hpp>
+#include <consort/transport/tcp.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono;
+using namespace consort;
+namespace tr = consort::transport;
+using bench::micros;
+using bench::summarize;
+
+/// The workers' addresses in rank order: chief:0 (if any), then worker:0, worker:1, ...
+std::vector<std::string> worker_addresses(const cluster_resolver& resolver) {
+  std::vector<std::string> out;
+  const auto spec = resolver.cluster_spec();
+  for (const char* job : {"chief", "worker"}) {
+    for (auto& name : spec.jobs()) {
+      if (name != job)
+        continue;
+      for (int index : spec.task_indices(name))
+        out.push_back(spec.task_address(name, index));
+    }
+  }
+  return out;
+}
+
+std::string to_consort_error_text(const caf::error& err) {
+  return consort::to_consort_error(err, "").what();
+}
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "collective_tcp_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+void check(const caf::error& err, const std::string& what) {
+  if (err)
+    die(what + ": " + to_consort_error_text(err));
+}
+
+// -- the raw-socket baseline between ranks 0 and 1 -----------------------------------------------
+
+int raw_connection(int rank, const std::string& rank0_address, int port_offset) {
+  auto colon = rank0_address.rfind(':');
+  auto host = rank0_address.substr(0, colon);
+  int port = std::stoi(rank0_address.substr(colon + 1)) + port_offset;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &addr.sin_addr) != 1)
+    die("the raw baseline needs an IPv4 address for rank 0, got " + host);
+  int one = 1;
+  if (rank == 0) {
+    int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::listen(listener, 1) != 0)
+      die("cannot listen on port " + std::to_string(port) + " for the raw baseline");
+    int fd = ::accept(listener, nullptr, nullptr);
+    ::close(listener);
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return fd;
+  }
+  auto deadline = steady_clock::now() + seconds(30);
+  for (;;) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return fd;
+    }
+    ::close(fd);
+    if (steady_clock::now() > deadline)
+      die("rank 0's raw baseline port " + std::to_string(port) + " did not open within 30 s");
+    std::this_thread::yield();
+  }
+}
+
+void write_all(int fd, const void* data, size_t n) {
+  auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    auto k = ::write(fd, p, n);
+    if (k <= 0)
+      die("raw baseline write failed");
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+void read_all(int fd, void* data, size_t n) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    auto k = ::read(fd, p, n);
+    if (k <= 0)
+      die("raw baseline read failed");
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+struct limits {
+  double stream_gbs = 0;  // best of several 64 MiB one-way transfers
+  double pingpong_us = 0; // p50 round trip of 8 bytes
+};
+
+limits measure_limits(int rank, int fd) {
+  limits out;
+  std::vector<char> buf(size_t{64} << 20);
+  char small[8] = {};
+  // 8-byte ping-pong: 200 warm-up rounds, then 2000 timed ones.
+  std::vector<double> rtts;
+  for (int i = 0; i < 2200; ++i) {
+    if (rank == 0) {
+      auto t0 = steady_clock::now();
+      write_all(fd, small, 8);
+      read_all(fd, small, 8);
+      if (i >= 200)
+        rtts.push_back(micros(t0, steady_clock::now()));
+    } else {
+      read_all(fd, small, 8);
+      write_all(fd, small, 8);
+    }
+  }
+  out.pingpong_us = summarize(rtts).p50;
+  for (int i = 0; i < 5; ++i) { // stream: rank 0 sends 64 MiB, rank 1 acknowledges with 1 byte
+    if (rank == 0) {
+      auto t0 = steady_clock::now();
+      write_all(fd, buf.data(), buf.size());
+      read_all(fd, small, 1);
+      double gbs = static_cast<double>(buf.size()) / (micros(t0, steady_clock::now()) * 1e3);
+      out.stream_gbs = std::max(out.stream_gbs, gbs);
+    } else {
+      read_all(fd, buf.data(), buf.size());
+      write_all(fd, small, 1);
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  bench::options opts("collective_tcp_bench",
+                      "all_reduce, all_gather and broadcast of float32 between worker processes "
+                      "over TCP, beside raw TCP stream bandwidth and ping-pong latency.");
+  opts.add("min-bytes", "4", "smallest size in bytes (suffix K, M, G allowed)");
+  opts.add("max-bytes", "64M", "largest size in bytes");
+  opts.add("factor", "4", "size multiplier between rows");
+  opts.add("warmup", "3", "untimed iterations per size");
+  opts.add("iters", "20", "timed iterations per size");
+  opts.add("busy-poll", "0", "1: spin in every wait (lowest latency, a busy core per rank)");
+  opts.parse(argc, argv);
+
+  tf_config_cluster_resolver resolver;
+  if (resolver.is_local())
+    die("no cluster: run it under tools/consort-launch -n N (which sets TF_CONFIG)");
+  const int rank = resolver.worker_rank();
+  const int size = resolver.num_workers();
+  auto addresses = worker_addresses(resolver);
+
+  tr::tcp::mesh_options mesh;
+  mesh.rank = rank;
+  mesh.size = size;
+  mesh.addresses = addresses;
+  mesh.group_id = 0xbe4c;
+  mesh.busy_poll = opts.integer("busy-poll") != 0;
+  auto made = tr::tcp::connect_mesh(mesh);
+  if (!made)
+    die("cannot form the TCP mesh: " + to_consort_error_text(made.error()));
+  tr::context_ptr ctx = *made;
+
+  limits lim;
+  if (size >= 2 && rank <= 1) {
+    int fd = raw_connection(rank, addresses[0], 1000);
+    lim = measure_limits(rank, fd);
+    ::close(fd);
+  }
+  uint64_t tag = 1;
+  tr::algorithm_options aopts;
+  aopts.timeout = seconds(120);
+  auto barrier = [&] {
+    float x = 0;
+    aopts.tag = tag++;
+    check(tr::all_reduce(ctx, &x, 1, dtype::float32, reduce_op::sum, aopts), "barrier");
+  };
+  barrier();
+
+  if (rank == 0) {
+    std::printf("# consort collective_tcp_bench  transport=tcp ranks=%d warmup=%lld iters=%lld "
+                "busy_poll=%d\n",
+                size, static_cast<long long>(opts.integer("warmup")),
+                static_cast<long long>(opts.integer("iters")), mesh.busy_poll ? 1 : 0);
+    std::printf("# machine: nproc=%u cpu=%s\n", bench::nproc(), bench::cpu_model().c_str());
+    std::printf("# limits (rank 0 <-> rank 1, plain blocking sockets, same run): TCP stream "
+                "%.2f GB/s, 8-byte ping-pong p50 %.1f us\n",
+                lim.stream_gbs, lim.pingpong_us);
+    std::printf("# time: per iteration on rank 0 after a barrier; GB = 1e9 bytes\n#\n");
+  }
+
+  double ar_small_p50 = 0, ar_large_busbw = 0;
+  double total_wrong = 0;
+  const int64_t warmup = opts.integer("warmup"), iters = opts.integer("iters");
+  for (const char* coll : {"all_reduce", "all_gather", "broadcast"}) {
+    if (rank == 0) {
+      std::printf("# %s\n#%12s %12s %6s %6s %10s %7s %7s %7s %10s %10s\n", coll, "size", "count",
+                  "type", "redop", "time", "algbw", "busbw", "#wrong", "p50", "p99");
+      std::printf("#%12s %12s %6s %6s %10s %7s %7s %7s %10s %10s\n", "(B)", "(elements)", "", "",
+                  "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)");
+    }
+    for (int64_t bytes = opts.bytes("min-bytes"); bytes <= opts.bytes("max-bytes");
+         bytes *= opts.integer("factor")) {
+      const auto count = static_cast<size_t>(bytes / 4);
+      std::vector<float> buf(count);
+      std::vector<std::byte> gathered;
+      const size_t per_rank = count / static_cast<size_t>(size);
+      std::vector<double> times;
+      int64_t wrong = 0;
+      for (int64_t it = 0; it < warmup + iters; ++it) {
+        std::fill(buf.begin(), buf.end(), static_cast<float>(rank + 1));
+        barrier();
+        aopts.tag = tag++;
+        auto t0 = steady_clock::now();
+        caf::error err;
+        if (std::string(coll) == "all_reduce") {
+          err = tr::all_reduce(ctx, buf.data(), count, dtype::float32, reduce_op::sum, aopts);
+        } else if (std::string(coll) == "all_gather") {
+          err = tr::all_gather(ctx, std::as_bytes(std::span(buf.data(), per_rank)), gathered,
+                               nullptr, aopts);
+        } else {
+          err = tr::broadcast(ctx, std::as_writable_bytes(std::span(buf)), 0, aopts);
+        }
+        auto t1 = steady_clock::now();
+        check(err, coll);
+        if (it >= warmup)
+          times.push_back(micros(t0, t1));
+        // Check after the clock stopped.
+        if (std::string(coll) == "all_reduce") {
+          const float want = static_cast<float>(size * (size + 1) / 2);
+          for (auto v : buf)
+            wrong += v != want;
+        } else if (std::string(coll) == "all_gather") {
+          auto* f = reinterpret_cast<const float*>(gathered.data());
+          for (size_t i = 0; i < per_rank * static_cast<size_t>(size); ++i)
+            wrong += f[i] != static_cast<float>(i / std::max<size_t>(per_rank, 1) + 1);
+        } else {
+          for (auto v : buf)
+            wrong += v != 1.0f;
+        }
+      }
+      // Every rank's wrong count, summed on all.
+      float w = static_cast<float>(wrong);
+      aopts.tag = tag++;
+      check(tr::all_reduce(ctx, &w, 1, dtype::float32, reduce_op::sum, aopts), "check");
+      total_wrong += static_cast<double>(w);
+      auto s = summarize(times);
+      double algbw = static_cast<double>(bytes) / (s.avg * 1e3);
+      double factor = std::string(coll) == "all_reduce"   ? 2.0 * (size - 1) / size
+                      : std::string(coll) == "all_gather" ? double(size - 1) / size
+                                                          : 1.0;
+      if (std::string(coll) == "all_reduce") {
+        if (bytes == opts.bytes("min-bytes"))
+          ar_small_p50 = s.p50;
+        ar_large_busbw = static_cast<double>(bytes) / (s.avg * 1e3) * factor;
+      }
+      if (rank == 0)
+        std::printf(" %12lld %12zu %6s %6s %10.2f %7.2f %7.2f %7.0f %10.1f %10.1f\n",
+                    static_cast<long long>(bytes), count, "float",
+                    std::string(coll) == "all_reduce" ? "sum" : "none", s.avg, algbw,
+                    algbw * factor, static_cast<double>(w), s.p50, s.p99);
+    }
+  }
+  if (rank == 0 && size >= 2) {
+    std::printf("#\n# Targets (issue 3, 2 workers on loopback):\n");
+    std::printf("#   largest all_reduce busbw %.2f GB/s vs 0.6 x stream %.2f GB/s = %.2f: %s\n",
+                ar_large_busbw, lim.stream_gbs, 0.6 * lim.stream_gbs,
+                ar_large_busbw >= 0.6 * lim.stream_gbs ? "met" : "NOT MET");
+    std::printf("#   smallest all_reduce p50 %.1f us vs 2 x ping-pong %.1f us = %.1f us: %s\n",
+                ar_small_p50, lim.pingpong_us, 2 * lim.pingpong_us,
+                ar_small_p50 <= 2 * lim.pingpong_us ? "met" : "NOT MET");
+  }
+  if (rank == 0)
+    std::printf("# Out of bounds values : %.0f %s\n", total_wrong,
+                total_wrong == 0 ? "OK" : "FAILED");
+  barrier();
+  // A wrong result anywhere fails the run, so the multi-process test can rely on the exit status.
+  return total_wrong == 0 ? 0 : 1;
+}
