@@ -268,24 +268,23 @@ void append_element(std::string& out, const std::byte* p, dtype type) {
 
 // -- tensor ---------------------------------------------------------------------------------------
 
-tensor tensor::zeros(consort::dtype type, shape_t shape, std::string device) {
-  check_extents(shape, "tensor::zeros");
+tensor tensor::allocate(consort::dtype type, shape_t shape, const std::string& device, bool zeroed,
+                        const char* what) {
+  check_extents(shape, what);
   tensor t;
   t.device_ = canonical_host_device(device);
   t.type_ = type;
   t.shape_ = std::move(shape);
-  t.storage_ = std::make_shared<storage>(t.num_bytes(), true);
+  t.storage_ = std::make_shared<storage>(t.num_bytes(), zeroed);
   return t;
 }
 
+tensor tensor::zeros(consort::dtype type, shape_t shape, std::string device) {
+  return allocate(type, std::move(shape), device, true, "tensor::zeros");
+}
+
 tensor tensor::empty(consort::dtype type, shape_t shape, std::string device) {
-  check_extents(shape, "tensor::empty");
-  tensor t;
-  t.device_ = canonical_host_device(device);
-  t.type_ = type;
-  t.shape_ = std::move(shape);
-  t.storage_ = std::make_shared<storage>(t.num_bytes(), false);
-  return t;
+  return allocate(type, std::move(shape), device, false, "tensor::empty");
 }
 
 const void* tensor::raw_data() const noexcept {

@@ -208,6 +208,9 @@ public:
 private:
   struct storage;
 
+  /// The storage behind `zeros` and `empty`; `what` names the caller in errors.
+  static tensor allocate(consort::dtype type, shape_t shape, const std::string& device, bool zeroed,
+                         const char* what);
   static void check_count(int64_t count, const shape_t& shape);
   void check_type(consort::dtype expected) const;
 
