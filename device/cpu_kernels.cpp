@@ -10,6 +10,7 @@
 #include <consort/error.hpp>
 #include <consort/ops.hpp>
 
+#include "device/element_ops.hpp"
 #include "device/parallel.hpp"
 
 #include <algorithm>
@@ -25,48 +26,10 @@ namespace consort {
 
 namespace {
 
-// -- element operations ---------------------------------------------------------------------------
-
-/// Wrapping arithmetic for the integer types (no signed-overflow UB), plain for floats. The cast
-/// back also undoes uint8's promotion to int.
-template <class A, bool = std::is_integral_v<A>>
-struct wrap {
-  using type = A;
-};
-template <class A>
-struct wrap<A, true> {
-  using type = std::make_unsigned_t<A>;
-};
-template <class A>
-using wrap_t = typename wrap<A>::type;
-
-struct sum_fn {
-  template <class A>
-  static A apply(A a, A b) {
-    return static_cast<A>(static_cast<wrap_t<A>>(a) + static_cast<wrap_t<A>>(b));
-  }
-};
-
-struct prod_fn {
-  template <class A>
-  static A apply(A a, A b) {
-    return static_cast<A>(static_cast<wrap_t<A>>(a) * static_cast<wrap_t<A>>(b));
-  }
-};
-
-struct min_fn {
-  template <class A>
-  static A apply(A a, A b) {
-    return b < a ? b : a;
-  }
-};
-
-struct max_fn {
-  template <class A>
-  static A apply(A a, A b) {
-    return a < b ? b : a;
-  }
-};
+using consort::detail::max_fn;
+using consort::detail::min_fn;
+using consort::detail::prod_fn;
+using consort::detail::sum_fn;
 
 // -- block passes ---------------------------------------------------------------------------------
 // Each pass is one simple loop over `n` elements; the element-wise reduction runs them over one

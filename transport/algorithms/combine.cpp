@@ -6,51 +6,18 @@
 
 #include "transport/algorithms/common.hpp"
 
+#include "device/element_ops.hpp"
+
 #include <type_traits>
 
 namespace consort::transport::detail {
 
 namespace {
 
-template <class T, bool = std::is_integral_v<T>>
-struct wrap {
-  using type = T;
-};
-template <class T>
-struct wrap<T, true> {
-  using type = std::make_unsigned_t<T>;
-};
-template <class T>
-using wrap_t = typename wrap<T>::type;
-
-struct sum_fn {
-  template <class T>
-  static T apply(T a, T b) {
-    return static_cast<T>(static_cast<wrap_t<T>>(a) + static_cast<wrap_t<T>>(b));
-  }
-};
-
-struct prod_fn {
-  template <class T>
-  static T apply(T a, T b) {
-    return static_cast<T>(static_cast<wrap_t<T>>(a) * static_cast<wrap_t<T>>(b));
-  }
-};
-
-// The same expressions as the host kernels (and as minps/maxps, which they compile to).
-struct min_fn {
-  template <class T>
-  static T apply(T a, T b) {
-    return b < a ? b : a;
-  }
-};
-
-struct max_fn {
-  template <class T>
-  static T apply(T a, T b) {
-    return a < b ? b : a;
-  }
-};
+using consort::detail::max_fn;
+using consort::detail::min_fn;
+using consort::detail::prod_fn;
+using consort::detail::sum_fn;
 
 // out = out op b
 template <class T, class Op, bool Scaled>
