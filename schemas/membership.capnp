@@ -48,11 +48,11 @@ struct Join {
   # membershipVersion of the worker; the chief refuses another version.
 
   nonce @4 :Data;
-  # Fresh random bytes of the worker, the challenge for the chief's proof (reserved).
+  # Fresh random bytes of the worker, the challenge for the chief's proof (View.authProof).
 
   authProof @5 :Data;
-  # HMAC-SHA256 of the cluster's shared secret over the chief's nonce and this Join's task and
-  # address; empty when the cluster has no secret.
+  # HMAC-SHA256 of the cluster's shared secret over the chief's nonce (Challenge.nonce), the task
+  # type, the task index (u32 little-endian) and the address; empty when the worker has no secret.
 
   pid @6 :UInt32;
   # The worker's process id, for logs.
@@ -94,6 +94,10 @@ struct View {
 
   nonce @4 :Data;
   # The chief's challenge for later proofs (reserved).
+
+  authProof @5 :Data;
+  # HMAC-SHA256 of the cluster's shared secret over the receiving worker's Join.nonce and the
+  # epoch (u64 little-endian): the chief proves it knows the secret too. Empty without a secret.
 }
 
 # A member's liveness signal, sent periodically to the chief (and by the chief to members).
@@ -131,5 +135,12 @@ struct MembershipMessage {
     heartbeat @3 :Heartbeat;
     leave @4 :Leave;
     abort @5 :Abort;
+    challenge @6 :Challenge;
   }
+}
+
+# The first message of the chief on every accepted connection, with or without a shared secret.
+struct Challenge {
+  nonce @0 :Data;
+  # Fresh random bytes (at least 16) that the worker's Join.authProof covers.
 }

@@ -1,0 +1,1008 @@
+// Tests of cluster membership: every member in one process over loopback, one service per rank,
+// the chief on an ephemeral port; raw sockets play broken or hostile peers. Nothing sleeps: every
+// wait is on a future, a loss event or a log line, with a deadline.
+
+#include "transport/membership/codec.hpp"  // to craft messages for the raw peers
+#include "transport/membership/sha256.hpp" // the test vectors
+
+#include <consort/error.hpp>
+#include <consort/transport/membership.hpp>
+
+#include <caf/atom.hpp>
+#include <caf/error.hpp>
+#include <caf/message.hpp>
+
+#include <utility> // Boost 1.74's Asio needs <utility> before it on C++20
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <poll.h>
+#include <sys/socket.h>
+
+namespace {
+
+using namespace std::chrono_literals;
+using consort::errc;
+namespace membership = consort::transport::membership;
+namespace codec = consort::transport::membership::codec;
+namespace detail = consort::transport::membership::detail;
+namespace asio = boost::asio;
+using bytes = std::vector<std::byte>;
+using clock_type = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// -- errors --------------------------------------------------------------------------------------
+
+std::string text_of(const caf::error& err) {
+  if (!err)
+    return "no error";
+  std::string out;
+  if (err.category() == caf::atom("consort"))
+    out = std::string("errc::") + consort::to_string(static_cast<errc>(err.code()));
+  else
+    out = "a non-consort error";
+  const auto& ctx = err.context();
+  if (ctx.size() == 1 && ctx.match_element<std::string>(0))
+    out += ": " + ctx.get_as<std::string>(0);
+  return out;
+}
+
+/// Success when `err` has `code` and its message mentions every fragment.
+::testing::AssertionResult has_error(const caf::error& err, errc code,
+                                     const std::vector<std::string>& fragments) {
+  if (!err)
+    return ::testing::AssertionFailure()
+           << "no error (expected errc::" << consort::to_string(code) << ")";
+  auto text = text_of(err);
+  if (err.category() != caf::atom("consort") || static_cast<errc>(err.code()) != code)
+    return ::testing::AssertionFailure()
+           << "expected errc::" << consort::to_string(code) << ", got " << text;
+  for (const auto& fragment : fragments)
+    if (text.find(fragment) == std::string::npos)
+      return ::testing::AssertionFailure()
+             << "\"" << text << "\" does not mention \"" << fragment << "\"";
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult has_error(const caf::expected<membership::view>& result, errc code,
+                                     const std::vector<std::string>& fragments) {
+  if (result)
+    return ::testing::AssertionFailure()
+           << "a view (expected errc::" << consort::to_string(code) << ")";
+  return has_error(result.error(), code, fragments);
+}
+
+// -- logs and losses -----------------------------------------------------------------------------
+
+/// Collects log lines; must outlive the services that write to it.
+class log_capture {
+public:
+  std::function<void(const std::string&)> sink() {
+    return [this](const std::string& line) {
+      std::lock_guard lock(mu_);
+      lines_.push_back(line);
+      cv_.notify_all();
+    };
+  }
+
+  /// Whether a line that mentions every fragment arrives within `timeout`.
+  bool wait_for(const std::vector<std::string>& fragments, milliseconds timeout = 10s) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] {
+      return std::any_of(lines_.begin(), lines_.end(), [&](const std::string& line) {
+        return std::all_of(fragments.begin(), fragments.end(),
+                           [&](const std::string& f) { return line.find(f) != std::string::npos; });
+      });
+    });
+  }
+
+  std::string all() {
+    std::lock_guard lock(mu_);
+    std::string out;
+    for (const auto& line : lines_)
+      out += line + "\n";
+    return out;
+  }
+
+private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> lines_;
+};
+
+/// Collects the loss events of one service; must outlive it.
+class loss_recorder {
+public:
+  std::function<void(const membership::lost_event&)> sink() {
+    return [this](const membership::lost_event& e) {
+      std::lock_guard lock(mu_);
+      events_.push_back(e);
+      cv_.notify_all();
+    };
+  }
+
+  /// Waits up to `timeout` for an event that names `rank`; returns it, or nothing.
+  std::optional<membership::lost_event> wait_for(int rank, milliseconds timeout = 10s) {
+    std::unique_lock lock(mu_);
+    std::optional<membership::lost_event> found;
+    cv_.wait_for(lock, timeout, [&] {
+      for (const auto& e : events_)
+        if (std::find(e.ranks.begin(), e.ranks.end(), rank) != e.ranks.end()) {
+          found = e;
+          return true;
+        }
+      return false;
+    });
+    return found;
+  }
+
+  std::vector<membership::lost_event> events() {
+    std::lock_guard lock(mu_);
+    return events_;
+  }
+
+private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<membership::lost_event> events_;
+};
+
+std::string describe(const std::vector<membership::lost_event>& events) {
+  std::string out;
+  for (const auto& e : events) {
+    // Appended piece by piece: GCC 12 warns (-Wrestrict) about " " + std::to_string(r).
+    out += "{ranks:";
+    for (auto r : e.ranks) {
+      out += ' ';
+      out += std::to_string(r);
+    }
+    out += "; ";
+    out += e.cause;
+    out += "} ";
+  }
+  return out.empty() ? "no events" : out;
+}
+
+// -- options and clusters ------------------------------------------------------------------------
+
+bytes pattern(std::size_t size, unsigned seed) {
+  bytes out(size);
+  for (std::size_t i = 0; i < size; ++i)
+    out[i] = static_cast<std::byte>((i * 31 + seed * 7 + 1) & 0xff);
+  return out;
+}
+
+/// Options of rank `rank` of a cluster of `n` workers (worker:0 ... worker:n-1), with timeouts
+/// short enough for tests.
+membership::options options_for(int n, int rank, std::string chief_address, log_capture* logs) {
+  membership::options opts;
+  for (int i = 0; i < n; ++i)
+    opts.tasks.push_back({"worker", i});
+  opts.rank = rank;
+  opts.chief_address = std::move(chief_address);
+  opts.address = "127.0.0.1:" + std::to_string(21000 + rank);
+  opts.devices = {{"CPU:0", false, uint64_t{1} << 30}};
+  opts.rendezvous_timeout = 10s;
+  opts.missing_log_interval = 100ms;
+  opts.handshake_timeout = 2s;
+  opts.heartbeat_interval = 50ms;
+  opts.peer_timeout = 500ms;
+  if (rank == 0)
+    opts.nccl_unique_id = pattern(128, 3);
+  if (logs)
+    opts.log = logs->sink();
+  return opts;
+}
+
+std::unique_ptr<membership::service> start_ok(membership::options opts) {
+  auto svc = membership::service::start(std::move(opts));
+  EXPECT_TRUE(svc) << text_of(svc.error());
+  return svc ? std::move(*svc) : nullptr;
+}
+
+/// A port of 127.0.0.1 that nothing listens on (bound then released).
+uint16_t free_port() {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  return acceptor.local_endpoint().port();
+}
+
+/// A cluster of `n` services in this process. Members are destroyed before the captures.
+struct cluster {
+  explicit cluster(int n, const std::function<void(membership::options&)>& tweak = {}) {
+    for (int r = 0; r < n; ++r)
+      lost.push_back(std::make_unique<loss_recorder>());
+    auto chief_opts = options_for(n, 0, "127.0.0.1:0", &logs);
+    if (tweak)
+      tweak(chief_opts);
+    services.push_back(start_ok(chief_opts));
+    if (!services[0])
+      return;
+    chief_address = services[0]->listen_address();
+    for (int r = 1; r < n; ++r) {
+      auto opts = options_for(n, r, chief_address, &logs);
+      if (tweak)
+        tweak(opts);
+      services.push_back(start_ok(opts));
+    }
+    for (int r = 0; r < n; ++r)
+      if (services[r])
+        services[r]->on_lost(lost[r]->sink());
+  }
+
+  /// Runs every member's rendezvous at once; the results by rank.
+  std::vector<caf::expected<membership::view>> rendezvous_all() {
+    std::vector<std::future<caf::expected<membership::view>>> futures;
+    for (auto& svc : services)
+      futures.push_back(std::async(std::launch::async, [&svc] { return svc->rendezvous(); }));
+    std::vector<caf::expected<membership::view>> out;
+    for (auto& f : futures)
+      out.push_back(f.get());
+    return out;
+  }
+
+  /// rendezvous_all, expecting success everywhere.
+  bool form() {
+    auto views = rendezvous_all();
+    for (std::size_t r = 0; r < views.size(); ++r)
+      if (!views[r]) {
+        ADD_FAILURE() << "rank " << r << ": " << text_of(views[r].error()) << "\nlog:\n"
+                      << logs.all();
+        return false;
+      }
+    return true;
+  }
+
+  log_capture logs;
+  std::vector<std::unique_ptr<loss_recorder>> lost;
+  std::string chief_address;
+  std::vector<std::unique_ptr<membership::service>> services;
+};
+
+// -- raw peers -----------------------------------------------------------------------------------
+
+/// A plain socket that plays a broken, hostile or hand-made peer of the chief.
+class raw_peer {
+public:
+  explicit raw_peer(const std::string& address) : socket_(io_) {
+    auto colon = address.rfind(':');
+    socket_.connect({asio::ip::make_address(address.substr(0, colon)),
+                     static_cast<uint16_t>(std::stoi(address.substr(colon + 1)))});
+  }
+
+  void write(std::span<const std::byte> data) {
+    asio::write(socket_, asio::buffer(data.data(), data.size()));
+  }
+
+  void write_u32(uint32_t v) {
+    std::byte b[4];
+    for (int i = 0; i < 4; ++i)
+      b[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+    write(b);
+  }
+
+  /// Reads one message; false when none arrives or it is malformed.
+  bool read(codec::message& out, milliseconds timeout = 10s) {
+    std::byte prefix[codec::prefix_bytes];
+    if (!read_exact(prefix, timeout))
+      return false;
+    uint32_t length = 0;
+    if (!codec::decode_length(std::span<const std::byte, 4>(prefix, 4), 1 << 20, length).empty())
+      return false;
+    bytes body(length);
+    return read_exact(body, timeout) && codec::decode(body, 1 << 20, out).empty();
+  }
+
+  /// Whether the other end closes the connection within `timeout` (reading and dropping data).
+  bool closed_by_peer(milliseconds timeout = 10s) {
+    auto until = clock_type::now() + timeout;
+    std::byte buf[4096];
+    for (;;) {
+      auto left = std::chrono::duration_cast<milliseconds>(until - clock_type::now());
+      if (left.count() <= 0)
+        return false;
+      pollfd p{socket_.native_handle(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0)
+        continue;
+      auto n = ::recv(socket_.native_handle(), buf, sizeof buf, 0);
+      if (n <= 0)
+        return true; // end of file or reset
+    }
+  }
+
+  /// Ends the sending direction (the chief reads end of file); reading goes on.
+  void shutdown_write() { ::shutdown(socket_.native_handle(), SHUT_WR); }
+
+private:
+  bool read_exact(std::span<std::byte> out, milliseconds timeout) {
+    auto until = clock_type::now() + timeout;
+    std::size_t got = 0;
+    while (got < out.size()) {
+      auto left = std::chrono::duration_cast<milliseconds>(until - clock_type::now());
+      if (left.count() <= 0)
+        return false;
+      pollfd p{socket_.native_handle(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0)
+        continue;
+      auto n = ::recv(socket_.native_handle(), out.data() + got, out.size() - got, 0);
+      if (n <= 0)
+        return false;
+      got += static_cast<std::size_t>(n);
+    }
+    return true;
+  }
+
+  asio::io_context io_;
+  asio::ip::tcp::socket socket_;
+};
+
+// -- SHA-256 and HMAC ----------------------------------------------------------------------------
+
+std::string hex(std::span<const std::byte> data) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  for (auto b : data) {
+    out += digits[static_cast<unsigned>(b) >> 4];
+    out += digits[static_cast<unsigned>(b) & 0xf];
+  }
+  return out;
+}
+
+bytes from_hex(const std::string& text) {
+  bytes out;
+  for (std::size_t i = 0; i + 1 < text.size(); i += 2)
+    out.push_back(static_cast<std::byte>(std::stoi(text.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+bytes from_text(const std::string& text) {
+  bytes out(text.size());
+  std::transform(text.begin(), text.end(), out.begin(),
+                 [](char c) { return static_cast<std::byte>(c); });
+  return out;
+}
+
+TEST(MembershipSha256Test, DigestsMatchTheFips180Vectors) {
+  EXPECT_EQ(hex(detail::sha256_of(from_text(""))),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(hex(detail::sha256_of(from_text("abc"))),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(
+      hex(detail::sha256_of(from_text("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"))),
+      "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(hex(detail::sha256_of(
+                from_text("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmn"
+                          "opjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu"))),
+            "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
+  // One million "a", fed in pieces that straddle the block boundaries.
+  detail::sha256 h;
+  auto piece = from_text(std::string(997, 'a'));
+  std::size_t fed = 0;
+  while (fed < 1000000) {
+    auto n = std::min<std::size_t>(piece.size(), 1000000 - fed);
+    h.update(std::span<const std::byte>(piece.data(), n));
+    fed += n;
+  }
+  EXPECT_EQ(hex(h.finish()), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(MembershipSha256Test, HmacMatchesTheRfc4231Vectors) {
+  struct vector {
+    bytes key;
+    bytes data;
+    std::string mac;
+  };
+  std::vector<vector> cases = {
+      {bytes(20, std::byte{0x0b}), from_text("Hi There"),
+       "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"},
+      {from_text("Jefe"), from_text("what do ya want for nothing?"),
+       "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
+      {bytes(20, std::byte{0xaa}), bytes(50, std::byte{0xdd}),
+       "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe"},
+      {from_hex("0102030405060708090a0b0c0d0e0f10111213141516171819"), bytes(50, std::byte{0xcd}),
+       "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b"},
+      {bytes(131, std::byte{0xaa}),
+       from_text("Test Using Larger Than Block-Size Key - Hash Key First"),
+       "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"},
+      {bytes(131, std::byte{0xaa}),
+       from_text("This is a test using a larger than block-size key and a larger than block-size "
+                 "data. The key needs to be hashed before being used by the HMAC algorithm."),
+       "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2"},
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    EXPECT_EQ(hex(detail::hmac_sha256(cases[i].key, cases[i].data)), cases[i].mac)
+        << "RFC 4231 case " << i;
+}
+
+TEST(MembershipSha256Test, ConstantTimeEqualComparesSizeAndEveryByte) {
+  auto a = from_text("abcdef");
+  EXPECT_TRUE(detail::constant_time_equal(a, from_text("abcdef")));
+  EXPECT_FALSE(detail::constant_time_equal(a, from_text("abcdeg")));
+  EXPECT_FALSE(detail::constant_time_equal(a, from_text("abcde")));
+  EXPECT_TRUE(detail::constant_time_equal(bytes{}, bytes{}));
+}
+
+// -- the codec -----------------------------------------------------------------------------------
+
+codec::message round_trip(const codec::message& m, std::size_t max = 1 << 20) {
+  auto frame = codec::encode(m);
+  uint32_t length = 0;
+  EXPECT_EQ(codec::decode_length(std::span<const std::byte, 4>(frame.data(), 4), max, length), "");
+  EXPECT_EQ(length + codec::prefix_bytes, frame.size());
+  codec::message out;
+  EXPECT_EQ(codec::decode(std::span(frame).subspan(codec::prefix_bytes), max, out), "");
+  return out;
+}
+
+TEST(MembershipCodecTest, EveryMessageRoundTripsThroughItsEncoding) {
+  codec::join j;
+  j.task = {"worker", 3};
+  j.address = "10.0.0.4:7000";
+  j.devices = {{"GPU:0", true, 80}, {"GPU:1", true, 81}};
+  j.version = 7;
+  j.nonce = pattern(32, 1);
+  j.auth_proof = pattern(32, 2);
+  j.pid = 4242;
+  auto out = std::get<codec::join>(round_trip(j));
+  EXPECT_EQ(out.task, j.task);
+  EXPECT_EQ(out.address, j.address);
+  EXPECT_EQ(out.devices, j.devices);
+  EXPECT_EQ(out.version, 7);
+  EXPECT_EQ(out.nonce, j.nonce);
+  EXPECT_EQ(out.auth_proof, j.auth_proof);
+  EXPECT_EQ(out.pid, 4242u);
+
+  codec::view_message v;
+  v.view.epoch = 3;
+  v.view.group_id = 99;
+  for (int r = 0; r < 2; ++r) {
+    membership::member m;
+    m.rank = r;
+    m.task = consort::task_id{r == 0 ? "chief" : "worker", 0};
+    m.address = "host" + std::to_string(r) + ":7000";
+    m.devices.push_back(membership::device_info{"CPU:0", false, static_cast<uint64_t>(r)});
+    v.view.members.push_back(m);
+  }
+  v.view.nccl_unique_id = pattern(128, 4);
+  v.auth_proof = pattern(32, 5);
+  auto vout = std::get<codec::view_message>(round_trip(v));
+  EXPECT_EQ(vout.view, v.view);
+  EXPECT_EQ(vout.auth_proof, v.auth_proof);
+
+  auto a = std::get<codec::abort>(round_trip(codec::abort{2, "lost", {1, 3}}));
+  EXPECT_EQ(a.epoch, 2u);
+  EXPECT_EQ(a.cause, "lost");
+  EXPECT_EQ(a.lost_ranks, (std::vector<uint32_t>{1, 3}));
+  codec::refusal refusal;
+  refusal.task = consort::task_id{"worker", 1};
+  refusal.reason = "no";
+  auto r = std::get<codec::refusal>(round_trip(refusal));
+  EXPECT_EQ(r.task, refusal.task);
+  EXPECT_EQ(r.reason, "no");
+  auto h = std::get<codec::heartbeat>(round_trip(codec::heartbeat{1, 2, 3}));
+  EXPECT_EQ(h.sequence, 3u);
+  auto l = std::get<codec::leave>(round_trip(codec::leave{1, 2, "bye"}));
+  EXPECT_EQ(l.reason, "bye");
+  auto c = std::get<codec::challenge>(round_trip(codec::challenge{pattern(16, 6)}));
+  EXPECT_EQ(c.nonce, pattern(16, 6));
+}
+
+TEST(MembershipCodecTest, LengthsOutsideTheBoundsAreRejectedBeforeAnyRead) {
+  auto check = [](uint32_t v, std::size_t max) {
+    std::byte b[4];
+    for (int i = 0; i < 4; ++i)
+      b[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+    uint32_t length = 0;
+    return codec::decode_length(std::span<const std::byte, 4>(b, 4), max, length);
+  };
+  EXPECT_EQ(check(64, 1024), "");
+  EXPECT_NE(check(8, 1024).find("outside [16, 1024]"), std::string::npos);
+  EXPECT_NE(check(1032, 1024).find("outside [16, 1024]"), std::string::npos);
+  EXPECT_NE(check(0xffffffffu, 1 << 20).find("4294967295"), std::string::npos);
+  EXPECT_NE(check(20, 1024).find("not a multiple of 8"), std::string::npos);
+}
+
+TEST(MembershipCodecTest, GarbageAndOversizedFieldsAreMalformedNotFatal) {
+  codec::message out;
+  EXPECT_NE(codec::decode(bytes(64, std::byte{0xff}), 1024, out), "");
+  EXPECT_NE(codec::decode(bytes(64, std::byte{0x00}), 1024, out), ""); // null root: no type set?
+  codec::join j;
+  j.task = {"worker", 1};
+  j.address = std::string(5000, 'x');
+  auto frame = codec::encode(j);
+  auto why = codec::decode(std::span(frame).subspan(codec::prefix_bytes), 1 << 20, out);
+  EXPECT_NE(why.find("address is 5000 bytes long"), std::string::npos) << why;
+  // The traversal limit follows the frame limit: a message larger than the limit is refused.
+  codec::join big;
+  big.devices.assign(2000, membership::device_info{"GPU:0", true, 1});
+  frame = codec::encode(big);
+  EXPECT_NE(codec::decode(std::span(frame).subspan(codec::prefix_bytes), 1024, out), "");
+  // Trailing bytes after the message.
+  frame = codec::encode(codec::heartbeat{1, 2, 3});
+  frame.resize(frame.size() + 8);
+  EXPECT_NE(codec::decode(std::span(frame).subspan(codec::prefix_bytes), 1024, out)
+                .find("trailing bytes"),
+            std::string::npos);
+}
+
+// -- options -------------------------------------------------------------------------------------
+
+TEST(MembershipTest, StartRejectsInvalidOptionsWithAClearReason) {
+  struct bad {
+    std::function<void(membership::options&)> change;
+    std::string fragment;
+  };
+  std::vector<bad> cases = {
+      {[](auto& o) { o.tasks.clear(); }, "options.tasks is empty"},
+      {[](auto& o) { o.rank = 2; }, "options.rank 2 is outside [0, 2)"},
+      {[](auto& o) { o.rank = -1; }, "options.rank -1 is outside [0, 2)"},
+      {[](auto& o) { o.tasks[1] = o.tasks[0]; }, "lists worker:0 twice"},
+      {[](auto& o) { o.tasks[1].type.clear(); }, "options.tasks[1]"},
+      {[](auto& o) { o.chief_address = "nonsense"; }, "options.chief_address: \"nonsense\""},
+      {[](auto& o) { o.chief_address = "127.0.0.1:99999"; }, "no valid port"},
+      {[](auto& o) {
+         o.rank = 1;
+         o.chief_address = "127.0.0.1:0";
+       },
+       "has port 0"},
+      {[](auto& o) { o.address.clear(); }, "options.address is empty"},
+      {[](auto& o) { o.address = "host"; }, "options.address"},
+      {[](auto& o) { o.peer_timeout = 0ms; }, "options.peer_timeout is 0 ms"},
+      {[](auto& o) { o.max_message_bytes = 10; }, "options.max_message_bytes is 10"},
+      {[](auto& o) { o.chief_address = "256.1.1.1:0"; }, "cannot serve membership on 256.1.1.1:0"},
+  };
+  for (const auto& c : cases) {
+    auto opts = options_for(2, 0, "127.0.0.1:0", nullptr);
+    c.change(opts);
+    auto svc = membership::service::start(opts);
+    ASSERT_FALSE(svc) << c.fragment;
+    EXPECT_TRUE(has_error(svc.error(), errc::invalid_argument, {c.fragment}));
+  }
+}
+
+// -- rendezvous ----------------------------------------------------------------------------------
+
+TEST(MembershipTest, ChiefAloneFormsAViewOfItself) {
+  log_capture logs;
+  auto opts = options_for(1, 0, "127.0.0.1:0", &logs);
+  auto chief = start_ok(opts);
+  ASSERT_TRUE(chief);
+  EXPECT_NE(chief->listen_address().find("127.0.0.1:"), std::string::npos);
+  auto v = chief->rendezvous();
+  ASSERT_TRUE(v) << text_of(v.error());
+  EXPECT_EQ(v->epoch, 1u);
+  EXPECT_NE(v->group_id, 0u);
+  ASSERT_EQ(v->members.size(), 1u);
+  EXPECT_EQ(v->members[0].rank, 0);
+  EXPECT_EQ(v->members[0].task, (consort::task_id{"worker", 0}));
+  EXPECT_EQ(v->members[0].address, opts.address);
+  EXPECT_EQ(v->members[0].devices, opts.devices);
+  EXPECT_EQ(v->nccl_unique_id, opts.nccl_unique_id);
+  // A second call returns the same view.
+  auto again = chief->rendezvous();
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again, *v);
+}
+
+class MembershipSizeTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(MembershipSizeTest, EveryMemberReceivesTheSameViewInRankOrder) {
+  auto n = GetParam();
+  // Distinct devices per worker (same count), so that a mix-up of members would show.
+  cluster c(n, [](membership::options& o) {
+    o.devices = {{"GPU:0", true, 1000u + static_cast<uint64_t>(o.rank)},
+                 {"GPU:1", true, 2000u + static_cast<uint64_t>(o.rank)}};
+  });
+  auto views = c.rendezvous_all();
+  for (int r = 0; r < n; ++r)
+    ASSERT_TRUE(views[r]) << "rank " << r << ": " << text_of(views[r].error()) << "\n"
+                          << c.logs.all();
+  const auto& v = *views[0];
+  EXPECT_EQ(v.epoch, 1u);
+  EXPECT_NE(v.group_id, 0u);
+  EXPECT_EQ(v.nccl_unique_id, pattern(128, 3));
+  ASSERT_EQ(v.members.size(), static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const auto& m = v.members[r];
+    EXPECT_EQ(m.rank, r);
+    EXPECT_EQ(m.task, (consort::task_id{"worker", r}));
+    EXPECT_EQ(m.address, "127.0.0.1:" + std::to_string(21000 + r));
+    ASSERT_EQ(m.devices.size(), 2u);
+    EXPECT_EQ(m.devices[0], (membership::device_info{"GPU:0", true, 1000u + r}));
+    EXPECT_EQ(m.devices[1], (membership::device_info{"GPU:1", true, 2000u + r}));
+  }
+  for (int r = 1; r < n; ++r)
+    EXPECT_EQ(*views[r], v) << "rank " << r;
+  EXPECT_EQ(c.services[0]->rank(), 0);
+  EXPECT_EQ(c.services[n - 1]->listen_address(), n > 1 ? std::string{} : c.chief_address);
+}
+
+INSTANTIATE_TEST_SUITE_P(Members, MembershipSizeTest, ::testing::Values(2, 3, 4));
+
+TEST(MembershipTest, WorkersStartedBeforeTheChiefRetryUntilItListens) {
+  log_capture logs;
+  auto address = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::unique_ptr<membership::service>> workers;
+  std::vector<std::future<caf::expected<membership::view>>> futures;
+  for (int r = 1; r < 3; ++r) {
+    workers.push_back(start_ok(options_for(3, r, address, &logs)));
+    ASSERT_TRUE(workers.back());
+    auto* w = workers.back().get();
+    futures.push_back(std::async(std::launch::async, [w] { return w->rendezvous(); }));
+  }
+  // The workers have failed to connect at least once before the chief starts.
+  ASSERT_TRUE(logs.wait_for({"worker:1", "cannot join the chief at " + address + " yet"}));
+  ASSERT_TRUE(logs.wait_for({"worker:2", "cannot join the chief at " + address + " yet"}));
+  auto chief = start_ok(options_for(3, 0, address, &logs));
+  ASSERT_TRUE(chief);
+  auto v = chief->rendezvous();
+  ASSERT_TRUE(v) << text_of(v.error()) << "\n" << logs.all();
+  for (auto& f : futures) {
+    auto wv = f.get();
+    ASSERT_TRUE(wv) << text_of(wv.error());
+    EXPECT_EQ(*wv, *v);
+  }
+}
+
+TEST(MembershipTest, MissingWorkerFailsTheChiefNamingItAndTheJoinedWorkerPromptly) {
+  log_capture logs;
+  auto chief_opts = options_for(3, 0, "127.0.0.1:0", &logs);
+  chief_opts.rendezvous_timeout = 1000ms;
+  auto chief = start_ok(chief_opts);
+  ASSERT_TRUE(chief);
+  // Worker 1 joins, with a deadline far later than the chief's; worker 2 never starts.
+  auto worker_opts = options_for(3, 1, chief->listen_address(), &logs);
+  worker_opts.rendezvous_timeout = 30s;
+  auto worker = start_ok(worker_opts);
+  ASSERT_TRUE(worker);
+  auto started = clock_type::now();
+  auto joined = std::async(std::launch::async, [&] { return worker->rendezvous(); });
+  ASSERT_TRUE(logs.wait_for({"worker:1 (rank 1) joined from 127.0.0.1:"}));
+  auto chief_view = chief->rendezvous();
+  auto expected = "rendezvous at " + chief->listen_address() +
+                  " timed out after 1000 ms: worker:2 did not join (joined: worker:0, worker:1)";
+  EXPECT_TRUE(has_error(chief_view, errc::collective_timeout, {expected}));
+  auto worker_view = joined.get();
+  EXPECT_TRUE(has_error(worker_view, errc::collective_timeout, {expected}));
+  EXPECT_LT(clock_type::now() - started, 10s); // not at its own 30 s deadline
+  EXPECT_TRUE(logs.wait_for(
+      {"worker:0 (rank 0): waiting for 1 of 3 tasks to join: worker:2 (joined: worker:0, "
+       "worker:1)"}))
+      << logs.all();
+}
+
+TEST(MembershipTest, WorkerThatCannotReachTheChiefTimesOutWithTheLastError) {
+  log_capture logs;
+  auto address = "127.0.0.1:" + std::to_string(free_port());
+  auto opts = options_for(2, 1, address, &logs);
+  opts.rendezvous_timeout = 300ms;
+  auto worker = start_ok(opts);
+  ASSERT_TRUE(worker);
+  EXPECT_TRUE(has_error(worker->rendezvous(), errc::collective_timeout,
+                        {"could not join the cluster at chief " + address + " within 300 ms",
+                         "connect to " + address, "refused"}));
+}
+
+// -- authentication ------------------------------------------------------------------------------
+
+/// The outcome of a two-member rendezvous where the chief and the worker have these secrets
+/// (the chief's rendezvous fails after `chief_timeout` when the worker is refused).
+std::pair<caf::expected<membership::view>, caf::expected<membership::view>>
+rendezvous_with_secrets(const std::string& chief_secret, const std::string& worker_secret,
+                        log_capture& logs, milliseconds chief_timeout = 300ms) {
+  auto chief_opts = options_for(2, 0, "127.0.0.1:0", &logs);
+  chief_opts.secret = chief_secret;
+  chief_opts.rendezvous_timeout = chief_timeout;
+  auto chief = start_ok(chief_opts);
+  if (!chief)
+    return {membership::view{}, membership::view{}};
+  auto worker_opts = options_for(2, 1, chief->listen_address(), &logs);
+  worker_opts.secret = worker_secret;
+  auto worker = start_ok(worker_opts);
+  auto w = std::async(std::launch::async, [&] { return worker->rendezvous(); });
+  auto c = chief->rendezvous();
+  return {std::move(c), w.get()};
+}
+
+TEST(MembershipTest, TheRightSharedSecretJoins) {
+  log_capture logs;
+  auto [c, w] = rendezvous_with_secrets("s3cret", "s3cret", logs, 10s);
+  ASSERT_TRUE(c) << text_of(c.error()) << "\n" << logs.all();
+  ASSERT_TRUE(w) << text_of(w.error()) << "\n" << logs.all();
+  EXPECT_EQ(*c, *w);
+}
+
+TEST(MembershipTest, AWrongSharedSecretIsRefusedWithTheReason) {
+  log_capture logs;
+  auto [c, w] = rendezvous_with_secrets("s3cret", "guess", logs);
+  EXPECT_TRUE(has_error(w, errc::invalid_argument,
+                        {"refused by the chief at 127.0.0.1:",
+                         "authentication failed: the shared secret does not match"}));
+  EXPECT_TRUE(has_error(c, errc::collective_timeout, {"worker:1 did not join"}));
+  EXPECT_TRUE(logs.wait_for({"refused the Join of worker:1", "the shared secret does not match"}));
+}
+
+TEST(MembershipTest, ASecretOnOneSideOnlyIsRefused) {
+  {
+    log_capture logs;
+    auto [c, w] = rendezvous_with_secrets("s3cret", "", logs);
+    EXPECT_TRUE(has_error(w, errc::invalid_argument,
+                          {"refused by the chief", "authentication failed",
+                           "presented no proof of the shared secret"}));
+  }
+  {
+    log_capture logs;
+    auto [c, w] = rendezvous_with_secrets("", "s3cret", logs);
+    EXPECT_TRUE(
+        has_error(w, errc::invalid_argument,
+                  {"refused by the chief", "authentication failed", "this chief has none"}));
+  }
+}
+
+// -- refused joins -------------------------------------------------------------------------------
+
+TEST(MembershipTest, ADuplicateTaskIsRefused) {
+  log_capture logs;
+  auto chief_opts = options_for(3, 0, "127.0.0.1:0", &logs);
+  chief_opts.rendezvous_timeout = 2s;
+  auto chief = start_ok(chief_opts);
+  ASSERT_TRUE(chief);
+  auto first = start_ok(options_for(3, 1, chief->listen_address(), &logs));
+  auto first_view = std::async(std::launch::async, [&] { return first->rendezvous(); });
+  ASSERT_TRUE(logs.wait_for({"worker:1 (rank 1) joined"}));
+  auto second = start_ok(options_for(3, 1, chief->listen_address(), &logs));
+  EXPECT_TRUE(has_error(second->rendezvous(), errc::invalid_argument,
+                        {"refused by the chief",
+                         "task worker:1 (rank 1) already joined, from "
+                         "127.0.0.1:",
+                         "a duplicate task"}));
+  // The first one stays joined: the last worker completes the view.
+  auto third = start_ok(options_for(3, 2, chief->listen_address(), &logs));
+  auto third_view = std::async(std::launch::async, [&] { return third->rendezvous(); });
+  auto v = chief->rendezvous();
+  ASSERT_TRUE(v) << text_of(v.error()) << "\n" << logs.all();
+  auto fv = first_view.get();
+  ASSERT_TRUE(fv) << text_of(fv.error());
+  EXPECT_EQ(*fv, *v);
+  auto tv = third_view.get();
+  ASSERT_TRUE(tv) << text_of(tv.error());
+}
+
+TEST(MembershipTest, AnUnknownTaskIsRefused) {
+  log_capture logs;
+  auto chief = start_ok(options_for(2, 0, "127.0.0.1:0", &logs));
+  ASSERT_TRUE(chief);
+  auto opts = options_for(2, 1, chief->listen_address(), &logs);
+  opts.tasks[1] = {"worker", 9};
+  auto stranger = start_ok(opts);
+  EXPECT_TRUE(has_error(
+      stranger->rendezvous(), errc::invalid_argument,
+      {"task worker:9 is not a worker of this cluster", "expected one of: worker:0, worker:1"}));
+}
+
+TEST(MembershipTest, AWorkerWithAnotherDeviceCountIsRefused) {
+  log_capture logs;
+  auto chief = start_ok(options_for(2, 0, "127.0.0.1:0", &logs));
+  ASSERT_TRUE(chief);
+  auto opts = options_for(2, 1, chief->listen_address(), &logs);
+  opts.devices = {{"GPU:0", true, 1}, {"GPU:1", true, 1}};
+  auto worker = start_ok(opts);
+  EXPECT_TRUE(has_error(worker->rendezvous(), errc::invalid_argument,
+                        {"worker:1 announces 2 devices but the chief (worker:0) has 1",
+                         "the same number of devices on every worker"}));
+}
+
+TEST(MembershipTest, AJoinOfAnotherProtocolVersionIsRefused) {
+  log_capture logs;
+  auto chief = start_ok(options_for(2, 0, "127.0.0.1:0", &logs));
+  ASSERT_TRUE(chief);
+  raw_peer peer(chief->listen_address());
+  codec::message m;
+  ASSERT_TRUE(peer.read(m));
+  ASSERT_TRUE(std::holds_alternative<codec::challenge>(m)) << codec::kind_of(m);
+  EXPECT_GE(std::get<codec::challenge>(m).nonce.size(), 16u);
+  codec::join j;
+  j.task = {"worker", 1};
+  j.address = "127.0.0.1:1";
+  j.devices = {{"CPU:0", false, 0}};
+  j.version = 2;
+  j.nonce = pattern(32, 9);
+  peer.write(codec::encode(j));
+  ASSERT_TRUE(peer.read(m));
+  ASSERT_TRUE(std::holds_alternative<codec::refusal>(m)) << codec::kind_of(m);
+  EXPECT_NE(std::get<codec::refusal>(m).reason.find(
+                "it speaks membership protocol version 2, this chief speaks version 1"),
+            std::string::npos)
+      << std::get<codec::refusal>(m).reason;
+  EXPECT_TRUE(peer.closed_by_peer());
+}
+
+// -- malformed traffic ---------------------------------------------------------------------------
+
+/// A malformed first frame and the reason the chief logs for it.
+struct bad_frame {
+  std::string name;
+  std::function<void(raw_peer&)> send;
+  std::string reason;
+};
+
+class MembershipBadFrameTest : public ::testing::TestWithParam<bad_frame> {};
+
+TEST_P(MembershipBadFrameTest, ConnectionIsClosedWithALoggedReasonAndTheViewStillForms) {
+  log_capture logs;
+  auto chief_opts = options_for(3, 0, "127.0.0.1:0", &logs);
+  chief_opts.handshake_timeout = 300ms;
+  auto chief = start_ok(chief_opts);
+  ASSERT_TRUE(chief);
+  auto chief_view = std::async(std::launch::async, [&] { return chief->rendezvous(); });
+  {
+    raw_peer peer(chief->listen_address());
+    GetParam().send(peer);
+    EXPECT_TRUE(peer.closed_by_peer());
+    EXPECT_TRUE(logs.wait_for({"closed the connection from 127.0.0.1:", GetParam().reason}))
+        << logs.all();
+  }
+  std::vector<std::unique_ptr<membership::service>> workers;
+  std::vector<std::future<caf::expected<membership::view>>> views;
+  for (int r = 1; r < 3; ++r) {
+    workers.push_back(start_ok(options_for(3, r, chief->listen_address(), &logs)));
+    auto* w = workers.back().get();
+    views.push_back(std::async(std::launch::async, [w] { return w->rendezvous(); }));
+  }
+  auto v = chief_view.get();
+  ASSERT_TRUE(v) << text_of(v.error()) << "\n" << logs.all();
+  ASSERT_EQ(v->members.size(), 3u);
+  for (auto& f : views) {
+    auto wv = f.get();
+    ASSERT_TRUE(wv) << text_of(wv.error());
+    EXPECT_EQ(*wv, *v);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Frames, MembershipBadFrameTest,
+    ::testing::Values(
+        bad_frame{"TruncatedPrefix",
+                  [](raw_peer& p) {
+                    p.write(bytes(2, std::byte{0x40}));
+                    p.shutdown_write();
+                  },
+                  "truncated frame: the connection ended after 2 of 4 bytes of its length "
+                  "prefix"},
+        bad_frame{"TruncatedMessage",
+                  [](raw_peer& p) {
+                    p.write_u32(64);
+                    p.write(bytes(10, std::byte{0}));
+                    p.shutdown_write();
+                  },
+                  "truncated frame: the connection ended after 10 of 64 bytes of its message"},
+        bad_frame{"OversizedLength", [](raw_peer& p) { p.write_u32(0xffffffffu); },
+                  "malformed frame: frame length 4294967295 is outside [16, 1048576]"},
+        bad_frame{"LengthNotAMultipleOfEight", [](raw_peer& p) { p.write_u32(20); },
+                  "not a multiple of 8"},
+        bad_frame{"GarbageAfterAValidLength",
+                  [](raw_peer& p) {
+                    p.write_u32(64);
+                    p.write(bytes(64, std::byte{0xff}));
+                  },
+                  "malformed message"},
+        bad_frame{"NotAJoin",
+                  [](raw_peer& p) {
+                    p.write(codec::encode(codec::heartbeat{1, 1, 1}));
+                  },
+                  "expected a Join, got a heartbeat message"},
+        bad_frame{"ClosedWithoutAJoin", [](raw_peer& p) { p.shutdown_write(); },
+                  "the connection closed without a Join (end of file)"},
+        bad_frame{"Silent", [](raw_peer&) {}, "no valid Join within 300 ms"}),
+    [](const ::testing::TestParamInfo<bad_frame>& info) { return info.param.name; });
+
+// -- losses --------------------------------------------------------------------------------------
+
+TEST(MembershipTest, ACrashedWorkerIsReportedAtOnceByTheChiefAndTheOtherWorkers) {
+  // A long peer timeout: only the end of the connection can explain a prompt report.
+  cluster c(3, [](membership::options& o) { o.peer_timeout = 10s; });
+  ASSERT_TRUE(c.form());
+  auto crashed_at = clock_type::now();
+  c.services[2]->crash();
+  auto at_chief = c.lost[0]->wait_for(2, 5s);
+  ASSERT_TRUE(at_chief) << c.logs.all();
+  EXPECT_EQ(at_chief->ranks, std::vector<int>{2});
+  EXPECT_NE(at_chief->cause.find("worker:2 (rank 2): connection closed without leave"),
+            std::string::npos)
+      << at_chief->cause;
+  auto at_worker = c.lost[1]->wait_for(2, 5s);
+  ASSERT_TRUE(at_worker) << c.logs.all();
+  EXPECT_EQ(at_worker->ranks, std::vector<int>{2});
+  EXPECT_EQ(at_worker->cause, at_chief->cause);
+  EXPECT_LT(clock_type::now() - crashed_at, 5s);
+  // The crashed one reports nothing; every loss is reported once.
+  EXPECT_TRUE(c.lost[2]->events().empty()) << describe(c.lost[2]->events());
+  EXPECT_EQ(c.lost[0]->events().size(), 1u) << describe(c.lost[0]->events());
+}
+
+TEST(MembershipTest, ASuspendedWorkerIsLostAfterThePeerTimeout) {
+  cluster c(3);
+  ASSERT_TRUE(c.form());
+  auto suspended_at = clock_type::now();
+  c.services[2]->suspend();
+  auto at_chief = c.lost[0]->wait_for(2, 1500ms);
+  ASSERT_TRUE(at_chief) << c.logs.all();
+  EXPECT_EQ(at_chief->ranks, std::vector<int>{2});
+  EXPECT_EQ(at_chief->cause, "worker:2 (rank 2) sent no heartbeat for 500 ms");
+  EXPECT_LT(clock_type::now() - suspended_at, 1500ms);
+  auto at_worker = c.lost[1]->wait_for(2, 1500ms);
+  ASSERT_TRUE(at_worker) << c.logs.all();
+  EXPECT_EQ(at_worker->cause, at_chief->cause);
+  // The others stay alive: nothing else is reported about them.
+  EXPECT_EQ(c.lost[0]->events().size(), 1u) << describe(c.lost[0]->events());
+  EXPECT_EQ(c.lost[1]->events().size(), 1u) << describe(c.lost[1]->events());
+}
+
+TEST(MembershipTest, ACrashedChiefIsReportedAsRankZeroByEveryWorker) {
+  cluster c(3, [](membership::options& o) { o.peer_timeout = 10s; });
+  ASSERT_TRUE(c.form());
+  c.services[0]->crash();
+  for (int r = 1; r < 3; ++r) {
+    auto e = c.lost[r]->wait_for(0, 5s);
+    ASSERT_TRUE(e) << "rank " << r << "\n" << c.logs.all();
+    EXPECT_EQ(e->ranks, std::vector<int>{0});
+    EXPECT_NE(e->cause.find("worker:0 (rank 0): connection closed without leave"),
+              std::string::npos)
+        << e->cause;
+  }
+}
+
+TEST(MembershipTest, ASuspendedChiefIsReportedAsRankZeroAfterThePeerTimeout) {
+  cluster c(2);
+  ASSERT_TRUE(c.form());
+  c.services[0]->suspend();
+  auto e = c.lost[1]->wait_for(0, 1500ms);
+  ASSERT_TRUE(e) << c.logs.all();
+  EXPECT_EQ(e->cause, "worker:0 (rank 0) sent no heartbeat for 500 ms");
+}
+
+TEST(MembershipTest, AMemberThatLeavesIsNotReportedLost) {
+  cluster c(4, [](membership::options& o) { o.peer_timeout = 10s; });
+  ASSERT_TRUE(c.form());
+  c.services[1]->leave("finished");
+  c.services[1]->leave("again"); // idempotent
+  EXPECT_TRUE(c.logs.wait_for({"worker:0 (rank 0): worker:1 (rank 1) left: finished"}));
+  // A later crash is then the only loss anyone reports.
+  c.services[3]->crash();
+  for (int r : {0, 2}) {
+    ASSERT_TRUE(c.lost[r]->wait_for(3, 5s)) << "rank " << r << "\n" << c.logs.all();
+    auto events = c.lost[r]->events();
+    ASSERT_EQ(events.size(), 1u) << "rank " << r << ": " << describe(events);
+    EXPECT_EQ(events[0].ranks, std::vector<int>{3});
+  }
+  EXPECT_TRUE(c.lost[1]->events().empty()) << describe(c.lost[1]->events());
+}
+
+TEST(MembershipTest, DestroyingAMemberWhosePeerIsSuspendedFinishesPromptly) {
+  cluster c(2);
+  ASSERT_TRUE(c.form());
+  c.services[0]->suspend(); // takes no Leave and never closes its side
+  auto started = clock_type::now();
+  c.services[1].reset(); // waits for the chief to close its side, at most the peer timeout
+  EXPECT_LT(clock_type::now() - started, 2s);
+  started = clock_type::now();
+  c.services[0].reset(); // suspended: it cannot even tell its peer is gone
+  EXPECT_LT(clock_type::now() - started, 2s);
+}
+
+} // namespace
