@@ -328,4 +328,38 @@ env_lookup process_environment() {
   };
 }
 
+// -- choosing a resolver
+// ---------------------------------------------------------------------------
+
+std::shared_ptr<cluster_resolver> resolve_cluster(const env_lookup& lookup) {
+  auto set = [&](const char* name) {
+    auto value = lookup(name);
+    return value && !value->empty();
+  };
+  if (set("TF_CONFIG"))
+    return std::make_shared<tf_config_cluster_resolver>(tf_config_overrides{}, lookup);
+  if (set("SLURM_PROCID"))
+    return std::make_shared<slurm_cluster_resolver>(slurm_options{}, lookup);
+  if (set("OMPI_COMM_WORLD_RANK"))
+    return std::make_shared<mpi_cluster_resolver>(mpi_options{}, lookup);
+  return cluster_resolver::local();
+}
+
+std::vector<task_id> worker_tasks(const cluster_resolver& resolver) {
+  std::vector<task_id> tasks;
+  auto spec = resolver.cluster_spec();
+  if (spec.has_job("chief"))
+    tasks.push_back({"chief", 0});
+  if (spec.has_job("worker"))
+    for (int index : spec.task_indices("worker"))
+      tasks.push_back({"worker", index});
+  if (static_cast<int>(tasks.size()) != resolver.num_workers()) {
+    // A sparse view (Open MPI before the exchange): the workers are numbered by rank.
+    tasks.clear();
+    for (int i = 0; i < resolver.num_workers(); ++i)
+      tasks.push_back({"worker", i});
+  }
+  return tasks;
+}
+
 } // namespace consort

@@ -99,9 +99,14 @@ std::vector<int64_t> split_batch(int64_t global_batch, int num_replicas) {
 }
 
 distributed_dataset::distributed_dataset(dataset source, int num_replicas_in_sync,
-                                         std::vector<int> local_replica_ids)
+                                         std::vector<int> local_replica_ids, int num_workers)
     : source_(std::move(source)), num_replicas_(num_replicas_in_sync),
-      local_replica_ids_(std::move(local_replica_ids)) {
+      local_replica_ids_(std::move(local_replica_ids)), num_workers_(num_workers) {
+  if (num_workers_ < 1 || num_replicas_in_sync % num_workers_ != 0)
+    throw_error(errc::invalid_argument,
+                "distribute_dataset: " + std::to_string(num_replicas_in_sync) +
+                    " replicas in sync cannot be spread over " + std::to_string(num_workers) +
+                    " workers; every worker has the same number of replicas");
   if (!source_.is_batched())
     throw_error(errc::invalid_argument, "distribute_dataset needs a batched dataset: call "
                                         ".batch(global_batch_size) first");
@@ -133,9 +138,11 @@ per_replica<nest> distributed_dataset::get(int64_t index) const {
     offsets[r + 1] = offsets[r] + sizes[r];
   std::vector<nest> parts;
   parts.reserve(local_replica_ids_.size());
+  const int per_worker = num_replicas_ / num_workers_;
   for (int id : local_replica_ids_) {
-    auto r = static_cast<size_t>(id);
-    parts.push_back(source_.rows(offsets[r], offsets[r + 1]));
+    // Part i * W + w for local replica i of worker w (the identity with one worker).
+    auto part = static_cast<size_t>((id % per_worker) * num_workers_ + id / per_worker);
+    parts.push_back(source_.rows(offsets[part], offsets[part + 1]));
   }
   return per_replica<nest>{std::move(parts)};
 }

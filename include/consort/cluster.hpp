@@ -535,4 +535,21 @@ private:
   std::vector<std::string> addresses_;
 };
 
+// -- choosing a resolver
+// ---------------------------------------------------------------------------
+
+/// The resolver for the environment this process was started in, checked in this order:
+/// - TF_CONFIG set and not empty: `tf_config_cluster_resolver` (by hand, or
+/// `tools/consort-launch`);
+/// - SLURM_PROCID set (a task of `srun`): `slurm_cluster_resolver`;
+/// - OMPI_COMM_WORLD_RANK set (a rank of Open MPI's `mpirun`): `mpi_cluster_resolver`;
+/// - otherwise a local, one-worker cluster (`cluster_resolver::local()`).
+/// @throws error(invalid_argument) when the chosen resolver rejects its environment.
+std::shared_ptr<cluster_resolver> resolve_cluster(const env_lookup& lookup = process_environment());
+
+/// The tasks that are workers of `resolver`'s cluster, in rank order: the chief (chief:0, or
+/// worker:0 without a chief job), then the worker tasks by index. Under Open MPI, before the
+/// address exchange, worker:0 .. worker:n-1.
+std::vector<task_id> worker_tasks(const cluster_resolver& resolver);
+
 } // namespace consort

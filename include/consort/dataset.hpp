@@ -52,9 +52,17 @@ private:
 std::vector<int64_t> split_batch(int64_t global_batch, int num_replicas);
 
 /// A dataset whose every global batch is split across replicas (`distribute_dataset`).
+///
+/// With one worker, replica r takes the r-th part of `split_batch` (contiguous rows in replica
+/// order). With W workers of D replicas each, the parts are interleaved across workers as TF's
+/// rebatch-then-shard pipeline does: part k goes to local replica k / W of worker k % W, so
+/// replica (worker w, local i) takes part i * W + w.
 class distributed_dataset {
 public:
-  distributed_dataset(dataset source, int num_replicas_in_sync, std::vector<int> local_replica_ids);
+  /// @throws error(invalid_argument) when `source` is not batched, when a replica id is out of
+  ///         range, or when `num_workers` does not divide `num_replicas_in_sync`.
+  distributed_dataset(dataset source, int num_replicas_in_sync, std::vector<int> local_replica_ids,
+                      int num_workers = 1);
 
   /// Number of global batches.
   int64_t cardinality() const noexcept { return source_.cardinality(); }
@@ -86,6 +94,7 @@ private:
   dataset source_;
   int num_replicas_;
   std::vector<int> local_replica_ids_;
+  int num_workers_ = 1;
 };
 
 } // namespace consort

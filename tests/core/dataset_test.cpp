@@ -210,3 +210,33 @@ TEST(DatasetTest, DroppedRemainderNeverReachesTheReplicas) {
   EXPECT_EQ(dist.cardinality(), 2);
   EXPECT_EQ(labels(dist.get(1)[1]), (std::vector<int32_t>{3}));
 }
+
+TEST(DatasetTest, WithSeveralWorkersSubBatchesAreInterleavedAcrossWorkers) {
+  // 2 workers x 2 replicas: part k of a global batch goes to local replica k / 2 of worker k % 2,
+  // as TF's rebatch-then-shard does. Worker 1 holds replica ids 2 and 3.
+  auto ds = dataset::from_tensor_slices(features_and_labels(13)).batch(8);
+  distributed_dataset worker0(ds, 4, {0, 1}, 2);
+  distributed_dataset worker1(ds, 4, {2, 3}, 2);
+  // 8 rows: parts of 2 rows: [0,1] [2,3] [4,5] [6,7].
+  auto a = worker0.get(0);
+  auto b = worker1.get(0);
+  EXPECT_EQ(labels(a[0]), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(labels(b[0]), (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(labels(a[1]), (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(labels(b[1]), (std::vector<int32_t>{6, 7}));
+  // The partial last batch of 5 rows splits 2/1/1/1 in part order.
+  a = worker0.get(1);
+  b = worker1.get(1);
+  EXPECT_EQ(labels(a[0]), (std::vector<int32_t>{8, 9}));
+  EXPECT_EQ(labels(b[0]), (std::vector<int32_t>{10}));
+  EXPECT_EQ(labels(a[1]), (std::vector<int32_t>{11}));
+  EXPECT_EQ(labels(b[1]), (std::vector<int32_t>{12}));
+}
+
+TEST(DatasetTest, ReplicasMustSpreadEvenlyOverWorkers) {
+  auto ds = dataset::from_tensor_slices(features_and_labels(4)).batch(2);
+  EXPECT_TRUE(fails_with([&] { distributed_dataset(ds, 4, {0}, 3); }, errc::invalid_argument,
+                         {"4 replicas in sync cannot be spread over 3 workers"}));
+  EXPECT_TRUE(fails_with([&] { distributed_dataset(ds, 4, {0}, 0); }, errc::invalid_argument,
+                         {"over 0 workers"}));
+}
