@@ -1,6 +1,8 @@
 // The collective actor: matches the replicas' collective calls by (step, seq), validates that
 // they agree, computes each result once and answers every participant (DESIGN.md §3).
 
+#include "actors/cross_worker.hpp"
+
 #include <consort/actors/protocol.hpp>
 #include <consort/ops.hpp>
 
@@ -77,6 +79,10 @@ struct reply_to {
 
 /// One (step, seq): the arrivals so far and, once known, its failure.
 struct slot {
+  step_id step = 0;
+  uint32_t seq = 0;
+  /// With several workers: the call went to the cross-worker lane (complete, or failed here).
+  bool handed_off = false;
   call_signature sig;
   std::string what; // "all_reduce(SUM) #0 of step 3"
   std::vector<std::optional<collective_call>> calls;
@@ -98,6 +104,11 @@ struct collective_state {
   collective_config cfg;
   std::unordered_map<int, size_t> position; // replica id -> local position
   std::map<step_id, step_entry> steps;
+  /// Callers of cross-worker phases that wait on response promises, by cross_outcome key.
+  std::map<uint64_t, std::vector<caf::typed_response_promise<nest>>> awaiting;
+  uint64_t next_key = 1;
+  /// Host reductions and gathers run across workers so far (their position on the host lane).
+  uint64_t host_ops = 0;
   static inline const char* name = "consort.collective";
 };
 
@@ -105,13 +116,17 @@ namespace {
 
 using self_ptr = collective_actor::stateful_pointer<collective_state>;
 
-/// Fails every promise still waiting in `s` with `err`; later arrivals get `err` too.
-void fail_slot(slot& s, const caf::error& err) {
+void hand_off_failure(self_ptr self, slot& s);
+
+/// Fails every promise still waiting in `s` with `err`; later arrivals get `err` too. With
+/// several workers, the other workers learn of the failure through the cross-worker lane.
+void fail_slot(self_ptr self, slot& s, const caf::error& err) {
   s.failure = err;
   for (size_t i = 0; i < s.replies.size(); ++i) {
     if (s.calls[i] && s.replies[i].pending())
       s.replies[i].deliver(err);
   }
+  hand_off_failure(self, s);
 }
 
 /// Returns an error message when `call` cannot take part in a collective described by `sig`.
@@ -271,6 +286,325 @@ caf::error never_called(const slot& s, uint32_t seq, const step_report& report) 
   return make_caf_error(errc::collective_aborted, out.str());
 }
 
+int num_in_sync(const collective_state& st) {
+  return st.cfg.num_replicas_in_sync > 0 ? st.cfg.num_replicas_in_sync
+                                         : static_cast<int>(st.position.size());
+}
+
+// -- the cross-worker phase ----------------------------------------------------------------------
+
+/// What every worker must agree on for a call: structure, dtypes and shapes (a gather's axis
+/// extent may differ).
+std::string signature_of(const call_signature& sig) {
+  std::ostringstream out;
+  out << describe_call(sig) << " of " << sig.structure << " with ";
+  for (size_t i = 0; i < sig.dtypes.size(); ++i) {
+    out << (i ? ", " : "") << to_string(sig.dtypes[i]);
+    auto shape = sig.shapes[i];
+    if (sig.kind == collective_kind::all_gather && static_cast<size_t>(sig.axis) < shape.size())
+      shape[static_cast<size_t>(sig.axis)] = -1;
+    out << to_string(shape);
+  }
+  return out.str();
+}
+
+/// The partial sum that an all-reduce MEAN sends between workers: floats as a SUM, integers
+/// widened to float64 (integer MEAN is float64, never truncated).
+tensor mean_partial(const std::vector<tensor>& inputs) {
+  auto type = inputs.front().dtype();
+  if (type == dtype::float32 || type == dtype::float64)
+    return reduce_elementwise(reduce_op::sum, inputs);
+  return reduce_elementwise(reduce_op::mean, inputs, 1.0);
+}
+
+/// This worker's part of a complete slot (runs on the lane thread).
+void local_part(detail::cross_call& cc, const call_signature& sig,
+                const std::vector<std::vector<tensor>>& leaves, std::optional<size_t> root_pos) {
+  auto n = sig.dtypes.size();
+  std::vector<tensor> inputs(leaves.size());
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t r = 0; r < leaves.size(); ++r)
+      inputs[r] = leaves[r][i];
+    switch (sig.kind) {
+    case collective_kind::all_reduce:
+      cc.leaves.push_back(sig.op == reduce_op::mean ? mean_partial(inputs)
+                                                    : reduce_elementwise(sig.op, inputs));
+      break;
+    case collective_kind::all_gather:
+      cc.leaves.push_back(concat(inputs, sig.axis));
+      break;
+    case collective_kind::broadcast:
+      cc.leaves.push_back(root_pos ? leaves[*root_pos][i]
+                                   : tensor::empty(sig.dtypes[i], sig.shapes[i]));
+      break;
+    }
+  }
+  cc.count = static_cast<double>(leaves.size());
+}
+
+detail::cross_call cross_call_of(const slot& s) {
+  detail::cross_call cc;
+  cc.kind = s.sig.kind;
+  cc.op = s.sig.op;
+  cc.axis = s.sig.axis;
+  cc.root = s.sig.root;
+  cc.what = s.what;
+  cc.step = s.step;
+  cc.seq = s.seq;
+  cc.signature = signature_of(s.sig);
+  cc.timeout = s.timeout;
+  return cc;
+}
+
+/// Splits `replies` into future states (answered from the lane) and promises (answered by this
+/// actor when the lane sends the outcome back under the returned key; 0 when there are none).
+uint64_t park_promises(self_ptr self, std::vector<reply_to>& replies,
+                       std::vector<nest_state>& states) {
+  auto& st = self->state;
+  std::vector<caf::typed_response_promise<nest>> promises;
+  for (auto& r : replies) {
+    if (r.state)
+      states.push_back(std::move(r.state));
+    else if (r.promise.pending())
+      promises.push_back(std::move(r.promise));
+  }
+  if (promises.empty())
+    return 0;
+  auto key = st.next_key++;
+  st.awaiting.emplace(key, std::move(promises));
+  return key;
+}
+
+/// Answers the callers of a cross-worker phase (on the lane thread).
+void answer(caf::actor_system& sys, const collective_actor& me, uint64_t key,
+            const std::vector<nest_state>& states, const caf::expected<nest>& result) {
+  for (const auto& state : states) {
+    if (result)
+      state->set_value(*result);
+    else
+      state->set_error(std::make_exception_ptr(to_consort_error(result.error(), "")));
+  }
+  if (key != 0) {
+    cross_outcome outcome;
+    outcome.key = key;
+    if (result)
+      outcome.value = *result;
+    else
+      outcome.failure = result.error();
+    caf::anon_send(me, done_atom_v, std::move(outcome));
+  }
+  (void)sys;
+}
+
+/// Hands a complete slot to the step lane: local combination, then the cross-worker phase.
+void hand_off(self_ptr self, slot& s) {
+  auto& st = self->state;
+  s.handed_off = true;
+  std::vector<nest_state> states;
+  auto key = park_promises(self, s.replies, states);
+  std::vector<std::vector<tensor>> leaves;
+  leaves.reserve(s.calls.size());
+  for (auto& c : s.calls)
+    leaves.push_back(flatten(c->request.value));
+  std::optional<size_t> root_pos;
+  if (s.sig.kind == collective_kind::broadcast) {
+    if (auto it = st.position.find(s.sig.root); it != st.position.end())
+      root_pos = it->second;
+  }
+  auto structure = s.calls.front()->request.value;
+  auto me = caf::actor_cast<collective_actor>(self);
+  auto& sys = self->system();
+  auto* cross = st.cfg.cross.get();
+  cross->post(detail::cross_worker::lane::step,
+              [cross, cc = cross_call_of(s), sig = s.sig, leaves = std::move(leaves), root_pos,
+               structure = std::move(structure), states = std::move(states), key, me,
+               &sys]() mutable {
+                try {
+                  local_part(cc, sig, leaves, root_pos);
+                } catch (const std::exception& e) {
+                  cc.leaves.clear();
+                  cc.local_failure = error_of(e);
+                }
+                auto out = cross->run(detail::cross_worker::lane::step, cc);
+                caf::expected<nest> result = caf::error{};
+                if (out) {
+                  try {
+                    result = pack_as(structure, *out);
+                  } catch (const std::exception& e) {
+                    result = error_of(e);
+                  }
+                } else {
+                  result = out.error();
+                }
+                answer(sys, me, key, states, result);
+              });
+}
+
+/// A slot that failed on this worker still meets the other workers on the step lane, so that
+/// they fail with this worker's reason instead of waiting for their deadline. Once per slot.
+void hand_off_failure(self_ptr self, slot& s) {
+  auto& st = self->state;
+  if (!st.cfg.cross || s.handed_off || !s.failure)
+    return;
+  s.handed_off = true;
+  auto cc = cross_call_of(s);
+  cc.local_failure = s.failure;
+  auto* cross = st.cfg.cross.get();
+  cross->post(detail::cross_worker::lane::step, [cross, cc = std::move(cc)]() mutable {
+    (void)cross->run(detail::cross_worker::lane::step, cc);
+  });
+}
+
+// -- host reductions across workers ------------------------------------------------------------
+
+/// Divides a MEAN's sum by its count as a single worker's reduce along an axis does (element by
+/// element, in the tensor's dtype), so that both give the same bits.
+void divide_by(tensor& t, double count) {
+  if (t.dtype() == dtype::float32) {
+    auto* p = t.mutable_data<float>();
+    auto d = static_cast<float>(count);
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      p[i] /= d;
+  } else {
+    auto* p = t.mutable_data<double>();
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      p[i] /= count;
+  }
+}
+
+/// Strategy.reduce with several workers: this worker's partial on the host lane, then the
+/// cross-worker all-reduce (MEAN divides by the true count over every worker), leaf by leaf (each
+/// leaf of a MEAN along an axis has its own count).
+caf::expected<nest> cross_reduce(detail::cross_worker& cross, std::chrono::milliseconds timeout,
+                                 const host_reduce& req, uint64_t index) {
+  auto what =
+      std::string{"reduce("} + to_string(req.op) + ") #" + std::to_string(index) + " on the host";
+  auto prepare = [&](detail::cross_call& cc, const std::vector<tensor>& components) {
+    auto local = reduce_components(req.op == reduce_op::mean ? reduce_op::sum : req.op, components,
+                                   req.axis);
+    // The values this worker reduced: replicas, or elements along the axis.
+    double count = static_cast<double>(components.size());
+    if (req.axis) {
+      count = 0;
+      for (const auto& c : components)
+        count += static_cast<double>(
+            c.shape()[static_cast<size_t>(normalize_axis(*req.axis, c.rank(), "reduce"))]);
+    }
+    // Integers travel as float64 sums (MEAN of integers is float64).
+    if (req.op == reduce_op::mean && local.dtype() != dtype::float32 &&
+        local.dtype() != dtype::float64)
+      local = reduce_elementwise(reduce_op::mean, {local}, 1.0);
+    cc.signature = std::string{"reduce("} + to_string(req.op) + ") of " + to_string(local.dtype()) +
+                   to_string(local.shape());
+    cc.leaves = {std::move(local)};
+    cc.count = count;
+  };
+  // Per-leaf components, validated like a single-worker reduce.
+  std::vector<std::vector<tensor>> per_leaf;
+  nest structure;
+  caf::error failure;
+  try {
+    if (req.components.empty())
+      throw_error(errc::invalid_argument, "reduce needs at least one component");
+    structure = req.components.front();
+    for (const auto& c : req.components) {
+      if (c.structure_string() != structure.structure_string())
+        throw_error(errc::structure_mismatch, "reduce: components have different structures: " +
+                                                  structure.structure_string() + " and " +
+                                                  c.structure_string());
+      auto leaves = flatten(c);
+      per_leaf.resize(leaves.size());
+      for (size_t i = 0; i < leaves.size(); ++i)
+        per_leaf[i].push_back(std::move(leaves[i]));
+    }
+  } catch (const std::exception& e) {
+    failure = error_of(e);
+  }
+  // Every worker must run the same number of calls: a local failure still takes part once.
+  if (failure || per_leaf.empty()) {
+    detail::cross_call cc;
+    cc.what = what;
+    cc.step = index;
+    cc.timeout = timeout;
+    cc.local_failure = failure;
+    cc.signature = "reduce of no tensors";
+    auto out = cross.run(detail::cross_worker::lane::host, cc);
+    if (!out)
+      return out.error();
+    return structure;
+  }
+  std::vector<tensor> results;
+  for (size_t i = 0; i < per_leaf.size(); ++i) {
+    detail::cross_call cc;
+    cc.kind = collective_kind::all_reduce;
+    cc.op = req.op;
+    cc.what = per_leaf.size() == 1 ? what : what + ", leaf " + std::to_string(i);
+    cc.step = index;
+    cc.seq = static_cast<uint32_t>(i);
+    cc.timeout = timeout;
+    try {
+      prepare(cc, per_leaf[i]);
+    } catch (const std::exception& e) {
+      cc.leaves.clear();
+      cc.local_failure = error_of(e);
+    }
+    // Along an axis, MEAN divides the total like a single worker's reduce does.
+    cc.defer_mean = req.axis.has_value();
+    auto out = cross.run(detail::cross_worker::lane::host, cc);
+    if (!out)
+      return out.error();
+    auto result = std::move(out->front());
+    if (cc.defer_mean && req.op == reduce_op::mean)
+      divide_by(result, cc.total_count);
+    results.push_back(std::move(result));
+  }
+  try {
+    return pack_as(structure, results);
+  } catch (const std::exception& e) {
+    return error_of(e);
+  }
+}
+
+/// Strategy.gather with several workers: this worker's concatenation, then the cross-worker
+/// ragged all-gather along the same axis (worker order = replica-id order).
+caf::expected<nest> cross_gather(detail::cross_worker& cross, std::chrono::milliseconds timeout,
+                                 const host_gather& req, uint64_t index) {
+  detail::cross_call cc;
+  cc.kind = collective_kind::all_gather;
+  cc.what = "gather #" + std::to_string(index) + " on the host";
+  cc.step = index;
+  cc.timeout = timeout;
+  nest structure;
+  try {
+    if (req.components.empty())
+      throw_error(errc::invalid_argument, "gather needs at least one component");
+    auto local = concat_components(req.components, req.axis);
+    auto leaves = flatten(local);
+    cc.axis = normalize_axis(req.axis, leaves.front().rank(), "gather");
+    call_signature sig;
+    sig.kind = collective_kind::all_gather;
+    sig.axis = cc.axis;
+    sig.structure = local.structure_string();
+    for (const auto& leaf : leaves) {
+      sig.dtypes.push_back(leaf.dtype());
+      sig.shapes.push_back(leaf.shape());
+    }
+    cc.signature = signature_of(sig);
+    cc.leaves = std::move(leaves);
+    structure = local;
+  } catch (const std::exception& e) {
+    cc.local_failure = error_of(e);
+  }
+  auto out = cross.run(detail::cross_worker::lane::host, cc);
+  if (!out)
+    return out.error();
+  try {
+    return pack_as(structure, *out);
+  } catch (const std::exception& e) {
+    return error_of(e);
+  }
+}
+
 void on_report(self_ptr self, step_report& report);
 
 void on_call(self_ptr self, collective_call& call, reply_to reply) {
@@ -295,6 +629,8 @@ void on_call(self_ptr self, collective_call& call, reply_to reply) {
   auto& s = it->second;
   auto leaves = flatten(call.request.value);
   if (fresh) {
+    s.step = call.step;
+    s.seq = call.seq;
     s.calls.resize(n);
     s.replies.resize(n);
     s.sig.kind = call.request.kind;
@@ -318,7 +654,7 @@ void on_call(self_ptr self, collective_call& call, reply_to reply) {
     }
     if (!s.failure) {
       int64_t axis = call.request.axis;
-      auto problem = check_arguments(call, leaves, static_cast<int>(n), &axis);
+      auto problem = check_arguments(call, leaves, num_in_sync(st), &axis);
       if (problem.empty()) {
         s.sig.axis = axis;
         self->delayed_send(self, s.timeout, deadline_atom_v, call.step, call.seq);
@@ -349,17 +685,26 @@ void on_call(self_ptr self, collective_call& call, reply_to reply) {
     }
     auto problem = check_against(s.sig, mine, first_replica, leaves);
     if (!problem.empty())
-      fail_slot(s, make_caf_error(errc::collective_mismatch, problem));
+      fail_slot(self, s, make_caf_error(errc::collective_mismatch, problem));
   }
   s.calls[pos] = std::move(call);
   ++s.arrived;
   if (s.failure) {
     reply.deliver(s.failure);
+    hand_off_failure(self, s);
     return;
   }
   s.replies[pos] = std::move(reply);
   if (s.arrived < n)
     return;
+  if (st.cfg.cross) {
+    // Every local replica is here: the cross-worker lane combines them and meets the others.
+    auto step = s.step;
+    auto seq = s.seq;
+    hand_off(self, s);
+    st.steps[step].slots.erase(seq);
+    return;
+  }
   // Everyone is here: compute once, answer all.
   try {
     auto result = compute(s);
@@ -369,7 +714,7 @@ void on_call(self_ptr self, collective_call& call, reply_to reply) {
     auto seq = s.calls.front()->seq;
     st.steps[step].slots.erase(seq);
   } catch (const std::exception& e) {
-    fail_slot(s, error_of(e));
+    fail_slot(self, s, error_of(e));
   }
 }
 
@@ -386,7 +731,7 @@ void on_report(self_ptr self, step_report& report) {
   // Every pending call this replica will never make fails now, not at its deadline.
   for (auto& [seq, s] : entry.slots) {
     if (seq >= report.calls && !s.failure)
-      fail_slot(s, never_called(s, seq, report));
+      fail_slot(self, s, never_called(s, seq, report));
   }
   auto step = report.step;
   entry.reports[pos_it->second] = std::move(report);
@@ -412,7 +757,37 @@ void on_deadline(self_ptr self, step_id step, uint32_t seq) {
   std::ostringstream out;
   out << s.what << " timed out after " << s.timeout.count() << " ms: replicas " << join_ids(arrived)
       << " arrived, replicas " << join_ids(missing) << " did not";
-  fail_slot(s, make_caf_error(errc::collective_timeout, out.str()));
+  fail_slot(self, s, make_caf_error(errc::collective_timeout, out.str()));
+}
+
+/// Runs a host reduce or gather across workers on the host lane; answers `state` from the lane,
+/// or `promise` through a cross_outcome.
+template <class Request>
+void host_across(self_ptr self, Request req, nest_state state,
+                 caf::typed_response_promise<nest> promise) {
+  auto& st = self->state;
+  std::vector<nest_state> states;
+  if (state)
+    states.push_back(std::move(state));
+  uint64_t key = 0;
+  if (promise.pending()) {
+    key = st.next_key++;
+    st.awaiting[key].push_back(std::move(promise));
+  }
+  auto index = st.host_ops++;
+  auto* cross = st.cfg.cross.get();
+  auto timeout = st.cfg.default_timeout;
+  auto me = caf::actor_cast<collective_actor>(self);
+  auto& sys = self->system();
+  cross->post(detail::cross_worker::lane::host, [cross, timeout, req = std::move(req), index,
+                                                 states = std::move(states), key, me, &sys]() {
+    caf::expected<nest> result = caf::error{};
+    if constexpr (std::is_same_v<Request, host_reduce>)
+      result = cross_reduce(*cross, timeout, req, index);
+    else
+      result = cross_gather(*cross, timeout, req, index);
+    answer(sys, me, key, states, result);
+  });
 }
 
 } // namespace
@@ -437,33 +812,66 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
         },
         [self](done_atom, step_report& report) { on_report(self, report); },
         [self](deadline_atom, step_id step, uint32_t seq) { on_deadline(self, step, seq); },
-        [](reduce_atom, host_reduce& req) -> caf::result<nest> {
+        [self](reduce_atom, host_reduce& req) -> caf::result<nest> {
+          if (self->state.cfg.cross) {
+            auto promise = self->make_response_promise<nest>();
+            host_across(self, std::move(req), {}, promise);
+            return promise;
+          }
           try {
             return reduce_components(req.op, req.components, req.axis);
           } catch (const std::exception& e) {
             return error_of(e);
           }
         },
-        [](gather_atom, host_gather& req) -> caf::result<nest> {
+        [self](gather_atom, host_gather& req) -> caf::result<nest> {
+          if (self->state.cfg.cross) {
+            auto promise = self->make_response_promise<nest>();
+            host_across(self, std::move(req), {}, promise);
+            return promise;
+          }
           try {
             return concat_components(req.components, req.axis);
           } catch (const std::exception& e) {
             return error_of(e);
           }
         },
-        [](reduce_atom, host_reduce& req, nest_state& state) {
+        [self](reduce_atom, host_reduce& req, nest_state& state) {
+          if (self->state.cfg.cross) {
+            host_across(self, std::move(req), std::move(state), {});
+            return;
+          }
           try {
             state->set_value(reduce_components(req.op, req.components, req.axis));
           } catch (...) {
             state->set_error(std::current_exception());
           }
         },
-        [](gather_atom, host_gather& req, nest_state& state) {
+        [self](gather_atom, host_gather& req, nest_state& state) {
+          if (self->state.cfg.cross) {
+            host_across(self, std::move(req), std::move(state), {});
+            return;
+          }
           try {
             state->set_value(concat_components(req.components, req.axis));
           } catch (...) {
             state->set_error(std::current_exception());
           }
+        },
+        [self](done_atom, cross_outcome& outcome) {
+          auto& awaiting = self->state.awaiting;
+          auto it = awaiting.find(outcome.key);
+          if (it == awaiting.end())
+            return;
+          for (auto& promise : it->second) {
+            if (!promise.pending())
+              continue;
+            if (outcome.value)
+              promise.deliver(*outcome.value);
+            else
+              promise.deliver(outcome.failure);
+          }
+          awaiting.erase(it);
         },
     };
   };

@@ -3,6 +3,8 @@
 
 #include "actors/runtime.hpp"
 
+#include "actors/cross_worker.hpp"
+
 #include <consort/actors/protocol.hpp>
 
 #include <caf/all.hpp>
@@ -70,6 +72,9 @@ namespace detail {
 struct runtime::impl {
   std::vector<std::string> devices;
   strategy_options opts;
+  multi_worker_setup mw;
+  int first_id = 0;
+  int in_sync = 0;
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
   std::vector<replica_actor> replicas;
@@ -100,11 +105,14 @@ struct runtime::impl {
   }
 };
 
-runtime::runtime(std::vector<std::string> devices, strategy_options opts)
+runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_worker_setup mw)
     : impl_(std::make_unique<impl>()) {
   auto& d = *impl_;
   d.devices = std::move(devices);
   d.opts = opts;
+  d.mw = std::move(mw);
+  d.first_id = d.mw.worker_rank * static_cast<int>(d.devices.size());
+  d.in_sync = d.mw.num_workers * static_cast<int>(d.devices.size());
   configure_actor_system(d.cfg);
   auto threads = opts.scheduler_threads;
   if (threads == 0)
@@ -119,13 +127,15 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts)
   auto n = static_cast<int>(d.devices.size());
   collective_config ccfg;
   for (int i = 0; i < n; ++i)
-    ccfg.replica_ids.push_back(i);
+    ccfg.replica_ids.push_back(d.first_id + i);
+  ccfg.num_replicas_in_sync = d.in_sync;
   ccfg.default_timeout = opts.collective_timeout;
+  ccfg.cross = d.mw.cross;
   d.coll = spawn_collective(sys, ccfg);
   for (int i = 0; i < n; ++i) {
     replica_config rcfg;
-    rcfg.replica_id = i;
-    rcfg.num_replicas = n;
+    rcfg.replica_id = d.first_id + i;
+    rcfg.num_replicas = d.in_sync;
     rcfg.local_index = i;
     rcfg.device = d.devices[static_cast<size_t>(i)];
     rcfg.collective_timeout = opts.collective_timeout;
@@ -133,7 +143,7 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts)
   }
   std::vector<int> ids(d.replicas.size());
   for (size_t i = 0; i < ids.size(); ++i)
-    ids[i] = static_cast<int>(i);
+    ids[i] = d.first_id + static_cast<int>(i);
   d.launcher = std::make_shared<step_launcher>(sys, d.replicas, ids, opts.step_timeout);
   d.strat = spawn_strategy(sys, d.launcher);
 }
@@ -201,6 +211,13 @@ void runtime::shutdown() {
   for (auto& weak : outstanding)
     if (auto state = weak.lock())
       state->fail(reason);
+  // This worker leaves the cluster cleanly (the others do not report it lost), then the
+  // cross-worker lanes stop (aborting the group), so that no replica waits on another worker and
+  // no lane thread outlives the actor system it answers through.
+  if (d.mw.on_shutdown)
+    d.mw.on_shutdown();
+  if (d.mw.cross)
+    d.mw.cross->stop();
   auto exit = caf::exit_reason::user_shutdown;
   caf::anon_send_exit(d.strat, exit);
   for (auto& r : d.replicas)
@@ -212,10 +229,27 @@ void runtime::shutdown() {
   d.coll = nullptr;
   // Waits for every actor; a replica finishes the step it is running first.
   d.sys.reset();
+  d.mw.cross.reset();
 }
 
 const std::vector<std::string>& runtime::devices() const noexcept {
   return impl_->devices;
+}
+
+int runtime::num_replicas_in_sync() const noexcept {
+  return impl_->in_sync;
+}
+
+int runtime::first_replica_id() const noexcept {
+  return impl_->first_id;
+}
+
+int runtime::worker_rank() const noexcept {
+  return impl_->mw.worker_rank;
+}
+
+int runtime::num_workers() const noexcept {
+  return impl_->mw.num_workers;
 }
 
 const strategy_options& runtime::options() const noexcept {

@@ -11,12 +11,35 @@
 
 #include <caf/fwd.hpp>
 
+#include <functional>
+
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace consort::detail {
+
+class cross_worker;
+
+/// What a runtime needs to be one worker of several (multi_worker_mirrored_strategy).
+struct multi_worker_setup {
+  /// This worker's rank (the chief is 0) and the number of workers; every worker has the same
+  /// number of replicas, so replica ids run from `worker_rank * devices` on.
+  int worker_rank = 0;
+  int num_workers = 1;
+  /// The cross-worker phase of collectives (null with one worker).
+  std::shared_ptr<cross_worker> cross;
+  /// Runs at shutdown once the cross-worker lanes have stopped: leaves the cluster.
+  std::function<void()> on_shutdown;
+};
+
+/// Checks a device list and returns it in canonical spelling ("cpu:0" -> "CPU:0").
+/// @throws error(invalid_argument | unknown_device | unsupported).
+std::vector<std::string> canonical_devices(const std::vector<std::string>& devices);
+
+/// Returns `opts` after checking its timeouts. @throws error(invalid_argument).
+const strategy_options& validated(const strategy_options& opts);
 
 /// Owns an actor system and the actors of one strategy.
 ///
@@ -25,7 +48,7 @@ namespace consort::detail {
 class runtime {
 public:
   /// Spawns one replica actor per device (canonical device strings, local order).
-  runtime(std::vector<std::string> devices, strategy_options opts);
+  runtime(std::vector<std::string> devices, strategy_options opts, multi_worker_setup mw = {});
   ~runtime();
 
   runtime(const runtime&) = delete;
@@ -45,6 +68,13 @@ public:
   void shutdown();
 
   const std::vector<std::string>& devices() const noexcept;
+  /// Replicas over all workers.
+  int num_replicas_in_sync() const noexcept;
+  /// The replica id (in sync group) of this worker's first replica.
+  int first_replica_id() const noexcept;
+  /// This worker's rank and the number of workers.
+  int worker_rank() const noexcept;
+  int num_workers() const noexcept;
   const strategy_options& options() const noexcept;
 
   /// The actor system, for tests that speak the actor protocol next to a running strategy.

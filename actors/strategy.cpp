@@ -25,7 +25,7 @@ per_replica<tensor> leaves_of(per_replica<nest> values) {
 
 } // namespace detail
 
-namespace {
+namespace detail {
 
 std::vector<std::string> canonical_devices(const std::vector<std::string>& devices) {
   if (devices.empty())
@@ -59,6 +59,13 @@ const strategy_options& validated(const strategy_options& opts) {
   return opts;
 }
 
+} // namespace detail
+
+namespace {
+
+using detail::canonical_devices;
+using detail::validated;
+
 std::vector<nest> as_nests(const per_replica<tensor>& value) {
   std::vector<nest> out;
   out.reserve(value.size());
@@ -73,12 +80,16 @@ strategy::strategy(std::vector<std::string> devices, strategy_options opts, kind
     : kind_(k), rt_(std::make_unique<detail::runtime>(canonical_devices(devices), validated(opts))),
       cross_device_ops_(std::make_unique<reduction_to_one_device>()) {}
 
+strategy::strategy(std::unique_ptr<detail::runtime> rt, kind k)
+    : kind_(k), rt_(std::move(rt)), cross_device_ops_(std::make_unique<reduction_to_one_device>()) {
+}
+
 strategy::~strategy() = default;
 strategy::strategy(strategy&&) noexcept = default;
 strategy& strategy::operator=(strategy&&) noexcept = default;
 
 int strategy::num_replicas_in_sync() const noexcept {
-  return static_cast<int>(rt_->devices().size());
+  return rt_->num_replicas_in_sync();
 }
 
 const std::vector<std::string>& strategy::worker_devices() const noexcept {
@@ -97,6 +108,8 @@ const char* strategy::name() const noexcept {
     return "MirroredStrategy";
   case kind::default_strategy:
     return "DefaultStrategy";
+  case kind::multi_worker:
+    return "MultiWorkerMirroredStrategy";
   }
   return "Strategy";
 }
@@ -104,7 +117,7 @@ const char* strategy::name() const noexcept {
 std::vector<int> strategy::local_replica_ids() const {
   std::vector<int> ids(num_local_replicas());
   for (size_t i = 0; i < ids.size(); ++i)
-    ids[i] = static_cast<int>(i);
+    ids[i] = rt_->first_replica_id() + static_cast<int>(i);
   return ids;
 }
 
@@ -137,16 +150,24 @@ void strategy::check_multi_replica_plain(reduce_op op) const {
 tensor strategy::reduce(op_arg op, const per_replica<tensor>& value,
                         std::optional<int64_t> axis) const {
   check_components(value.size());
+  if (kind_ == kind::multi_worker)
+    return reduce_async(op, value, axis).get();
   return reduce_components(op.get(), value.values(), axis);
 }
 
 nest strategy::reduce(op_arg op, const per_replica<nest>& value,
                       std::optional<int64_t> axis) const {
   check_components(value.size());
+  if (kind_ == kind::multi_worker)
+    return reduce_async(op, value, axis).get();
   return reduce_components(op.get(), value.values(), axis);
 }
 
 tensor strategy::reduce(op_arg op, const tensor& value, std::optional<int64_t> axis) const {
+  if (kind_ == kind::multi_worker) {
+    // One contribution per worker, reduced across workers (DESIGN.md §2).
+    return rt_->reduce(op.get(), {nest(value)}, axis).get().as_tensor();
+  }
   check_multi_replica_plain(op.get());
   if (axis)
     return reduce_axis(op.get(), value, *axis);
@@ -167,15 +188,21 @@ future<nest> strategy::reduce_async(op_arg op, per_replica<nest> value,
 
 tensor strategy::gather(const per_replica<tensor>& value, int64_t axis) const {
   check_components(value.size());
+  if (kind_ == kind::multi_worker)
+    return gather_async(value, axis).get();
   return concat(value.values(), axis);
 }
 
 nest strategy::gather(const per_replica<nest>& value, int64_t axis) const {
   check_components(value.size());
+  if (kind_ == kind::multi_worker)
+    return rt_->gather(value.values(), axis).get();
   return concat_components(value.values(), axis);
 }
 
 tensor strategy::gather(const tensor& value, int64_t axis) const {
+  if (kind_ == kind::multi_worker)
+    return rt_->gather({nest(value)}, axis).get().as_tensor();
   // Validates rank and axis as for per-replica values, then returns the value itself.
   return concat({value}, axis);
 }
@@ -186,7 +213,7 @@ future<tensor> strategy::gather_async(per_replica<tensor> value, int64_t axis) c
 }
 
 distributed_dataset strategy::distribute_dataset(const dataset& ds) const {
-  return distributed_dataset(ds, num_replicas_in_sync(), local_replica_ids());
+  return distributed_dataset(ds, num_replicas_in_sync(), local_replica_ids(), rt_->num_workers());
 }
 
 const consort::cross_device_ops& strategy::cross_device_ops() const noexcept {

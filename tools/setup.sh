@@ -12,6 +12,7 @@ packages=(
   libcapnp-dev      # Cap'n Proto 0.9: membership and frame-header schemas (needs pkg-config)
   capnproto         # the capnp schema compiler
   clang-format      # the format check of tools/test.sh
+  iproute2          # `ip netns` for the multi-worker test on distinct addresses (tests/multiworker)
 )
 
 missing=()

@@ -18,6 +18,8 @@
 
 namespace consort {
 
+class cluster_resolver;
+
 /// Options shared by every strategy.
 struct strategy_options {
   /// Default deadline of every collective wait (overridable per call). Gloo's default is 30 s.
@@ -35,6 +37,7 @@ using step_function = std::function<nest(replica_context&)>;
 namespace detail {
 
 class runtime;
+struct joined_cluster;
 
 template <class T>
 decltype(auto) unwrap_arg(const T& arg, size_t local_index) {
@@ -92,7 +95,8 @@ public:
   /// Number of replicas of this worker.
   size_t num_local_replicas() const noexcept { return worker_devices().size(); }
   const strategy_options& options() const noexcept;
-  /// "OneDeviceStrategy", "MirroredStrategy" or "DefaultStrategy".
+  /// "OneDeviceStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy" or
+  /// "DefaultStrategy".
   const char* name() const noexcept;
 
   // -- running steps ----------------------------------------------------------------------------
@@ -193,8 +197,9 @@ public:
   detail::runtime& runtime() const noexcept { return *rt_; }
 
 protected:
-  enum class kind : uint8_t { one_device, mirrored, default_strategy };
+  enum class kind : uint8_t { one_device, mirrored, default_strategy, multi_worker };
   strategy(std::vector<std::string> devices, strategy_options opts, kind k);
+  strategy(std::unique_ptr<detail::runtime> rt, kind k);
 
 private:
   template <class T>
@@ -233,6 +238,72 @@ public:
 class default_strategy : public strategy {
 public:
   explicit default_strategy(strategy_options opts = {});
+};
+
+/// How a multi_worker_mirrored_strategy finds and watches its cluster.
+struct multi_worker_options {
+  /// Where the cluster comes from; null: `resolve_cluster()` (TF_CONFIG, Slurm, Open MPI, else
+  /// a local one-worker cluster).
+  std::shared_ptr<const cluster_resolver> resolver;
+
+  /// This worker's devices, in local replica order; every worker must have as many. Empty:
+  /// CONSORT_DEVICES_PER_WORKER CPU replicas ("CPU:0", "CPU:1", ...; set by consort-launch), else
+  /// "CPU:0".
+  std::vector<std::string> devices;
+
+  /// How long start-up may take: every worker joining at the chief, then the mesh of
+  /// connections between workers. The chief logs who is missing while it waits, and past the
+  /// deadline every worker fails with the list of missing tasks.
+  std::chrono::milliseconds rendezvous_timeout{std::chrono::seconds(60)};
+
+  /// Heartbeats between every worker and the chief.
+  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
+
+  /// A worker silent for this long is lost: every survivor's pending and later collectives fail
+  /// with error(peer_lost) naming it. A worker that crashes is seen at once (its connections
+  /// close); this bounds a partition or a hung host.
+  std::chrono::milliseconds peer_timeout{std::chrono::seconds(5)};
+
+  /// Shared secret of the cluster: a worker that cannot prove it knows it is refused. Empty:
+  /// CONSORT_CLUSTER_SECRET when set, else no authentication.
+  std::string secret;
+
+  /// One line per notable cluster event (missing tasks, refusals, losses). Empty: stderr.
+  std::function<void(const std::string&)> log;
+};
+
+/// Synchronous replicas on every device of every worker (tf.distribute's
+/// `MultiWorkerMirroredStrategy`).
+///
+/// The same program runs as N worker processes (by hand with TF_CONFIG, `tools/consort-launch`,
+/// `srun` or `mpirun`). The constructor joins the cluster: every worker joins at the chief, which
+/// answers with the view (ranks, addresses, devices) once all are there; then the workers connect
+/// to each other. Replica ids run over all workers (worker rank x devices + local index) and every
+/// collective, `reduce` and `gather` spans every replica of every worker. A plain (non
+/// per_replica) value is one contribution per worker: `reduce` SUMs it across workers (MEAN
+/// averages it over the workers) and `gather` concatenates it in worker order.
+///
+/// A lost worker (crash, kill, partition) fails every survivor's pending and later collectives
+/// with error(peer_lost) naming it, within `multi_worker_options::peer_timeout`; the group is not
+/// rebuilt (create a new strategy, in new processes, as after a TF worker failure).
+class multi_worker_mirrored_strategy : public strategy {
+public:
+  /// Joins the cluster. @throws error(invalid_argument) for a malformed cluster or a refusal by
+  /// the chief (wrong secret, device count), error(collective_timeout) when rendezvous does not
+  /// complete in time (naming the missing tasks), error(unsupported) on a ps or evaluator task.
+  explicit multi_worker_mirrored_strategy(strategy_options opts = {}, multi_worker_options mw = {});
+
+  /// The resolver the cluster came from (tf.distribute's `cluster_resolver`).
+  const consort::cluster_resolver& cluster_resolver() const noexcept { return *resolver_; }
+
+  /// This worker's rank (the chief is 0) and the number of workers.
+  int worker_rank() const noexcept;
+  int num_workers() const noexcept;
+
+private:
+  explicit multi_worker_mirrored_strategy(std::unique_ptr<detail::joined_cluster> joined);
+
+  std::shared_ptr<const consort::cluster_resolver> resolver_;
 };
 
 } // namespace consort

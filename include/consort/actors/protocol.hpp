@@ -57,6 +57,10 @@
 
 namespace consort {
 
+namespace detail {
+class cross_worker;
+} // namespace detail
+
 /// A step number, assigned by the strategy actor in submission order from 0.
 using step_id = uint64_t;
 
@@ -108,6 +112,16 @@ struct host_reduce {
 struct host_gather {
   std::vector<nest> components;
   int64_t axis = 0;
+};
+
+/// The outcome of a cross-worker phase whose callers wait on response promises (a harness's
+/// `collective`, `reduce` or `gather` request); the lane thread hands it back to the actor, which
+/// alone may deliver its promises.
+struct cross_outcome {
+  /// Identifies the waiting promises inside the collective actor.
+  uint64_t key = 0;
+  std::optional<nest> value;
+  caf::error failure;
 };
 
 /// The results of one step: one nest per local replica.
@@ -198,6 +212,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::step_report)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::collective_call)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::host_reduce)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::host_gather)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::cross_outcome)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::nest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::step_results)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::step_function_ptr)
@@ -209,6 +224,7 @@ CAF_ADD_TYPE_ID(consort, (consort::step_report))
 CAF_ADD_TYPE_ID(consort, (consort::collective_call))
 CAF_ADD_TYPE_ID(consort, (consort::host_reduce))
 CAF_ADD_TYPE_ID(consort, (consort::host_gather))
+CAF_ADD_TYPE_ID(consort, (consort::cross_outcome))
 CAF_ADD_TYPE_ID(consort, (consort::nest))
 CAF_ADD_TYPE_ID(consort, (consort::step_results))
 CAF_ADD_TYPE_ID(consort, (consort::step_function_ptr))
@@ -258,7 +274,9 @@ using collective_actor = caf::typed_actor<
     caf::replies_to<gather_atom, host_gather>::with<nest>,
     // The same two for the public API: complete the future state instead of replying.
     caf::reacts_to<reduce_atom, host_reduce, nest_state>,
-    caf::reacts_to<gather_atom, host_gather, nest_state>>;
+    caf::reacts_to<gather_atom, host_gather, nest_state>,
+    // Internal: a cross-worker phase finished for callers waiting on promises. No reply.
+    caf::reacts_to<done_atom, cross_outcome>>;
 
 /// Numbers steps, fans them out to every replica and watches their deadline.
 using strategy_actor = caf::typed_actor<
@@ -324,10 +342,16 @@ struct replica_config {
 
 /// How the collective actor is set up.
 struct collective_config {
-  /// Replica ids taking part, in local order (for a single worker: 0 .. n-1).
+  /// Replica ids taking part, in local order (for a single worker: 0 .. n-1; for worker w of a
+  /// multi-worker group: w * n .. w * n + n - 1).
   std::vector<int> replica_ids;
+  /// Replicas in sync over all workers; 0 means `replica_ids.size()` (a single worker).
+  int num_replicas_in_sync = 0;
   /// Default deadline when a call carries none.
   std::chrono::milliseconds default_timeout{std::chrono::seconds(30)};
+  /// With several workers: runs the cross-worker phase of every call and host reduction once
+  /// the local replicas are combined. Null for a single worker.
+  std::shared_ptr<detail::cross_worker> cross;
 };
 
 /// Spawns a replica actor. `detached` gives it a thread of its own (always, outside tests: a

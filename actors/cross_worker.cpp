@@ -1,0 +1,387 @@
+// The cross-worker phase of collectives: descriptor exchange, then the transport algorithm.
+
+#include "actors/cross_worker.hpp"
+
+#include <consort/ops.hpp>
+#include <consort/transport/algorithms.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+namespace consort::detail {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+/// The descriptor every worker contributes before the data of a call (fixed size, so that one
+/// ring all-gather round of known sizes exchanges it).
+struct descriptor {
+  static constexpr size_t text_bytes = 200;
+  uint8_t failed = 0;
+  uint8_t kind = 0;
+  uint8_t op = 0;
+  uint8_t error_code = 0;
+  int32_t root = 0;
+  int64_t axis = 0;
+  uint64_t step = 0;
+  uint32_t seq = 0;
+  uint32_t num_leaves = 0;
+  double count = 0;
+  uint64_t signature_hash = 0;
+  /// The call's description (ok) or the local error (failed), truncated, NUL-padded.
+  char text[text_bytes] = {};
+};
+static_assert(sizeof(descriptor) == 248);
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string text_of(const descriptor& d) {
+  return std::string(d.text, strnlen(d.text, descriptor::text_bytes));
+}
+
+void set_text(descriptor& d, const std::string& s) {
+  auto n = std::min(s.size(), descriptor::text_bytes - 1);
+  std::memcpy(d.text, s.data(), n);
+}
+
+std::string worker_name(int rank) {
+  return rank == 0 ? "worker 0 (the chief)" : "worker " + std::to_string(rank);
+}
+
+std::string describe(const descriptor& d) {
+  std::ostringstream out;
+  out << to_string(static_cast<collective_kind>(d.kind));
+  switch (static_cast<collective_kind>(d.kind)) {
+  case collective_kind::all_reduce:
+    out << '(' << to_string(static_cast<reduce_op>(d.op)) << ')';
+    break;
+  case collective_kind::all_gather:
+    out << "(axis=" << d.axis << ')';
+    break;
+  case collective_kind::broadcast:
+    out << "(root=" << d.root << ')';
+    break;
+  }
+  out << " #" << d.seq << " of step " << d.step;
+  return out.str();
+}
+
+/// The first disagreement between the descriptors of all workers, or an empty string.
+std::string disagreement(const std::vector<descriptor>& all, const cross_call& call) {
+  const auto& a = all.front();
+  for (size_t w = 1; w < all.size(); ++w) {
+    const auto& b = all[w];
+    if (a.step != b.step || a.seq != b.seq || a.kind != b.kind ||
+        (a.kind == static_cast<uint8_t>(collective_kind::all_reduce) && a.op != b.op) ||
+        (a.kind == static_cast<uint8_t>(collective_kind::all_gather) && a.axis != b.axis) ||
+        (a.kind == static_cast<uint8_t>(collective_kind::broadcast) && a.root != b.root)) {
+      std::ostringstream out;
+      out << "collective mismatch between workers at " << call.what << ": " << worker_name(0)
+          << " is at " << describe(a) << " but " << worker_name(static_cast<int>(w)) << " is at "
+          << describe(b)
+          << "; every replica on every worker must make the same collective calls in the same "
+             "order";
+      return out.str();
+    }
+    if (a.signature_hash != b.signature_hash || a.num_leaves != b.num_leaves) {
+      std::ostringstream out;
+      out << "collective mismatch between workers at " << call.what << ": " << worker_name(0)
+          << " passed " << text_of(a) << " but " << worker_name(static_cast<int>(w)) << " passed "
+          << text_of(b) << "; structure, dtypes and shapes must agree on every worker";
+      return out.str();
+    }
+  }
+  return {};
+}
+
+/// The remaining time until `until`, at least 1 ms so that the algorithms accept it.
+std::chrono::milliseconds remaining(clock::time_point until) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now());
+  return std::max(left, std::chrono::milliseconds{1});
+}
+
+caf::error wrap(const caf::error& err, const std::string& what) {
+  auto e = to_consort_error(err, "");
+  return make_caf_error(e.code(), what + " failed between workers: " + e.what());
+}
+
+/// Bytes of a tensor, for algorithms that only read them (a root's broadcast, a gather's input).
+transport::const_bytes bytes_of(const tensor& t) {
+  return {static_cast<const std::byte*>(t.raw_data()), t.num_bytes()};
+}
+
+transport::mutable_bytes mutable_bytes_of(tensor& t) {
+  return {static_cast<std::byte*>(t.raw_mutable_data()), t.num_bytes()};
+}
+
+} // namespace
+
+cross_worker::cross_worker(transport::context_ptr ctx, int devices_per_worker)
+    : ctx_(std::move(ctx)), rank_(ctx_->rank()), size_(ctx_->size()),
+      devices_per_worker_(devices_per_worker) {
+  for (auto& ls : lanes_)
+    ls.thread = std::thread([this, &ls] { serve(ls); });
+}
+
+cross_worker::~cross_worker() {
+  stop();
+}
+
+void cross_worker::stop() {
+  abort("the strategy was shut down");
+  for (auto& ls : lanes_) {
+    {
+      std::lock_guard<std::mutex> guard{ls.mtx};
+      ls.stopping = true;
+    }
+    ls.cv.notify_all();
+  }
+  for (auto& ls : lanes_)
+    if (ls.thread.joinable())
+      ls.thread.join();
+}
+
+void cross_worker::serve(lane_state& ls) {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock{ls.mtx};
+      ls.cv.wait(lock, [&] { return ls.stopping || !ls.jobs.empty(); });
+      // Drains the queue before stopping: a queued job fails fast once aborted, and must still
+      // answer its callers.
+      if (ls.jobs.empty())
+        return;
+      job = std::move(ls.jobs.front());
+      ls.jobs.pop_front();
+    }
+    job();
+  }
+}
+
+void cross_worker::post(lane l, std::function<void()> job) {
+  auto& ls = lanes_[static_cast<size_t>(l)];
+  {
+    std::lock_guard<std::mutex> guard{ls.mtx};
+    if (!ls.stopping) {
+      ls.jobs.push_back(std::move(job));
+      ls.cv.notify_one();
+      return;
+    }
+  }
+  // Stopped: the group is aborted, so the job fails at once, here.
+  job();
+}
+
+uint64_t cross_worker::take_tag(lane l) {
+  auto& ls = lanes_[static_cast<size_t>(l)];
+  // Lanes use alternate base tags; 0 stays unused.
+  auto index = ls.next_tag++;
+  return 1 + 2 * index + static_cast<uint64_t>(l);
+}
+
+void cross_worker::abort(const std::string& cause) {
+  {
+    std::lock_guard<std::mutex> guard{lost_mtx_};
+    if (!lost_.empty())
+      return;
+    lost_ = cause;
+  }
+  ctx_->abort(cause);
+}
+
+std::string cross_worker::lost_cause() const {
+  std::lock_guard<std::mutex> guard{lost_mtx_};
+  return lost_;
+}
+
+caf::error cross_worker::lost_error(const std::string& what) const {
+  return make_caf_error(errc::peer_lost,
+                        what + " cannot run: the group of workers is broken: " + lost_cause());
+}
+
+caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
+  if (!lost_cause().empty())
+    return call.local_failure ? call.local_failure : lost_error(call.what);
+  auto until = clock::now() + call.timeout;
+  auto options = [&] {
+    transport::algorithm_options opts;
+    opts.tag = take_tag(l);
+    opts.timeout = remaining(until);
+    return opts;
+  };
+
+  // 1. Descriptors.
+  descriptor mine;
+  mine.kind = static_cast<uint8_t>(call.kind);
+  mine.op = static_cast<uint8_t>(call.op);
+  mine.root = call.root;
+  mine.axis = call.axis;
+  mine.step = call.step;
+  mine.seq = call.seq;
+  mine.num_leaves = static_cast<uint32_t>(call.leaves.size());
+  mine.count = call.count;
+  mine.signature_hash = fnv1a(call.signature);
+  if (call.local_failure) {
+    mine.failed = 1;
+    auto err = to_consort_error(call.local_failure, "");
+    mine.error_code = static_cast<uint8_t>(err.code());
+    set_text(mine, err.what());
+  } else {
+    set_text(mine, call.signature);
+  }
+  std::vector<descriptor> all(static_cast<size_t>(size_));
+  {
+    all[static_cast<size_t>(rank_)] = mine;
+    auto* base = reinterpret_cast<std::byte*>(all.data());
+    transport::mutable_bytes out{base, all.size() * sizeof(descriptor)};
+    transport::const_bytes in{base + static_cast<size_t>(rank_) * sizeof(descriptor),
+                              sizeof(descriptor)};
+    transport::ring_all_gather gather(
+        ctx_, in, out, std::vector<size_t>(all.size(), sizeof(descriptor)), options());
+    if (auto err = gather.run())
+      return call.local_failure ? call.local_failure : wrap(err, call.what);
+  }
+  if (call.local_failure)
+    return call.local_failure;
+  for (int w = 0; w < size_; ++w) {
+    const auto& d = all[static_cast<size_t>(w)];
+    if (d.failed) {
+      auto code = static_cast<errc>(d.error_code);
+      // A timeout or a lost peer elsewhere keeps its code; any other failure of a peer's
+      // replicas aborts the call here.
+      if (code != errc::collective_timeout && code != errc::peer_lost)
+        code = errc::collective_aborted;
+      return make_caf_error(code, call.what + " failed on " + worker_name(w) + ": " + text_of(d));
+    }
+  }
+  if (auto problem = disagreement(all, call); !problem.empty())
+    return make_caf_error(errc::collective_mismatch, problem);
+
+  // 2. Data.
+  std::vector<tensor> out;
+  out.reserve(call.leaves.size());
+  switch (call.kind) {
+  case collective_kind::all_reduce: {
+    auto wire_op = call.op == reduce_op::mean ? reduce_op::sum : call.op;
+    double total = 0;
+    for (const auto& d : all)
+      total += d.count;
+    call.total_count = total;
+    for (auto& leaf : call.leaves) {
+      auto t = std::move(leaf); // the partial is ours alone: written in place, no copy
+      if (t.num_elements() > 0) {
+        auto err =
+            transport::all_reduce(ctx_, t.raw_mutable_data(), static_cast<size_t>(t.num_elements()),
+                                  t.dtype(), wire_op, options());
+        if (err)
+          return wrap(err, call.what);
+      } else {
+        (void)take_tag(l); // keeps the tag sequence equal on every worker
+      }
+      if (call.op == reduce_op::mean && !call.defer_mean)
+        t = reduce_elementwise(reduce_op::mean, {t}, total);
+      out.push_back(std::move(t));
+    }
+    break;
+  }
+  case collective_kind::all_gather: {
+    // Every worker's extent along the axis, for every leaf.
+    auto n = call.leaves.size();
+    std::vector<int64_t> extents(n * static_cast<size_t>(size_));
+    auto* mine_at = extents.data() + static_cast<size_t>(rank_) * n;
+    for (size_t i = 0; i < n; ++i)
+      mine_at[i] = call.leaves[i].shape()[static_cast<size_t>(call.axis)];
+    {
+      auto* base = reinterpret_cast<std::byte*>(extents.data());
+      transport::ring_all_gather gather(
+          ctx_, {base + static_cast<size_t>(rank_) * n * 8, n * 8}, {base, extents.size() * 8},
+          std::vector<size_t>(static_cast<size_t>(size_), n * 8), options());
+      if (auto err = gather.run())
+        return wrap(err, call.what);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const auto& leaf = call.leaves[i];
+      auto shape = leaf.shape();
+      auto axis = static_cast<size_t>(call.axis);
+      int64_t inner = 1; // elements per unit of the axis
+      for (size_t d = 0; d < shape.size(); ++d)
+        if (d != axis)
+          inner *= shape[d];
+      auto unit = static_cast<size_t>(inner) * size_of(leaf.dtype());
+      std::vector<size_t> sizes(static_cast<size_t>(size_));
+      int64_t total = 0;
+      for (int w = 0; w < size_; ++w) {
+        auto e = extents[static_cast<size_t>(w) * n + i];
+        sizes[static_cast<size_t>(w)] = static_cast<size_t>(e) * unit;
+        total += e;
+      }
+      // Along axis 0 the blocks of the workers are the result's bytes in order; along another
+      // axis they are gathered into a byte buffer and then interleaved by concat.
+      tensor gathered;
+      if (axis == 0) {
+        auto gathered_shape = shape;
+        gathered_shape[0] = total;
+        gathered = tensor::empty(leaf.dtype(), gathered_shape);
+      } else {
+        gathered = tensor::empty(dtype::uint8, {total * static_cast<int64_t>(unit)});
+      }
+      transport::ring_all_gather gather(ctx_, bytes_of(leaf), mutable_bytes_of(gathered), sizes,
+                                        options());
+      if (auto err = gather.run())
+        return wrap(err, call.what);
+      if (axis == 0) {
+        out.push_back(std::move(gathered));
+        continue;
+      }
+      std::vector<tensor> blocks;
+      size_t offset = 0;
+      for (int w = 0; w < size_; ++w) {
+        auto block_shape = shape;
+        block_shape[axis] = extents[static_cast<size_t>(w) * n + i];
+        auto block = tensor::empty(leaf.dtype(), block_shape);
+        auto bytes = sizes[static_cast<size_t>(w)];
+        if (bytes > 0)
+          std::memcpy(block.raw_mutable_data(),
+                      static_cast<const std::byte*>(gathered.raw_data()) + offset, bytes);
+        offset += bytes;
+        blocks.push_back(std::move(block));
+      }
+      out.push_back(concat(blocks, call.axis));
+    }
+    break;
+  }
+  case collective_kind::broadcast: {
+    auto root_worker = call.root / devices_per_worker_;
+    for (auto& leaf : call.leaves) {
+      auto t = std::move(leaf);
+      if (t.num_bytes() > 0) {
+        // The root only reads its bytes; the others receive into their own fresh tensor.
+        transport::mutable_bytes data =
+            rank_ == root_worker
+                ? transport::mutable_bytes{const_cast<std::byte*>(
+                                               static_cast<const std::byte*>(t.raw_data())),
+                                           t.num_bytes()}
+                : mutable_bytes_of(t);
+        if (auto err = transport::broadcast(ctx_, data, root_worker, options()))
+          return wrap(err, call.what);
+      } else {
+        (void)take_tag(l);
+      }
+      out.push_back(std::move(t));
+    }
+    break;
+  }
+  }
+  return out;
+}
+
+} // namespace consort::detail

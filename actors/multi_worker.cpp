@@ -1,0 +1,203 @@
+// multi_worker_mirrored_strategy: joins the cluster (membership at the chief, then the mesh of
+// TCP connections between workers) and hands the runtime its cross-worker phase (DESIGN.md §5).
+
+#include <consort/cluster.hpp>
+#include <consort/device.hpp>
+#include <consort/strategy.hpp>
+#include <consort/transport/membership.hpp>
+#include <consort/transport/tcp.hpp>
+
+#include "actors/cross_worker.hpp"
+#include "actors/runtime.hpp"
+
+#include <cstdlib>
+#include <iostream>
+
+namespace consort {
+
+namespace detail {
+
+/// What joining the cluster produced, handed to the strategy's constructor.
+struct joined_cluster {
+  std::shared_ptr<const cluster_resolver> resolver;
+  std::unique_ptr<runtime> rt;
+};
+
+} // namespace detail
+
+namespace {
+
+namespace membership = transport::membership;
+
+std::string env_or(const char* name, std::string fallback) {
+  const char* value = std::getenv(name);
+  return value && *value ? std::string{value} : std::move(fallback);
+}
+
+/// This worker's devices: the option, else CONSORT_DEVICES_PER_WORKER CPU devices, else CPU:0.
+std::vector<std::string> worker_devices(const multi_worker_options& mw) {
+  if (!mw.devices.empty())
+    return mw.devices;
+  auto text = env_or("CONSORT_DEVICES_PER_WORKER", "1");
+  char* end = nullptr;
+  auto count = std::strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || count < 1 || count > 1024)
+    throw_error(errc::invalid_argument,
+                "CONSORT_DEVICES_PER_WORKER is \"" + text +
+                    "\"; expected the number of CPU replicas of each worker, from 1 to 1024");
+  std::vector<std::string> out;
+  for (long i = 0; i < count; ++i)
+    out.push_back("CPU:" + std::to_string(i));
+  return out;
+}
+
+/// The host part of "host:port" ("[v6]:port" keeps its brackets).
+std::string host_of(const std::string& address) {
+  auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    throw_error(errc::invalid_argument, "task address \"" + address + "\" is not \"host:port\"");
+  return address.substr(0, colon);
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+[[noreturn]] void fail(const caf::error& err, const std::string& what) {
+  throw to_consort_error(err, what);
+}
+
+std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
+                                                     multi_worker_options mw) {
+  auto joined = std::make_unique<detail::joined_cluster>();
+  std::shared_ptr<const cluster_resolver> resolver = mw.resolver;
+  if (!resolver)
+    resolver = resolve_cluster();
+  joined->resolver = resolver;
+  detail::validated(opts);
+  auto devices = detail::canonical_devices(worker_devices(mw));
+  auto num_workers = resolver->num_workers();
+  if (resolver->is_local() || num_workers <= 1) {
+    joined->rt = std::make_unique<detail::runtime>(devices, opts);
+    return joined;
+  }
+  auto me = resolver->task();
+  if (me.type != "chief" && me.type != "worker")
+    throw_error(errc::unsupported, "MultiWorkerMirroredStrategy runs on chief and worker tasks; "
+                                   "this process is task " +
+                                       to_string(me) + ", which has no replicas");
+  auto tasks = worker_tasks(*resolver);
+  int rank = -1;
+  for (size_t i = 0; i < tasks.size(); ++i)
+    if (tasks[i] == me)
+      rank = static_cast<int>(i);
+  if (rank < 0)
+    throw_error(errc::invalid_argument,
+                "task " + to_string(me) + " is not one of the cluster's workers");
+  auto spec = resolver->cluster_spec();
+  auto chief = resolver->chief();
+  auto chief_address = spec.task_address(chief.type, chief.index);
+  auto own_address = spec.task_address(me.type, me.index);
+  auto log = mw.log;
+  if (!log)
+    log = [](const std::string& line) {
+      std::cerr << "consort: " << line << std::endl;
+    };
+
+  // The mesh listens on this task's host, on a port the kernel chooses; the view carries it.
+  transport::tcp::mesh_options mesh;
+  mesh.rank = rank;
+  mesh.size = num_workers;
+  mesh.listen_address = host_of(own_address) + ":0";
+  mesh.group_id = fnv1a(chief_address + "/" + std::to_string(num_workers));
+  mesh.epoch = 1;
+  mesh.connect_timeout = mw.rendezvous_timeout;
+  mesh.log = log;
+  auto ctx = transport::tcp::listen(mesh);
+  if (!ctx)
+    fail(ctx.error(), "MultiWorkerMirroredStrategy on " + to_string(me));
+
+  membership::options mopts;
+  mopts.tasks = tasks;
+  mopts.rank = rank;
+  mopts.chief_address = chief_address;
+  mopts.address = (*ctx)->listen_address();
+  for (const auto& name : devices)
+    mopts.devices.push_back({name, parse_device(name).kind == device_kind::gpu, 0});
+  mopts.secret = mw.secret.empty() ? env_or("CONSORT_CLUSTER_SECRET", "") : mw.secret;
+  // A worker waits a little longer than the chief, so that past the deadline it receives the
+  // chief's verdict (which tasks are missing) rather than only its own timeout.
+  mopts.rendezvous_timeout =
+      rank == 0 ? mw.rendezvous_timeout
+                : mw.rendezvous_timeout +
+                      std::min(mw.rendezvous_timeout / 2, std::chrono::milliseconds{5000});
+  mopts.heartbeat_interval = mw.heartbeat_interval;
+  mopts.peer_timeout = mw.peer_timeout;
+  mopts.log = log;
+  auto svc = membership::service::start(std::move(mopts));
+  if (!svc)
+    fail(svc.error(), "joining the cluster as " + to_string(me));
+  std::shared_ptr<membership::service> service = std::move(*svc);
+
+  auto cross = std::make_shared<detail::cross_worker>(*ctx, static_cast<int>(devices.size()));
+  // A loss fails the cross-worker phase at once; the lanes and the service outlive no one here:
+  // the runtime stops the service's callbacks (leave) before it stops the lanes.
+  std::weak_ptr<detail::cross_worker> weak = cross;
+  service->on_lost([weak, log](const membership::lost_event& event) {
+    log("lost " + event.cause);
+    if (auto c = weak.lock())
+      c->abort("lost " + event.cause);
+  });
+  auto view = service->rendezvous();
+  if (!view)
+    fail(view.error(), "joining the cluster as " + to_string(me));
+  std::vector<std::string> addresses;
+  for (const auto& m : view->members) {
+    if (m.devices.size() != devices.size())
+      throw_error(errc::invalid_argument,
+                  "worker " + to_string(m.task) + " has " + std::to_string(m.devices.size()) +
+                      " devices but this worker has " + std::to_string(devices.size()) +
+                      "; MultiWorkerMirroredStrategy needs the same number on every worker");
+    addresses.push_back(m.address);
+  }
+  if (static_cast<int>(addresses.size()) != num_workers)
+    throw_error(errc::invalid_argument, "the chief's view has " + std::to_string(addresses.size()) +
+                                            " members; expected " + std::to_string(num_workers));
+  if (auto err = (*ctx)->connect(addresses))
+    fail(err, "connecting to the other workers as " + to_string(me));
+
+  detail::multi_worker_setup setup;
+  setup.worker_rank = rank;
+  setup.num_workers = num_workers;
+  setup.cross = std::move(cross);
+  setup.on_shutdown = [service] {
+    service->leave("shutdown");
+  };
+  joined->rt = std::make_unique<detail::runtime>(devices, opts, std::move(setup));
+  return joined;
+}
+
+} // namespace
+
+multi_worker_mirrored_strategy::multi_worker_mirrored_strategy(strategy_options opts,
+                                                               multi_worker_options mw)
+    : multi_worker_mirrored_strategy(join_cluster(opts, std::move(mw))) {}
+
+multi_worker_mirrored_strategy::multi_worker_mirrored_strategy(
+    std::unique_ptr<detail::joined_cluster> joined)
+    : strategy(std::move(joined->rt), kind::multi_worker), resolver_(std::move(joined->resolver)) {}
+
+int multi_worker_mirrored_strategy::worker_rank() const noexcept {
+  return runtime().worker_rank();
+}
+
+int multi_worker_mirrored_strategy::num_workers() const noexcept {
+  return runtime().num_workers();
+}
+
+} // namespace consort

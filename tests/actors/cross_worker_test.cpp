@@ -1,0 +1,218 @@
+// The cross-worker phase inside one process: W runtimes (one per "worker") whose collective actors
+// meet over the in-memory transport (transport/local). The multi-process tests
+// (tests/multiworker) run the same code over TCP; these cover the error paths deterministically.
+
+#include "actors/cross_worker.hpp"
+#include "actors/runtime.hpp"
+
+#include <consort/ops.hpp>
+#include <consort/transport/local.hpp>
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <future>
+#include <thread>
+
+using namespace consort;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// W workers of D CPU replicas each, in one process.
+struct cluster {
+  std::vector<std::shared_ptr<detail::cross_worker>> cross;
+  std::vector<std::unique_ptr<detail::runtime>> workers;
+
+  cluster(int num_workers, int devices, std::chrono::milliseconds timeout = 10s) {
+    auto group = transport::local::make_group(num_workers);
+    strategy_options opts;
+    opts.collective_timeout = timeout;
+    for (int w = 0; w < num_workers; ++w) {
+      std::vector<std::string> names;
+      for (int d = 0; d < devices; ++d)
+        names.push_back("CPU:" + std::to_string(d));
+      detail::multi_worker_setup setup;
+      setup.worker_rank = w;
+      setup.num_workers = num_workers;
+      setup.cross = std::make_shared<detail::cross_worker>(group[static_cast<size_t>(w)], devices);
+      cross.push_back(setup.cross);
+      workers.push_back(std::make_unique<detail::runtime>(names, opts, std::move(setup)));
+    }
+  }
+
+  /// Runs `fn` as one step on every worker; returns each worker's future.
+  std::vector<future<per_replica<nest>>> run(const step_function& fn) {
+    std::vector<future<per_replica<nest>>> out;
+    for (auto& w : workers)
+      out.push_back(w->submit(fn));
+    return out;
+  }
+};
+
+tensor row(int r) {
+  return tensor::from<float>({static_cast<float>(r), 1.0f}, {2});
+}
+
+errc code_of(future<per_replica<nest>>& f) {
+  try {
+    f.get();
+  } catch (const error& e) {
+    return e.code();
+  }
+  return errc::none;
+}
+
+std::string message_of(future<per_replica<nest>>& f) {
+  try {
+    f.get();
+  } catch (const error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+} // namespace
+
+TEST(CrossWorkerTest, AllReduceSpansEveryReplicaOfEveryWorker) {
+  cluster c(3, 2);
+  auto results = c.run([](replica_context& ctx) {
+    EXPECT_EQ(ctx.num_replicas_in_sync(), 6);
+    return nest(ctx.all_reduce("SUM", row(ctx.replica_id_in_sync_group())));
+  });
+  for (size_t w = 0; w < results.size(); ++w) {
+    auto v = results[w].get();
+    ASSERT_EQ(v.size(), 2u);
+    for (auto& r : v)
+      EXPECT_EQ(r.as_tensor(), tensor::from<float>({15.0f, 6.0f}, {2})) << "worker " << w;
+  }
+}
+
+TEST(CrossWorkerTest, MeanDividesByEveryReplicaAndIntegersBecomeFloat64) {
+  cluster c(2, 2);
+  auto results = c.run([](replica_context& ctx) {
+    return nest(
+        ctx.all_reduce("MEAN", tensor::from<int32_t>({ctx.replica_id_in_sync_group()}, {1})));
+  });
+  for (auto& f : results)
+    EXPECT_EQ(f.get()[0].as_tensor(), tensor::from<double>({1.5}, {1}));
+}
+
+TEST(CrossWorkerTest, AllGatherIsInReplicaIdOrderAcrossWorkers) {
+  cluster c(2, 2);
+  auto results = c.run([](replica_context& ctx) {
+    auto r = ctx.replica_id_in_sync_group();
+    // Ragged: replica r has r rows.
+    std::vector<float> v(static_cast<size_t>(r), static_cast<float>(r));
+    return nest(ctx.all_gather(tensor::from<float>(v, {r}), 0));
+  });
+  for (auto& f : results)
+    EXPECT_EQ(f.get()[1].as_tensor(), tensor::from<float>({1, 2, 2, 3, 3, 3}, {6}));
+}
+
+TEST(CrossWorkerTest, BroadcastFromAReplicaOfAnotherWorker) {
+  cluster c(2, 2);
+  auto results = c.run([](replica_context& ctx) {
+    return nest(ctx.broadcast(row(ctx.replica_id_in_sync_group()), 3));
+  });
+  for (auto& f : results)
+    EXPECT_EQ(f.get()[0].as_tensor(), row(3));
+}
+
+TEST(CrossWorkerTest, HostReduceAndGatherSpanWorkers) {
+  cluster c(2, 1);
+  std::vector<future<nest>> sums;
+  std::vector<future<nest>> means;
+  std::vector<future<nest>> gathers;
+  for (int w = 0; w < 2; ++w) {
+    // Worker w contributes w + 1 rows of value w + 1.
+    std::vector<float> v(static_cast<size_t>(w + 1), static_cast<float>(w + 1));
+    auto t = tensor::from<float>(v, {w + 1});
+    sums.push_back(c.workers[static_cast<size_t>(w)]->reduce(reduce_op::sum, {nest(t)}, 0));
+    means.push_back(c.workers[static_cast<size_t>(w)]->reduce(reduce_op::mean, {nest(t)}, 0));
+    gathers.push_back(c.workers[static_cast<size_t>(w)]->gather({nest(t)}, 0));
+  }
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(sums[static_cast<size_t>(w)].get().as_tensor(), tensor::scalar<float>(5.0f));
+    // (1 + 2 + 2) / 3 elements: the true count, not the mean of the workers' means.
+    EXPECT_EQ(means[static_cast<size_t>(w)].get().as_tensor(), tensor::scalar<float>(5.0f / 3));
+    EXPECT_EQ(gathers[static_cast<size_t>(w)].get().as_tensor(),
+              tensor::from<float>({1, 2, 2}, {3}));
+  }
+}
+
+TEST(CrossWorkerTest, ShapesThatDifferBetweenWorkersFailEveryWorkerAndTheGroupGoesOn) {
+  cluster c(2, 2);
+  auto results = c.run([](replica_context& ctx) {
+    auto n = ctx.replica_id_in_sync_group() >= 2 ? 3 : 2;
+    return nest(ctx.all_reduce("SUM", tensor::zeros(dtype::float32, {n})));
+  });
+  for (auto& f : results) {
+    auto message = message_of(f);
+    EXPECT_NE(message.find("collective mismatch between workers"), std::string::npos) << message;
+    EXPECT_NE(message.find("float32[3]"), std::string::npos) << message;
+  }
+  // Nothing was exchanged but the descriptors: the next step works.
+  for (auto& f : c.run([](replica_context& ctx) { return nest(ctx.all_reduce("SUM", row(1))); }))
+    EXPECT_EQ(f.get()[0].as_tensor(), tensor::from<float>({4, 4}, {2}));
+}
+
+TEST(CrossWorkerTest, AFailureOnOneWorkerAbortsTheCallOnTheOthersAtOnce) {
+  // A replica of worker 1 finishes without the collective its peers make: worker 1 fails the
+  // call locally and tells worker 0, which fails with that reason long before its deadline.
+  cluster c(2, 2, 60s);
+  auto start = std::chrono::steady_clock::now();
+  auto results = c.run([](replica_context& ctx) {
+    if (ctx.replica_id_in_sync_group() == 3)
+      return nest(row(0));
+    return nest(ctx.all_reduce("SUM", row(1)));
+  });
+  EXPECT_EQ(code_of(results[1]), errc::collective_aborted);
+  auto message = message_of(results[0]);
+  EXPECT_NE(message.find("failed on worker 1"), std::string::npos) << message;
+  EXPECT_NE(message.find("replica 3"), std::string::npos) << message;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
+TEST(CrossWorkerTest, AWorkerThatNeverCallsTimesOutTheOthersNamingTheCall) {
+  cluster c(2, 1, 300ms);
+  // Only worker 0 runs a step with a collective.
+  auto f = c.workers[0]->submit(
+      [](replica_context& ctx) { return nest(ctx.all_reduce("SUM", row(1))); });
+  auto message = message_of(f);
+  EXPECT_NE(message.find("all_reduce(SUM) #0 of step 0"), std::string::npos) << message;
+  try {
+    f.get();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::collective_timeout);
+  }
+}
+
+TEST(CrossWorkerTest, ALostPeerFailsPendingAndLaterCallsWithPeerLost) {
+  cluster c(2, 1);
+  // Worker 0 waits in an all-reduce that worker 1 never joins; membership reports worker 1 lost.
+  auto f = c.workers[0]->submit(
+      [](replica_context& ctx) { return nest(ctx.all_reduce("SUM", row(1))); });
+  c.cross[0]->abort("lost worker:1 (rank 1): connection closed without leave");
+  auto message = message_of(f);
+  EXPECT_NE(message.find("worker:1"), std::string::npos) << message;
+  auto later = c.workers[0]->submit(
+      [](replica_context& ctx) { return nest(ctx.all_reduce("SUM", row(1))); });
+  EXPECT_EQ(code_of(later), errc::peer_lost);
+  auto reduced = c.workers[0]->reduce(reduce_op::sum, {nest(row(1))}, std::nullopt);
+  try {
+    reduced.get();
+    ADD_FAILURE() << "a reduce across a broken group succeeded";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::peer_lost);
+  }
+}
+
+TEST(CrossWorkerTest, ShutdownWhileAnotherWorkerWaitsFailsItsCallAndReturns) {
+  cluster c(2, 1);
+  auto f = c.workers[0]->submit(
+      [](replica_context& ctx) { return nest(ctx.all_reduce("SUM", row(1))); });
+  c.workers[0]->shutdown();
+  auto code = code_of(f);
+  EXPECT_TRUE(code == errc::shutdown || code == errc::peer_lost) << to_string(code);
+}

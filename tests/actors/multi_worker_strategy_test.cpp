@@ -1,0 +1,126 @@
+// multi_worker_mirrored_strategy through its public API, inside one process: the one-worker
+// fallback, argument errors, a failed rendezvous, and two workers on two threads over real TCP
+// on loopback. The multi-process tests are in tests/multiworker.
+
+#include <consort/cluster.hpp>
+#include <consort/strategy.hpp>
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <future>
+#include <thread>
+
+using namespace consort;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A port that was free a moment ago (the kernel's choice for an ephemeral bind).
+int free_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor acceptor(
+      io, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  return acceptor.local_endpoint().port();
+}
+
+std::shared_ptr<const cluster_resolver> two_workers(int port, int index) {
+  auto spec = cluster_spec::dense(
+      {{"worker", {"127.0.0.1:" + std::to_string(port), "127.0.0.1:" + std::to_string(port + 1)}}});
+  return std::make_shared<simple_cluster_resolver>(spec, "worker", index);
+}
+
+multi_worker_options quiet(std::shared_ptr<const cluster_resolver> resolver) {
+  multi_worker_options mw;
+  mw.resolver = std::move(resolver);
+  mw.log = [](const std::string&) {
+  };
+  return mw;
+}
+
+} // namespace
+
+TEST(MultiWorkerStrategyTest, WithoutAClusterItIsOneWorkerOfItsDevices) {
+  auto mw = quiet(cluster_resolver::local());
+  mw.devices = {"CPU:0", "CPU:1"};
+  multi_worker_mirrored_strategy strategy({}, mw);
+  EXPECT_STREQ(strategy.name(), "MultiWorkerMirroredStrategy");
+  EXPECT_EQ(strategy.num_workers(), 1);
+  EXPECT_EQ(strategy.worker_rank(), 0);
+  EXPECT_EQ(strategy.num_replicas_in_sync(), 2);
+  EXPECT_TRUE(strategy.cluster_resolver().is_local());
+  auto v = strategy.run(
+      [](replica_context& ctx) { return ctx.all_reduce("SUM", tensor::scalar<float>(1.0f)); });
+  EXPECT_EQ(strategy.reduce("SUM", v, std::nullopt), tensor::scalar<float>(4.0f));
+  // A plain value is one worker's contribution: with one worker, SUM returns it.
+  EXPECT_EQ(strategy.reduce("SUM", tensor::scalar<float>(3.0f), std::nullopt),
+            tensor::scalar<float>(3.0f));
+}
+
+TEST(MultiWorkerStrategyTest, APsTaskHasNoReplicas) {
+  auto spec =
+      cluster_spec::dense({{"worker", {"127.0.0.1:1", "127.0.0.1:2"}}, {"ps", {"127.0.0.1:3"}}});
+  auto mw = quiet(std::make_shared<simple_cluster_resolver>(spec, "ps", 0));
+  try {
+    multi_worker_mirrored_strategy strategy({}, mw);
+    FAIL() << "a ps task built a strategy";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::unsupported) << e.what();
+    EXPECT_NE(std::string{e.what()}.find("ps:0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MultiWorkerStrategyTest, BadDevicesAndTimeoutsAreRejectedBeforeAnyNetworking) {
+  auto mw = quiet(two_workers(free_port(), 1));
+  mw.devices = {"CPU:0", "CPU:0"};
+  EXPECT_THROW(multi_worker_mirrored_strategy({}, mw), error);
+  mw.devices = {"TPU:0"};
+  EXPECT_THROW(multi_worker_mirrored_strategy({}, mw), error);
+  mw.devices = {};
+  strategy_options opts;
+  opts.collective_timeout = 0ms;
+  EXPECT_THROW(multi_worker_mirrored_strategy(opts, mw), error);
+}
+
+TEST(MultiWorkerStrategyTest, AWorkerWhoseChiefNeverStartsFailsNamingTheChief) {
+  auto port = free_port();
+  auto mw = quiet(two_workers(port, 1));
+  mw.rendezvous_timeout = 300ms;
+  try {
+    multi_worker_mirrored_strategy strategy({}, mw);
+    FAIL() << "joined a cluster without a chief";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::collective_timeout) << e.what();
+    EXPECT_NE(std::string{e.what()}.find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(MultiWorkerStrategyTest, TwoWorkersOnTwoThreadsOverTcp) {
+  auto port = free_port();
+  auto work = [port](int index) {
+    auto mw = quiet(two_workers(port, index));
+    mw.devices = {"CPU:0", "CPU:1"};
+    multi_worker_mirrored_strategy strategy({}, mw);
+    EXPECT_EQ(strategy.worker_rank(), index);
+    EXPECT_EQ(strategy.num_replicas_in_sync(), 4);
+    EXPECT_EQ(strategy.local_replica_ids(), (std::vector<int>{2 * index, 2 * index + 1}));
+    auto v = strategy.run([](replica_context& ctx) {
+      return ctx.all_gather(tensor::from<int32_t>({ctx.replica_id_in_sync_group()}, {1}), 0);
+    });
+    auto total = strategy.reduce("SUM", v, std::nullopt);
+    // A plain host value is summed across workers.
+    auto plain = strategy.reduce("SUM", tensor::scalar<int32_t>(index + 1), std::nullopt);
+    return std::make_pair(total, plain);
+  };
+  auto other = std::async(std::launch::async, work, 1);
+  auto mine = work(0);
+  auto theirs = other.get();
+  auto want = tensor::from<int32_t>({0, 4, 8, 12}, {4}); // [0, 1, 2, 3] on each of 4 replicas
+  EXPECT_EQ(mine.first, want);
+  EXPECT_EQ(theirs.first, want);
+  EXPECT_EQ(mine.second, tensor::scalar<int32_t>(3));
+  EXPECT_EQ(theirs.second, tensor::scalar<int32_t>(3));
+}

@@ -1,0 +1,66 @@
+# Helpers for the multi-worker integration tests: start workers with their TF_CONFIG by hand
+# (unlike tools/consort-launch, which stops every worker when one fails, these tests need to
+# watch each worker's own exit status), bound each with `timeout`, and check the statuses.
+#
+#   source lib.sh
+#   mw_cluster 3 127.0.0.1              # CLUSTER (TF_CONFIG's cluster part) for 3 workers
+#   mw_start 0 "" ./mw_job collectives  # worker 0; the second argument is extra `env` settings
+#   mw_expect 0 0                       # worker 0 must exit with status 0
+#   mw_finish                           # waits for every worker; fails if an expectation failed
+
+MW_TIMEOUT_S=${MW_TIMEOUT_S:-90}
+MW_PIDS=()
+MW_EXPECT=()
+MW_FAILED=0
+
+# mw_cluster N HOST [HOST...]: worker i listens at HOST_i (the last host repeats) on a base port
+# chosen per run.
+mw_cluster() {
+  local n=$1
+  shift
+  local hosts=("$@")
+  MW_PORT=${MW_PORT:-$((20000 + ($$ * 13 + RANDOM) % 30000))}
+  local parts=() i host
+  for ((i = 0; i < n; i++)); do
+    host=${hosts[$i]:-${hosts[-1]}}
+    parts+=("\"$host:$((MW_PORT + i))\"")
+  done
+  local IFS=,
+  CLUSTER="{\"worker\":[${parts[*]}]}"
+}
+
+# mw_start I ENV CMD...: starts worker I (task worker:I) in the background; ENV is a
+# space-separated list of NAME=VALUE for `env`; output lines are prefixed with [worker:I], and
+# `wait` on its pid returns the worker's own exit status.
+mw_start() {
+  local i=$1 extra=$2
+  shift 2
+  local tf="{\"cluster\":$CLUSTER,\"task\":{\"type\":\"worker\",\"index\":$i}}"
+  (
+    # shellcheck disable=SC2086
+    exec env TF_CONFIG="$tf" $extra timeout -k 5 "$MW_TIMEOUT_S" "$@"
+  ) > >(sed -u "s/^/[worker:$i] /") 2>&1 &
+  MW_PIDS[$i]=$!
+}
+
+# mw_expect I STATUS: worker I must exit with STATUS (137: killed by SIGKILL).
+mw_expect() {
+  MW_EXPECT[$1]=$2
+}
+
+mw_finish() {
+  local i rc
+  for i in "${!MW_PIDS[@]}"; do
+    wait "${MW_PIDS[$i]}"
+    rc=$?
+    if [ "$rc" != "${MW_EXPECT[$i]:-0}" ]; then
+      echo "FAIL: worker:$i exited with $rc, expected ${MW_EXPECT[$i]:-0}"
+      MW_FAILED=1
+    else
+      echo "ok: worker:$i exited with $rc"
+    fi
+  done
+  # Let the prefixers drain before the verdict.
+  wait 2>/dev/null
+  return "$MW_FAILED"
+}

@@ -1,0 +1,334 @@
+// A multi-worker job for the integration tests: run as N processes (tools/consort-launch, or by
+// tests/multiworker/*.sh with TF_CONFIG), it checks multi_worker_mirrored_strategy against a
+// single-process reference and exits 0 when every check passed.
+//
+//   mw_job collectives                       every collective and reduce vs. a mirrored reference
+//   mw_job kill VICTIM_RANK                  VICTIM dies (SIGKILL) entering an all-reduce; the
+//                                            survivors must fail with peer_lost within the bound
+//   mw_job partition VICTIM_RANK             VICTIM takes its link down (in a network namespace):
+//                                            every worker fails with peer_lost within the bound
+//   mw_job join-fails TIMEOUT_MS TEXT        constructing the strategy must fail with an error
+//                                            whose message contains TEXT (missing task, refusal)
+//
+// Values are small integers (stored as floats where needed), so sums are exact in any order and
+// results can be compared bit for bit.
+
+#include <consort/consort.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+using namespace consort;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+int failures = 0;
+int checks = 0;
+std::string me = "worker ?";
+
+void check(bool ok, const std::string& what) {
+  ++checks;
+  if (!ok) {
+    ++failures;
+    std::cout << me << ": FAILED " << what << std::endl;
+  }
+}
+
+void check_equal(const tensor& got, const tensor& want, const std::string& what) {
+  bool ok = got.dtype() == want.dtype() && got.shape() == want.shape() && got == want;
+  if (!ok)
+    std::cout << me << ": " << what << ": got " << to_string(got.dtype()) << to_string(got.shape())
+              << ' ' << got.to_string(16) << ", want " << to_string(want.dtype())
+              << to_string(want.shape()) << ' ' << want.to_string(16) << std::endl;
+  check(ok, what);
+}
+
+void check_equal(const nest& got, const nest& want, const std::string& what) {
+  auto a = flatten(got);
+  auto b = flatten(want);
+  check(got.structure_string() == want.structure_string(), what + ": structure");
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    check_equal(a[i], b[i], what + ", leaf " + std::to_string(i));
+}
+
+/// Replica r's [2, 3] float32 value: r * 10 + k.
+tensor dense(int r) {
+  std::vector<float> v(6);
+  for (int k = 0; k < 6; ++k)
+    v[static_cast<size_t>(k)] = static_cast<float>(r * 10 + k);
+  return tensor::from<float>(v, {2, 3});
+}
+
+/// Replica r's int32 [3] value.
+tensor ints(int r) {
+  return tensor::from<int32_t>({r, 2 * r + 1, 7 - r}, {3});
+}
+
+/// Replica r's ragged value: `rows` = r % 3 rows of 2 (replica 0 has none).
+tensor ragged(int r, bool transpose = false) {
+  int rows = r % 3;
+  std::vector<float> v(static_cast<size_t>(rows * 2));
+  for (size_t k = 0; k < v.size(); ++k)
+    v[k] = static_cast<float>(r * 100 + static_cast<int>(k));
+  if (transpose)
+    return tensor::from<float>(v, {2, rows});
+  return tensor::from<float>(v, {rows, 2});
+}
+
+/// Runs `fn` on the multi-worker strategy and on the reference, and compares replica by replica
+/// (the reference's replica `id` for the multi-worker replica `id`).
+template <class F>
+void compare_run(strategy& mw, strategy& ref, const std::string& what, F fn) {
+  try {
+    auto got = mw.run(fn);
+    auto want = ref.run(fn);
+    auto ids = mw.local_replica_ids();
+    for (size_t i = 0; i < ids.size(); ++i)
+      check_equal(got[i], want[static_cast<size_t>(ids[i])],
+                  what + " on replica " + std::to_string(ids[i]));
+  } catch (const std::exception& e) {
+    check(false, what + " threw: " + e.what());
+  }
+}
+
+std::vector<std::string> cpu_devices(int n) {
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i)
+    out.push_back("CPU:" + std::to_string(i));
+  return out;
+}
+
+int collectives() {
+  multi_worker_mirrored_strategy mw;
+  auto W = mw.num_workers();
+  auto D = static_cast<int>(mw.num_local_replicas());
+  auto R = mw.num_replicas_in_sync();
+  me = "worker " + std::to_string(mw.worker_rank());
+  check(R == W * D, "num_replicas_in_sync == workers x devices");
+  check(std::string{mw.name()} == "MultiWorkerMirroredStrategy", "name");
+  mirrored_strategy ref(cpu_devices(R));
+
+  // Replica ids, as the replicas see them.
+  {
+    auto ids = mw.run([](replica_context& ctx) {
+      return tensor::from<int32_t>({ctx.replica_id_in_sync_group(), ctx.num_replicas_in_sync()},
+                                   {2});
+    });
+    for (int i = 0; i < D; ++i)
+      check_equal(ids[static_cast<size_t>(i)],
+                  tensor::from<int32_t>({mw.worker_rank() * D + i, R}, {2}),
+                  "replica id of local replica " + std::to_string(i));
+  }
+  for (auto op : {"SUM", "MEAN", "MIN", "MAX"})
+    compare_run(mw, ref, std::string{"all_reduce "} + op, [op](replica_context& ctx) {
+      auto x = dense(ctx.replica_id_in_sync_group() % 3 + 1);
+      return ctx.all_reduce(op, x);
+    });
+  compare_run(mw, ref, "all_reduce PROD", [](replica_context& ctx) {
+    auto r = static_cast<float>(ctx.replica_id_in_sync_group() % 2 + 1);
+    return ctx.all_reduce("PROD", tensor::from<float>({r, -r, 1.0f}, {3}));
+  });
+  compare_run(mw, ref, "all_reduce MEAN of int32 (float64 result)", [](replica_context& ctx) {
+    return ctx.all_reduce("MEAN", ints(ctx.replica_id_in_sync_group()));
+  });
+  compare_run(mw, ref, "all_reduce SUM of a nest", [](replica_context& ctx) {
+    auto r = ctx.replica_id_in_sync_group();
+    return ctx.all_reduce("SUM", nest::dict({{"a", dense(r)}, {"b", nest::list({ints(r)})}}));
+  });
+  compare_run(mw, ref, "all_reduce SUM of 1M floats (ring)", [](replica_context& ctx) {
+    std::vector<float> v(1 << 20);
+    for (size_t k = 0; k < v.size(); ++k)
+      v[k] = static_cast<float>((static_cast<int>(k) + ctx.replica_id_in_sync_group()) % 17);
+    return ctx.all_reduce("SUM", tensor::from<float>(v));
+  });
+  compare_run(mw, ref, "all_gather axis 0 (ragged, one empty)", [](replica_context& ctx) {
+    return ctx.all_gather(ragged(ctx.replica_id_in_sync_group()), 0);
+  });
+  compare_run(mw, ref, "all_gather axis 1 (ragged)", [](replica_context& ctx) {
+    return ctx.all_gather(ragged(ctx.replica_id_in_sync_group(), true), 1);
+  });
+  for (int root : {0, R - 1})
+    compare_run(mw, ref, "broadcast from replica " + std::to_string(root),
+                [root](replica_context& ctx) {
+                  return ctx.broadcast(dense(ctx.replica_id_in_sync_group()), root);
+                });
+  compare_run(mw, ref, "three all_reduces in one step", [](replica_context& ctx) {
+    auto x = dense(ctx.replica_id_in_sync_group());
+    for (int i = 0; i < 3; ++i)
+      x = ctx.all_reduce("MAX", x);
+    return x;
+  });
+  for (int i = 0; i < 20; ++i)
+    compare_run(mw, ref, "step " + std::to_string(i), [i](replica_context& ctx) {
+      return ctx.all_reduce("SUM", dense(ctx.replica_id_in_sync_group() + i));
+    });
+
+  // Strategy.reduce / gather of per-replica values: the same as the reference's over all replicas.
+  auto mw_values = mw.distribute_values([](int id) { return ragged(id); });
+  auto ref_values = ref.distribute_values([](int id) { return ragged(id); });
+  auto mw_dense = mw.distribute_values([](int id) { return dense(id); });
+  auto ref_dense = ref.distribute_values([](int id) { return dense(id); });
+  auto mw_ints = mw.distribute_values([](int id) { return ints(id); });
+  auto ref_ints = ref.distribute_values([](int id) { return ints(id); });
+  try {
+    for (auto op : {"SUM", "MEAN", "MAX"}) {
+      check_equal(mw.reduce(op, mw_dense, std::nullopt), ref.reduce(op, ref_dense, std::nullopt),
+                  std::string{"reduce "} + op + " axis=None");
+      check_equal(mw.reduce(op, mw_dense, 0), ref.reduce(op, ref_dense, 0),
+                  std::string{"reduce "} + op + " axis=0");
+    }
+    check_equal(mw.reduce("MEAN", mw_values, 0), ref.reduce("MEAN", ref_values, 0),
+                "reduce MEAN axis=0 of ragged batches (true count, empty replica adds nothing)");
+    check_equal(mw.reduce("MEAN", mw_ints, std::nullopt),
+                ref.reduce("MEAN", ref_ints, std::nullopt), "reduce MEAN of int32 (float64)");
+    check_equal(mw.reduce("SUM", mw_ints, 0), ref.reduce("SUM", ref_ints, 0),
+                "reduce SUM axis=0 of int32");
+    check_equal(mw.gather(mw_values, 0), ref.gather(ref_values, 0), "gather axis 0 (ragged)");
+    check_equal(mw.reduce_async("SUM", mw_dense, std::nullopt).get(),
+                ref.reduce("SUM", ref_dense, std::nullopt), "reduce_async SUM");
+    // A plain value is one contribution per worker.
+    auto plain = tensor::from<float>({static_cast<float>(mw.worker_rank() + 1), 1.0f}, {2});
+    auto sum = static_cast<float>(W * (W + 1) / 2);
+    check_equal(mw.reduce("SUM", plain, std::nullopt), tensor::from<float>({sum, float(W)}, {2}),
+                "reduce SUM of a plain value sums across workers");
+    check_equal(mw.reduce("MEAN", plain, std::nullopt),
+                tensor::from<float>({sum / float(W), 1.0f}, {2}),
+                "reduce MEAN of a plain value averages over workers");
+  } catch (const std::exception& e) {
+    check(false, std::string{"reduce/gather threw: "} + e.what());
+  }
+
+  // distribute_dataset: replica (worker w, local i) takes part i * W + w of each global batch.
+  {
+    std::vector<float> rows(2 * 13);
+    for (size_t k = 0; k < rows.size(); ++k)
+      rows[k] = static_cast<float>(k);
+    auto ds = dataset::from_tensor_slices(tensor::from<float>(rows, {13, 2})).batch(R + 1);
+    auto mw_ds = mw.distribute_dataset(ds);
+    auto ref_ds = ref.distribute_dataset(ds);
+    check(mw_ds.cardinality() == ref_ds.cardinality(), "distribute_dataset cardinality");
+    for (int64_t b = 0; b < mw_ds.cardinality(); ++b) {
+      auto got = mw_ds.get(b);
+      auto want = ref_ds.get(b);
+      for (int i = 0; i < D; ++i) {
+        auto part = i * W + mw.worker_rank();
+        check_equal(got[static_cast<size_t>(i)], want[static_cast<size_t>(part)],
+                    "batch " + std::to_string(b) + " of local replica " + std::to_string(i));
+      }
+    }
+  }
+
+  // A collective that disagrees between workers fails on every worker, and the group still works.
+  {
+    bool mismatched = false;
+    try {
+      mw.run([W](replica_context& ctx) {
+        auto n = ctx.replica_id_in_sync_group() / (ctx.num_replicas_in_sync() / W) == W - 1 ? 3 : 2;
+        return ctx.all_reduce("SUM", tensor::zeros(dtype::float32, {n}));
+      });
+    } catch (const error& e) {
+      mismatched = e.code() == errc::collective_mismatch || e.code() == errc::collective_aborted;
+      if (!mismatched)
+        std::cout << me << ": mismatch gave " << e.what() << std::endl;
+    }
+    check(mismatched, "shapes that differ between workers fail every worker");
+    compare_run(mw, ref, "all_reduce after a mismatch", [](replica_context& ctx) {
+      return ctx.all_reduce("SUM", dense(ctx.replica_id_in_sync_group()));
+    });
+  }
+  std::cout << me << ": " << checks - failures << " of " << checks << " checks passed" << std::endl;
+  return failures == 0 ? 0 : 1;
+}
+
+/// `kill`: the victim raises SIGKILL. `partition`: the victim (in a network namespace) takes its
+/// interface down and carries on; nobody sees a connection close, so heartbeats must find it.
+int loss_scenario(int victim, bool partition) {
+  multi_worker_options opts;
+  opts.heartbeat_interval = std::chrono::milliseconds(200);
+  opts.peer_timeout = std::chrono::milliseconds(2000);
+  multi_worker_mirrored_strategy mw({}, opts);
+  me = "worker " + std::to_string(mw.worker_rank());
+  auto rank = mw.worker_rank();
+  for (int i = 0; i < 3; ++i)
+    mw.run([](replica_context& ctx) { return ctx.all_reduce("SUM", dense(1)); });
+  auto start = clock_type::now();
+  try {
+    mw.run([rank, victim, partition](replica_context& ctx) {
+      if (rank == victim && ctx.local_replica_index() == 0) {
+        if (!partition) {
+          std::cout << me << ": killing myself" << std::endl;
+          std::raise(SIGKILL);
+        }
+        std::cout << me << ": cutting my network link" << std::endl;
+        if (std::system("ip link set dev eth0 down") != 0)
+          throw std::runtime_error("could not take eth0 down");
+      }
+      std::vector<float> v(1 << 18, 1.0f);
+      return ctx.all_reduce("SUM", tensor::from<float>(v));
+    });
+    std::cout << me << ": the all-reduce succeeded despite the loss of worker " << victim
+              << std::endl;
+    return 1;
+  } catch (const error& e) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start);
+    std::cout << me << ": " << to_string(e.code()) << " after " << ms.count() << " ms: " << e.what()
+              << std::endl;
+    bool ok = e.code() == errc::peer_lost && ms < opts.peer_timeout + std::chrono::seconds(3);
+    // Later collectives fail at once with the same cause.
+    try {
+      mw.run([](replica_context& ctx) { return ctx.all_reduce("SUM", dense(1)); });
+      ok = false;
+    } catch (const error& later) {
+      ok = ok && later.code() == errc::peer_lost;
+    }
+    return ok ? 0 : 1;
+  }
+}
+
+int join_fails(int timeout_ms, const std::string& text) {
+  multi_worker_options opts;
+  opts.rendezvous_timeout = std::chrono::milliseconds(timeout_ms);
+  auto start = clock_type::now();
+  try {
+    multi_worker_mirrored_strategy mw({}, opts);
+    std::cout << "the strategy joined, but it should not have" << std::endl;
+    return 1;
+  } catch (const error& e) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start);
+    std::cout << "join failed after " << ms.count() << " ms: " << to_string(e.code()) << ": "
+              << e.what() << std::endl;
+    bool ok = std::string{e.what()}.find(text) != std::string::npos &&
+              ms < std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(5);
+    if (!ok)
+      std::cout << "expected the message to contain \"" << text << "\"" << std::endl;
+    return ok ? 0 : 1;
+  }
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  std::string scenario = argc > 1 ? argv[1] : "";
+  try {
+    if (scenario == "collectives")
+      return collectives();
+    if (scenario == "kill" && argc > 2)
+      return loss_scenario(std::atoi(argv[2]), false);
+    if (scenario == "partition" && argc > 2)
+      return loss_scenario(std::atoi(argv[2]), true);
+    if (scenario == "join-fails" && argc > 3)
+      return join_fails(std::atoi(argv[2]), argv[3]);
+  } catch (const std::exception& e) {
+    std::cout << me << ": " << e.what() << std::endl;
+    return 1;
+  }
+  std::cerr << "usage: mw_job collectives | kill VICTIM_RANK | partition VICTIM_RANK | "
+               "join-fails TIMEOUT_MS TEXT"
+            << std::endl;
+  return 2;
+}
