@@ -1,0 +1,129 @@
+#pragma once
+
+// The model core of the data-parallel training demo: a synthetic classification problem and a
+// one-hidden-layer perceptron (ReLU, softmax cross-entropy) with hand-written gradients.
+//
+// Everything here works on one replica's sub-batch and returns SUMS over that sub-batch (loss,
+// correct predictions, gradients), never means. A driver all-reduces the sums with SUM and
+// divides by the global batch size once, so replicas with partial or empty sub-batches weigh
+// exactly as many examples as they saw. `forward_backward` is additive over rows: the result for
+// a batch equals the sum of the results for any split of it into parts.
+
+#include <consort/nest.hpp>
+#include <consort/tensor.hpp>
+
+#include <cstdint>
+
+namespace consort::train {
+
+// -- synthetic data -------------------------------------------------------------------------------
+
+/// Parameters of `make_dataset`.
+struct synthetic_options {
+  /// Number of examples (rows).
+  int64_t examples = 4096;
+  /// Number of features per example; at least 2.
+  int features = 16;
+  /// Number of classes; at least 2.
+  int classes = 4;
+  /// Seed of the generator; equal options give equal bytes on every machine.
+  uint64_t seed = 42;
+};
+
+/// Features and labels of a classification problem, ready for `dataset::from_tensor_slices`.
+struct dataset_tensors {
+  /// float32 [examples, features].
+  tensor x;
+  /// int32 [examples], each in [0, classes).
+  tensor y;
+
+  /// `{"x": x, "y": y}`, the element structure the training demo batches.
+  nest as_nest() const { return nest::dict({{"x", x}, {"y", y}}); }
+};
+
+/// A deterministic classification problem that a linear model solves poorly.
+///
+/// Each class is one arm of a spiral in a 2-D latent plane: class k starts at angle 2πk/classes
+/// and winds half a turn outwards, so every arm wraps around its neighbours' and no straight line
+/// separates two of them. The latent point is warped by a smooth nonlinear map, embedded into
+/// `features` dimensions by a fixed random linear map, and perturbed by noise on every feature.
+/// Labels are drawn uniformly at random.
+///
+/// The generator uses its own PRNG (splitmix64) and its own sine, with no `<random>`
+/// distributions and no libm transcendental calls, so the same options give the same bytes with
+/// every compiler, standard library and machine.
+/// @throws error(invalid_argument) when examples < 0, features < 2 or classes < 2.
+dataset_tensors make_dataset(const synthetic_options& options);
+
+// -- the model ------------------------------------------------------------------------------------
+
+/// Layer sizes of the perceptron.
+struct mlp_shape {
+  /// Features per example.
+  int inputs = 0;
+  /// Units of the ReLU hidden layer.
+  int hidden = 0;
+  /// Number of classes (logits).
+  int classes = 0;
+};
+
+/// Fresh parameters: a dict of float32 tensors
+/// `{"b1": [hidden], "b2": [classes], "w1": [inputs, hidden], "w2": [hidden, classes]}`.
+/// `w1` is He-uniform (±sqrt(6 / inputs), suited to the ReLU after it), `w2` Glorot-uniform
+/// (±sqrt(6 / (hidden + classes))), biases are zero. Deterministic for a given `seed`.
+/// @throws error(invalid_argument) when a size is < 1.
+nest init_params(const mlp_shape& shape, uint64_t seed);
+
+/// The layer sizes of `params` after checking that it is a parameter dict as `init_params` makes
+/// it (exactly the keys w1, b1, w2, b2, float32, with agreeing shapes).
+/// @throws error(structure_mismatch) for missing or extra keys or a non-dict,
+///         error(dtype_mismatch) for a non-float32 leaf, error(shape_mismatch) for bad shapes.
+mlp_shape shape_of(const nest& params);
+
+/// The per-batch sums `forward_backward` returns.
+struct loss_and_grads {
+  /// float32 scalar: the sum over the batch of each example's cross-entropy loss.
+  tensor loss_sum;
+  /// float32 [rows]: each example's cross-entropy loss (for `reduce(MEAN, axis=0)` reports).
+  tensor per_example_loss;
+  /// float32 scalar: the number of examples whose highest logit (first on ties) is the label.
+  tensor correct;
+  /// The gradient of `loss_sum` (the SUM, not the mean) with respect to each parameter: a dict
+  /// with the keys and shapes of the parameters, float32.
+  nest grads;
+  /// `grads` before rounding to float32 (float64). Data-parallel drivers all-reduce these and
+  /// round once afterwards, so that the sum does not depend on how the batch was split beyond
+  /// float64 rounding (the final weights then match a single-replica run to float32 precision).
+  nest grads64;
+};
+
+/// One forward and backward pass over a batch: hidden = relu(x·w1 + b1),
+/// logits = hidden·w2 + b2, loss = logsumexp(logits) - logits[label] (computed stably).
+///
+/// Returns sums over the batch, so the result for a batch equals the sum of the results for its
+/// parts (up to float32 rounding); a batch of 0 rows gives zero loss, zero correct and zero
+/// gradients. Accumulates in float64 and rounds to float32 once at the end.
+/// @pre `params` as `init_params` makes it (checked, see `shape_of`).
+/// @throws error(shape_mismatch) unless x is [N, inputs] and y is [N],
+///         error(dtype_mismatch) unless x is float32 and y int32,
+///         error(invalid_argument) for a label outside [0, classes) or a default-constructed
+///         x or y, plus `shape_of`'s errors.
+loss_and_grads forward_backward(const nest& params, const tensor& x, const tensor& y);
+
+/// The predicted class of each row of x: int32 [N], the index of the highest logit (first on
+/// ties). @throws error(shape_mismatch | dtype_mismatch) as `forward_backward` does for x.
+tensor predict(const nest& params, const tensor& x);
+
+/// One step of plain SGD from gradient sums: `p -= learning_rate * g / global_batch` for each
+/// parameter p and its gradient sum g (float64 arithmetic, stored as float32). Works on any nest
+/// of float32 tensors; leaves of `params` that are shared elsewhere are copied first
+/// (copy-on-write), so published parameters never change.
+/// @pre `grad_sums` holds gradients of the loss summed over all `global_batch` examples of the
+///      step (for example the SUM all-reduce of every replica's `forward_backward(...).grads`).
+/// @throws error(invalid_argument) when global_batch < 1,
+///         error(structure_mismatch) when the structures differ,
+///         error(shape_mismatch | dtype_mismatch) when a pair of leaves differs in shape or is not
+///         float32.
+void sgd_update(nest& params, const nest& grad_sums, double learning_rate, int64_t global_batch);
+
+} // namespace consort::train
