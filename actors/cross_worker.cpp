@@ -35,15 +35,6 @@ struct descriptor {
 };
 static_assert(sizeof(descriptor) == 248);
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 std::string text_of(const descriptor& d) {
   return std::string(d.text, strnlen(d.text, descriptor::text_bytes));
 }
@@ -124,6 +115,15 @@ transport::mutable_bytes mutable_bytes_of(tensor& t) {
 }
 
 } // namespace
+
+uint64_t fnv1a(const std::string& s) noexcept {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
 
 cross_worker::cross_worker(transport::context_ptr ctx, int devices_per_worker)
     : ctx_(std::move(ctx)), rank_(ctx_->rank()), size_(ctx_->size()),

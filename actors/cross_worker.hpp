@@ -37,6 +37,9 @@
 
 namespace consort::detail {
 
+/// 64-bit FNV-1a of `s`: call signatures in descriptors, group ids of meshes.
+uint64_t fnv1a(const std::string& s) noexcept;
+
 /// One collective as this worker contributes it to the cross-worker phase.
 struct cross_call {
   collective_kind kind = collective_kind::all_reduce;

@@ -59,15 +59,6 @@ std::string host_of(const std::string& address) {
   return address.substr(0, colon);
 }
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 [[noreturn]] void fail(const caf::error& err, const std::string& what) {
   throw to_consort_error(err, what);
 }
@@ -114,7 +105,7 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   mesh.rank = rank;
   mesh.size = num_workers;
   mesh.listen_address = host_of(own_address) + ":0";
-  mesh.group_id = fnv1a(chief_address + "/" + std::to_string(num_workers));
+  mesh.group_id = detail::fnv1a(chief_address + "/" + std::to_string(num_workers));
   mesh.epoch = 1;
   mesh.connect_timeout = mw.rendezvous_timeout;
   mesh.log = log;

@@ -91,11 +91,11 @@ options parse(int argc, char** argv) {
       o.verify = true;
     else if (a == "--no-verify")
       o.verify = false;
-    else if (a == "--plot" && i + 1 < argc)
-      o.plot = argv[++i];
-    else if (a == "--trace" && i + 1 < argc)
-      o.trace = argv[++i];
-    else
+    else if (a == "--plot" || a == "--trace") {
+      if (i + 1 >= argc)
+        usage(a + " needs a file name");
+      (a == "--plot" ? o.plot : o.trace) = argv[++i];
+    } else
       usage("unknown argument \"" + a + "\"");
   }
   if (o.global_batch < 1 || o.hidden < 1 || o.examples < 1)

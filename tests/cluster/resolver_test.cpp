@@ -154,3 +154,71 @@ TEST(SimpleClusterResolverTest, RejectsANegativeAcceleratorCount) {
       },
       errc::invalid_argument, {"-1 accelerators", "\"GPU\""}));
 }
+
+// -- resolve_cluster / worker_tasks ---------------------------------------------------------------
+
+TEST(ResolveClusterTest, TfConfigComesFirstThenSlurmThenOpenMpiElseLocal) {
+  using consort::resolve_cluster;
+  using consort::test::fake_env;
+  const std::string tf =
+      R"({"cluster":{"worker":["a:1","b:1"]},"task":{"type":"worker","index":1}})";
+  std::map<std::string, std::string> slurm{{"SLURM_PROCID", "1"},
+                                           {"SLURM_NTASKS", "3"},
+                                           {"SLURM_STEP_NODELIST", "n[1-3]"},
+                                           {"SLURM_STEP_TASKS_PER_NODE", "1(x3)"}};
+  std::map<std::string, std::string> mpi{{"OMPI_COMM_WORLD_RANK", "0"},
+                                         {"OMPI_COMM_WORLD_SIZE", "4"},
+                                         {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}};
+  auto everything = slurm;
+  everything.insert(mpi.begin(), mpi.end());
+  everything["TF_CONFIG"] = tf;
+
+  auto r = resolve_cluster(fake_env(everything));
+  EXPECT_NE(dynamic_cast<const consort::tf_config_cluster_resolver*>(r.get()), nullptr);
+  EXPECT_EQ(r->num_workers(), 2);
+  EXPECT_EQ(r->worker_rank(), 1);
+
+  everything["TF_CONFIG"] = ""; // an empty TF_CONFIG does not count
+  r = resolve_cluster(fake_env(everything));
+  EXPECT_NE(dynamic_cast<const consort::slurm_cluster_resolver*>(r.get()), nullptr);
+  EXPECT_EQ(r->num_workers(), 3);
+
+  r = resolve_cluster(fake_env(mpi));
+  EXPECT_NE(dynamic_cast<const consort::mpi_cluster_resolver*>(r.get()), nullptr);
+  EXPECT_EQ(r->num_workers(), 4);
+
+  r = resolve_cluster(fake_env({}));
+  EXPECT_TRUE(r->is_local());
+  EXPECT_EQ(r->num_workers(), 1);
+}
+
+TEST(ResolveClusterTest, AMalformedEnvironmentIsAnErrorOfTheChosenResolver) {
+  using consort::resolve_cluster;
+  using consort::test::fake_env;
+  EXPECT_TRUE(fails_with(
+      [] {
+        resolve_cluster(fake_env({{"TF_CONFIG", "{not json"}}));
+      },
+      errc::invalid_argument, {"TF_CONFIG"}));
+  EXPECT_TRUE(fails_with(
+      [] {
+        resolve_cluster(fake_env({{"SLURM_PROCID", "x"}}));
+      },
+      errc::invalid_argument, {"SLURM_PROCID"}));
+}
+
+TEST(ResolveClusterTest, WorkerTasksAreInRankOrderChiefFirst) {
+  simple_cluster_resolver with_chief(chief_and_workers, "worker", 2);
+  EXPECT_EQ(consort::worker_tasks(with_chief),
+            (std::vector<task_id>{{"chief", 0}, {"worker", 0}, {"worker", 1}, {"worker", 2}}));
+  simple_cluster_resolver plain(workers_only, "worker", 0);
+  EXPECT_EQ(consort::worker_tasks(plain),
+            (std::vector<task_id>{{"worker", 0}, {"worker", 1}, {"worker", 2}}));
+  // Open MPI before the address exchange knows only the chief and itself: ranks 0..n-1.
+  consort::mpi_cluster_resolver mpi({.host = "h", .default_chief_address = "h0:1"},
+                                    consort::test::fake_env({{"OMPI_COMM_WORLD_RANK", "2"},
+                                                             {"OMPI_COMM_WORLD_SIZE", "3"},
+                                                             {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}}));
+  EXPECT_EQ(consort::worker_tasks(mpi),
+            (std::vector<task_id>{{"worker", 0}, {"worker", 1}, {"worker", 2}}));
+}

@@ -22,6 +22,7 @@
 // shuts down the sending side once the queue is written and keeps reading (dropping what arrives)
 // until the peer closes too or the linger passes: the last message is never lost to a reset.
 
+#include "transport/address.hpp"
 #include "transport/membership/codec.hpp"
 #include "transport/membership/sha256.hpp"
 
@@ -93,38 +94,10 @@ constexpr std::size_t min_nonce_bytes = 16;
 /// The longest a graceful close (leave, refusal) waits for the peer to close its side.
 constexpr milliseconds max_linger{2000};
 
-struct host_port {
-  std::string host;
-  std::string port;
-};
-
-/// Splits "host:port" or "[v6 address]:port"; returns why not on failure.
-std::string split_address(const std::string& text, host_port& out) {
-  auto colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
-    return "\"" + text + "\" is not host:port";
-  out.host = text.substr(0, colon);
-  out.port = text.substr(colon + 1);
-  if (out.host.size() >= 2 && out.host.front() == '[' && out.host.back() == ']')
-    out.host = out.host.substr(1, out.host.size() - 2);
-  if (out.port.size() > 5 ||
-      !std::all_of(out.port.begin(), out.port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-      std::stoul(out.port) > 65535)
-    return "\"" + text + "\" has no valid port (0-65535)";
-  return {};
-}
-
-std::string endpoint_text(const asio_tcp::endpoint& ep) {
-  auto addr = ep.address();
-  auto host = addr.to_string();
-  if (addr.is_v6())
-    host = "[" + host + "]";
-  return host + ":" + std::to_string(ep.port());
-}
-
-std::string ms_text(milliseconds ms) {
-  return std::to_string(ms.count()) + " ms";
-}
+using transport::endpoint_text;
+using transport::host_port;
+using transport::ms_text;
+using transport::split_address;
 
 /// Asio's message, except for end of file, which reads better in a sentence.
 std::string reason_of(const error_code& ec) {

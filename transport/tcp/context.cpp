@@ -15,6 +15,7 @@
 // goes on serving its real peers. The listening socket stays open after the mesh is complete, so
 // a stray or hostile client always meets a handshake that refuses it with a logged reason.
 
+#include "transport/address.hpp"
 #include "transport/tcp/pair_impl.hpp"
 #include "transport/tcp/wire.hpp"
 
@@ -56,38 +57,10 @@ constexpr std::size_t max_pending_handshakes = 64;
 constexpr std::chrono::milliseconds first_backoff{2};
 constexpr std::chrono::milliseconds max_backoff{200};
 
-struct host_port {
-  std::string host;
-  std::string port;
-};
-
-/// Splits "host:port" or "[v6 address]:port"; returns why not on failure.
-std::string split_address(const std::string& text, host_port& out) {
-  auto colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
-    return "\"" + text + "\" is not host:port";
-  out.host = text.substr(0, colon);
-  out.port = text.substr(colon + 1);
-  if (out.host.size() >= 2 && out.host.front() == '[' && out.host.back() == ']')
-    out.host = out.host.substr(1, out.host.size() - 2);
-  if (out.port.size() > 5 ||
-      !std::all_of(out.port.begin(), out.port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-      std::stoul(out.port) > 65535)
-    return "\"" + text + "\" has no valid port (0-65535)";
-  return {};
-}
-
-std::string endpoint_text(const asio_tcp::endpoint& ep) {
-  auto addr = ep.address();
-  auto host = addr.to_string();
-  if (addr.is_v6())
-    host = "[" + host + "]";
-  return host + ":" + std::to_string(ep.port());
-}
-
-std::string ms_text(std::chrono::milliseconds ms) {
-  return std::to_string(ms.count()) + " ms";
-}
+using transport::endpoint_text;
+using transport::host_port;
+using transport::ms_text;
+using transport::split_address;
 
 } // namespace
 
