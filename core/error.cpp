@@ -38,6 +38,8 @@ const char* to_string(errc code) noexcept {
     return "out_of_range";
   case errc::wait_timeout:
     return "wait_timeout";
+  case errc::device_error:
+    return "device_error";
   }
   // A value outside the enumeration (e.g. one deserialised from a newer peer).
   return "unknown_errc";

@@ -49,6 +49,9 @@ enum class errc : uint8_t {
   out_of_range,
   /// A wait on a future passed its deadline (the operation itself goes on).
   wait_timeout,
+  /// A device call failed: a CUDA runtime or NCCL error, or a GPU that is not there. The message
+  /// names the call, the device and the library's own error text.
+  device_error,
 };
 
 /// Returns the enumerator name of `code`, e.g. "collective_timeout".

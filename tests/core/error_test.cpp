@@ -28,13 +28,14 @@ TEST(ErrorTest, ToStringNamesTheEnumerator) {
   EXPECT_STREQ(to_string(errc::shutdown), "shutdown");
   EXPECT_STREQ(to_string(errc::out_of_range), "out_of_range");
   EXPECT_STREQ(to_string(errc::wait_timeout), "wait_timeout");
+  EXPECT_STREQ(to_string(errc::device_error), "device_error");
 }
 
 TEST(ErrorTest, EveryCodeHasADistinctName) {
   std::set<std::string> names;
-  for (int i = 0; i <= static_cast<int>(errc::wait_timeout); ++i)
+  for (int i = 0; i <= static_cast<int>(errc::device_error); ++i)
     names.insert(to_string(static_cast<errc>(i)));
-  EXPECT_EQ(names.size(), static_cast<size_t>(errc::wait_timeout) + 1);
+  EXPECT_EQ(names.size(), static_cast<size_t>(errc::device_error) + 1);
   EXPECT_EQ(names.count("unknown_errc"), 0u);
 }
 
