@@ -1,0 +1,53 @@
+#pragma once
+
+// The kernels the runtime itself runs on a GPU: element-wise reduction of replica tensors (every
+// reduce op and numeric dtype), MEAN's division, reduction along an axis, and concatenation for a
+// ragged all_gather. Private to consort; compiled only when CONSORT_WITH_CUDA is 1.
+//
+// They compute exactly what the host kernels (device/cpu_kernels.cpp, device/element_ops.hpp)
+// compute, element by element in the same order, so a GPU replica's result is bitwise the host's:
+// - inputs are combined in order (in[0] op in[1] op ... op in[N-1]); integers wrap (combined in
+//   their unsigned type); MIN/MAX use `b < a ? b : a` / `a < b ? b : a`;
+// - MEAN accumulates in the output dtype (float64 for integer inputs) and multiplies the last
+//   partial by (1.0 / divisor) in the elementwise case, as the host's folded division does;
+//   reduce_axis divides exactly by the divisor afterwards, as the host does;
+// - bool tensors are not reduced (callers reject them first, as the host kernels do).
+//
+// All pointers are device pointers of one GPU unless said otherwise; every kernel is queued on
+// `stream` and returns without waiting. Sizes of 0 queue nothing. Errors of the launch are thrown
+// as error(device_error); errors of the execution surface at the next synchronisation.
+
+#include <consort/reduce_op.hpp>
+#include <consort/tensor.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace consort::cuda {
+
+/// out[j] = in[0][j] op ... op in[count-1][j] for j < n; MEAN multiplies the result by
+/// (1.0 / mean_divisor) in the output dtype. `inputs` is a host array of `count` >= 1 device
+/// pointers of dtype `type`; `out` has dtype reduced_dtype(op, type) and may alias in[0].
+void reduce_elementwise(dtype type, reduce_op op, const void* const* inputs, int count, void* out,
+                        int64_t n, double mean_divisor, cudaStream_t stream);
+
+/// Reduces a row-major [outer, k, inner] view of `in` along its middle axis into [outer, inner];
+/// `k` >= 1. MEAN sums in the output dtype and, when `divisor` > 0, divides by it exactly.
+void reduce_axis(dtype type, reduce_op op, const void* in, void* out, int64_t outer, int64_t k,
+                 int64_t inner, double divisor, cudaStream_t stream);
+
+/// Divides `n` elements of a float32 or float64 buffer by `divisor` in place (exact division).
+void divide(dtype type, void* data, int64_t n, double divisor, cudaStream_t stream);
+
+/// Fills `n` elements of dtype `type` with `value` (converted to the dtype).
+void fill(dtype type, void* data, int64_t n, double value, cudaStream_t stream);
+
+/// Concatenation along an axis, as strided copies: for each of `outer` rows, input i contributes
+/// `row_bytes[i]` contiguous bytes (its extent along the axis times the bytes of the later axes),
+/// written one after the other into `out` (device pointers, `inputs` a host array of `count`).
+void concat(const void* const* inputs, const size_t* row_bytes, int count, void* out,
+            int64_t outer, cudaStream_t stream);
+
+} // namespace consort::cuda
