@@ -47,7 +47,7 @@ void fill(dtype type, void* data, int64_t n, double value, cudaStream_t stream);
 /// Concatenation along an axis, as strided copies: for each of `outer` rows, input i contributes
 /// `row_bytes[i]` contiguous bytes (its extent along the axis times the bytes of the later axes),
 /// written one after the other into `out` (device pointers, `inputs` a host array of `count`).
-void concat(const void* const* inputs, const size_t* row_bytes, int count, void* out,
-            int64_t outer, cudaStream_t stream);
+void concat(const void* const* inputs, const size_t* row_bytes, int count, void* out, int64_t outer,
+            cudaStream_t stream);
 
 } // namespace consort::cuda
