@@ -1,0 +1,235 @@
+// The distributed training loop of the demo (examples/train/trainer.hpp): gradient buckets, the
+// result's independence of bucketing and layout, and the --plot and --trace files.
+
+#include "trainer.hpp"
+
+#include <consort/consort.hpp>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+
+using namespace consort;
+using namespace consort::train;
+
+namespace {
+
+using buckets = std::vector<std::pair<size_t, size_t>>;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// A file name in the test's temporary directory, removed at the end of the test.
+class temp_file {
+public:
+  explicit temp_file(const std::string& name)
+      : path_((std::filesystem::temp_directory_path() /
+               ("consort_trainer_" + std::to_string(::getpid()) + "_" + name))
+                  .string()) {}
+  ~temp_file() { std::filesystem::remove(path_); }
+  const std::string& path() const { return path_; }
+
+private:
+  std::string path_;
+};
+
+const dataset_tensors& small_data() {
+  static const dataset_tensors data = [] {
+    synthetic_options o;
+    o.examples = 256;
+    return make_dataset(o);
+  }();
+  return data;
+}
+
+train_options few_steps(int64_t steps) {
+  train_options o;
+  o.steps = steps;
+  o.global_batch = 24;
+  o.examples = 256;
+  o.hidden = 8;
+  return o;
+}
+
+} // namespace
+
+TEST(PlanBuckets, ZeroBytesIsOneBucketPerTensor) {
+  EXPECT_EQ(plan_buckets({8, 8, 8}, 0), (buckets{{0, 1}, {1, 2}, {2, 3}}));
+}
+
+TEST(PlanBuckets, FillsBucketsUpToTheLimitInOrder) {
+  EXPECT_EQ(plan_buckets({8, 8, 8, 8}, 16), (buckets{{0, 2}, {2, 4}}));
+  EXPECT_EQ(plan_buckets({8, 8, 8}, 1 << 20), (buckets{{0, 3}}));
+  EXPECT_EQ(plan_buckets({4, 8, 4}, 12), (buckets{{0, 2}, {2, 3}}));
+}
+
+TEST(PlanBuckets, ATensorLargerThanABucketGetsItsOwn) {
+  EXPECT_EQ(plan_buckets({4, 100, 4}, 16), (buckets{{0, 1}, {1, 2}, {2, 3}}));
+  EXPECT_EQ(plan_buckets({100}, 16), (buckets{{0, 1}}));
+}
+
+TEST(PlanBuckets, NoTensorsNoBuckets) {
+  EXPECT_TRUE(plan_buckets({}, 64).empty());
+}
+
+TEST(TrainOn, BucketingDoesNotChangeTheResult) {
+  mirrored_strategy strategy({"CPU:0", "CPU:1", "CPU:2"});
+  auto fused = few_steps(12);
+  auto per_tensor = fused;
+  per_tensor.bucket_bytes = 0;
+  tracer off(false);
+  auto a = train_on(strategy, fused, small_data(), off, 0);
+  auto b = train_on(strategy, per_tensor, small_data(), off, 0);
+  EXPECT_EQ(a.collectives_per_step, 1);
+  EXPECT_EQ(b.collectives_per_step, 5); // W1, b1, W2, b2 and the totals
+  EXPECT_EQ(max_relative_difference(a.params, b.params), 0.0);
+  EXPECT_EQ(a.curve.loss, b.curve.loss);
+}
+
+TEST(TrainOn, ThreeReplicasMatchOneReplicaAndLearn) {
+  mirrored_strategy three({"CPU:0", "CPU:1", "CPU:2"});
+  one_device_strategy one("CPU:0");
+  auto o = few_steps(60);
+  tracer off(false);
+  auto a = train_on(three, o, small_data(), off, 0);
+  auto b = train_on(one, o, small_data(), off, 0);
+  EXPECT_LE(max_relative_difference(a.params, b.params), 1e-5);
+  ASSERT_EQ(a.curve.loss.size(), 60u);
+  EXPECT_LT(a.curve.loss.back(), a.curve.loss.front());
+  EXPECT_GT(a.examples_per_s, 0);
+  EXPECT_GT(a.collective_s, 0);
+}
+
+TEST(TrainOn, ReportsProgressEveryStep) {
+  one_device_strategy one("CPU:0");
+  tracer off(false);
+  std::vector<int64_t> steps;
+  train_on(one, few_steps(4), small_data(), off, 0,
+           [&](int64_t step, double loss, double accuracy, double rate) {
+             steps.push_back(step);
+             EXPECT_GT(loss, 0);
+             EXPECT_GE(accuracy, 0);
+             EXPECT_LE(accuracy, 1);
+             EXPECT_GT(rate, 0);
+           });
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4}));
+}
+
+TEST(MaxRelativeDifference, SaysWhenTheParameterSetsDiffer) {
+  auto a = nest::list({tensor::from<float>({1, 2})});
+  auto b = nest::list({tensor::from<float>({1, 2}), tensor::from<float>({3})});
+  auto c = nest::list({tensor::from<float>({1, 2, 3})});
+  auto d = nest::list({tensor::from<float>({1, 2.5f})});
+  EXPECT_THROW(max_relative_difference(a, b), std::invalid_argument);
+  EXPECT_THROW(max_relative_difference(a, c), std::invalid_argument);
+  EXPECT_DOUBLE_EQ(max_relative_difference(a, d), 0.5 / 2.5);
+}
+
+TEST(Trace, HoldsOneEventPerReplicaStepAndBucketAsChromeJson) {
+  mirrored_strategy strategy({"CPU:0", "CPU:1"});
+  auto o = few_steps(3);
+  o.bucket_bytes = 0; // 5 all-reduces per replica and step
+  tracer trace(true);
+  train_on(strategy, o, small_data(), trace, 7);
+  temp_file file("trace.json");
+  trace.write(file.path());
+  auto doc = nlohmann::json::parse(slurp(file.path()));
+  const auto& events = doc.at("traceEvents");
+  // Per step: the worker's step track, and per replica one step and 5 all-reduce events.
+  ASSERT_EQ(events.size(), 3u * (1 + 2 * (1 + 5)));
+  std::map<std::string, int> names;
+  std::map<int, int> per_tid;
+  for (const auto& e : events) {
+    EXPECT_EQ(e.at("ph"), "X");
+    EXPECT_EQ(e.at("pid"), 7);
+    EXPECT_GE(e.at("dur").get<int64_t>(), 1);
+    EXPECT_GE(e.at("ts").get<int64_t>(), 0);
+    auto name = e.at("name").get<std::string>();
+    ++names[name.rfind("step ", 0) == 0 ? "step N" : name];
+    ++per_tid[e.at("tid").get<int>()];
+  }
+  EXPECT_EQ(names["step N"], 3);
+  EXPECT_EQ(names["step"], 6);
+  EXPECT_EQ(names["all_reduce(1 tensors)"], 30);
+  EXPECT_EQ(per_tid[-1], 3);
+  EXPECT_EQ(per_tid[0], 18);
+  EXPECT_EQ(per_tid[1], 18);
+}
+
+TEST(Trace, OffRecordsNothing) {
+  tracer trace(false);
+  auto now = std::chrono::steady_clock::now();
+  trace.add("x", 0, 0, now, now);
+  EXPECT_EQ(trace.size(), 0u);
+}
+
+TEST(Trace, AnUnwritablePathIsAnErrorNamingIt) {
+  tracer trace(true);
+  try {
+    trace.write("/nonexistent-dir/trace.json");
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string{e.what()}.find("/nonexistent-dir/trace.json"), std::string::npos);
+  }
+}
+
+TEST(Plot, DrawsLossAndAccuracyInsideTheAxes) {
+  history h;
+  h.loss = {2.0, 1.0, 0.5, 0.25};
+  h.accuracy = {0.25, 0.5, 0.75, 1.0};
+  temp_file file("plot.svg");
+  write_plot(file.path(), h);
+  auto svg = slurp(file.path());
+  ASSERT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  std::regex polyline(R"re(<polyline[^>]*points="([^"]*)")re");
+  std::vector<std::vector<std::pair<double, double>>> lines;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), polyline);
+       it != std::sregex_iterator(); ++it) {
+    std::vector<std::pair<double, double>> pts;
+    std::istringstream in((*it)[1].str());
+    std::string xy;
+    while (in >> xy) {
+      auto comma = xy.find(',');
+      pts.emplace_back(std::stod(xy.substr(0, comma)), std::stod(xy.substr(comma + 1)));
+    }
+    lines.push_back(pts);
+  }
+  ASSERT_EQ(lines.size(), 2u);
+  for (const auto& pts : lines) {
+    ASSERT_EQ(pts.size(), 4u);
+    EXPECT_DOUBLE_EQ(pts.front().first, 40);
+    EXPECT_DOUBLE_EQ(pts.back().first, 600);
+    for (auto [x, y] : pts) {
+      EXPECT_GE(y, 40);
+      EXPECT_LE(y, 320);
+    }
+  }
+  // Loss falls (y grows downwards in SVG), accuracy rises: the highest loss is at the top.
+  EXPECT_DOUBLE_EQ(lines[0].front().second, 40);
+  EXPECT_GT(lines[0].back().second, lines[0].front().second);
+  EXPECT_DOUBLE_EQ(lines[1].back().second, 40);
+  EXPECT_NE(svg.find("step 4"), std::string::npos);
+}
+
+TEST(Plot, AnUnwritablePathIsAnErrorNamingIt) {
+  try {
+    write_plot("/nonexistent-dir/loss.svg", history{});
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string{e.what()}.find("/nonexistent-dir/loss.svg"), std::string::npos);
+  }
+}
