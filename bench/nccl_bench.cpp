@@ -16,18 +16,20 @@
 //   ./build/bench/nccl_bench [--min-bytes 4] [--max-bytes 1G] [--factor 2] [--warmup 5]
 //                            [--iters 20] [--gpus 0] [--check 1] [--json FILE]
 //
-// Expected output (shape; figures depend on the GPU):
+// Expected output (shape; figures depend on the GPU; table lines are wider than the code):
+// clang-format off
 //   # consort nccl_bench  ranks=1 devices=GPU:0 minbytes=4 maxbytes=1073741824 factor=2 ...
-//   # nccl 2.28.9 (library 22809)  GPU:0 NVIDIA H100 80GB HBM3
+//   # nccl header 2.28.9, library 22809; one process, one rank per GPU (nccl::init_group, ...)
+//   # GPU:0 NVIDIA H100 80GB HBM3, 79.2 GiB, sm_90
 //   ...
 //   # all_reduce  type=float  redop=sum  root=-1  busbw factor 2(n-1)/n
-//   #       size        count      type   redop   root     path       time   algbw   busbw  #wrong
-//   ratio #        (B)   (elements)                                         (us)  (GB/s)  (GB/s)
+//   #       size        count      type   redop   root     path       time   algbw   busbw  #wrong   ratio
+//   #        (B)   (elements)                                         (us)  (GB/s)  (GB/s)
 //              4            1     float     sum     -1   direct       6.51    0.00    0.00       0
-//              4            1     float     sum     -1  wrapper       6.62    0.00    0.00
-//              0   1.017
+//              4            1     float     sum     -1  wrapper       6.62    0.00    0.00       0   1.017
 //   ...
 //   # Out of bounds values : 0 OK
+// clang-format on
 // Without a GPU it prints `nccl_bench: no GPU (<reason>)` and exits with status 0.
 
 #include "common.hpp"
