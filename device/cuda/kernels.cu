@@ -100,9 +100,15 @@ __global__ void __launch_bounds__(threads_per_block)
     } else {
       acc = reinterpret_cast<const vec<A, N>*>(out)[v];
     }
-#pragma unroll 2
-    for (; i < count; ++i) {
-      const auto c = reinterpret_cast<const vec<T, N>*>(in.p[i])[v];
+    // Fully unrolled so that every in.p[i] is a constant index: the pointers are then read from
+    // the parameter bank, where a dynamic index would copy the array to local memory first.
+#pragma unroll
+    for (int slot = 0; slot < max_inputs; ++slot) {
+      if (slot < i)
+        continue;
+      if (slot >= count)
+        break;
+      const auto c = reinterpret_cast<const vec<T, N>*>(in.p[slot])[v];
 #pragma unroll
       for (int e = 0; e < N; ++e)
         acc.v[e] = Op::apply(acc.v[e], static_cast<A>(c.v[e]));
@@ -116,8 +122,12 @@ __global__ void __launch_bounds__(threads_per_block)
   }
   for (int64_t j = vectors * N + tid; j < n; j += stride) {
     A acc = first ? static_cast<A>(in.p[0][j]) : out[j];
-    for (int i = first ? 1 : 0; i < count; ++i)
-      acc = Op::apply(acc, static_cast<A>(in.p[i][j]));
+#pragma unroll
+    for (int slot = first ? 1 : 0; slot < max_inputs; ++slot) {
+      if (slot >= count)
+        break;
+      acc = Op::apply(acc, static_cast<A>(in.p[slot][j]));
+    }
     out[j] = scaled ? acc * scale : acc;
   }
 }

@@ -154,28 +154,54 @@ bool event_done(cudaEvent_t event) noexcept {
   return status != cudaErrorNotReady;
 }
 
-/// Takes every cached block of `device` out of its cache.
-std::vector<cached_block> take_all(device_pool& pool) {
-  std::vector<cached_block> out;
+/// Takes every cached block (with its size class) out of `pool`.
+std::vector<std::pair<size_t, cached_block>> take_all(device_pool& pool) {
+  std::vector<std::pair<size_t, cached_block>> out;
   std::lock_guard<std::mutex> lock{pool.mutex};
   for (auto& [cls, blocks] : pool.free_blocks)
-    out.insert(out.end(), blocks.begin(), blocks.end());
+    for (const auto& b : blocks)
+      out.emplace_back(cls, b);
   pool.free_blocks.clear();
   pool.cached_bytes = 0;
   return out;
 }
 
-/// Frees `blocks` of `device` after their last use has finished; returns their events to the pool.
-/// Never throws.
-void free_blocks(int device, device_pool& pool, std::vector<cached_block>& blocks) noexcept {
+/// How long freeing cached blocks waits for their last use: a block whose stream is still busy
+/// after this (a stuck kernel) goes back to the cache instead of blocking the caller forever.
+constexpr auto last_use_wait = std::chrono::seconds(10);
+
+/// Waits (polling, bounded by `deadline`) until the work before `event` has finished.
+bool wait_event(cudaEvent_t event, std::chrono::steady_clock::time_point deadline) noexcept {
+  for (int polls = 0;; ++polls) {
+    if (event_done(event))
+      return true;
+    if (std::chrono::steady_clock::now() >= deadline)
+      return false;
+    if (polls < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+/// Frees `blocks` (size class, block) of `device` (cudaFree) once their last use has finished,
+/// returning their events to the pool; a block whose last use does not finish within
+/// `last_use_wait` goes back to the cache. Never throws.
+void free_blocks(int device, device_pool& pool,
+                 std::vector<std::pair<size_t, cached_block>>& blocks) noexcept {
   if (blocks.empty())
     return;
+  const auto deadline = std::chrono::steady_clock::now() + last_use_wait;
   try {
     device_guard guard{device};
-    for (auto& b : blocks) {
+    for (auto& [cls, b] : blocks) {
       if (b.ready != nullptr) {
-        if (cudaEventSynchronize(b.ready) != cudaSuccess)
-          (void)cudaGetLastError();
+        if (!wait_event(b.ready, deadline)) {
+          std::lock_guard<std::mutex> lock{pool.mutex};
+          pool.free_blocks[cls].push_back(b);
+          pool.cached_bytes += cls;
+          continue;
+        }
         std::lock_guard<std::mutex> lock{pool.mutex};
         pool.spare_events.push_back(b.ready);
       }
@@ -183,7 +209,8 @@ void free_blocks(int device, device_pool& pool, std::vector<cached_block>& block
         (void)cudaGetLastError();
     }
   } catch (...) {
-    // Only device_guard throws, for a device that exists (it made the blocks): nothing to do.
+    // device_guard cannot fail for a device that made the blocks, and pushing back a block that
+    // was in the cache a moment ago only fails when the host is out of memory: then it leaks.
   }
   blocks.clear();
 }
@@ -382,13 +409,14 @@ void* allocate(int device, size_t bytes) {
       size_t total_bytes = 0;
       if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess)
         (void)cudaGetLastError();
-      throw_error(errc::device_error,
-                  "cudaMalloc of " + std::to_string(bytes) + " bytes (size class " +
-                      std::to_string(cls) + ") on " + gpu_name(device) +
-                      " failed: out of memory (cudaErrorMemoryAllocation) even after freeing " +
-                      std::to_string(freed) + " cached blocks; the GPU has " +
-                      std::to_string(free_bytes) + " of " + std::to_string(total_bytes) +
-                      " bytes free");
+      throw_error(errc::device_error, "cudaMalloc of " + std::to_string(bytes) +
+                                          " bytes (size class " + std::to_string(cls) + ") on " +
+                                          gpu_name(device) +
+                                          " failed: out of memory (cudaErrorMemoryAllocation) even "
+                                          "after emptying the cache of " +
+                                          std::to_string(freed) + " cached blocks; the GPU has " +
+                                          std::to_string(free_bytes) + " of " +
+                                          std::to_string(total_bytes) + " bytes free");
     }
   }
   check(status, ("cudaMalloc of " + std::to_string(cls) + " bytes").c_str(), device);
