@@ -1,4 +1,648 @@
-// Placeholder, replaced by the reduction kernels.
+// The CUDA kernels of device/cuda/kernels.hpp: element-wise reduction, reduction along an axis,
+// division, fill and concatenation, bitwise equal to the host kernels of device/cpu_kernels.cpp.
+//
+// Exactness. Every combining step is element_ops.hpp's own function (compiled for the device via
+// CONSORT_DEVICE_HOST_DEVICE), applied to the same operands in the same order as the host: each
+// output element is one thread's sequential fold over the inputs (or along the axis), kept in the
+// accumulator type A, exactly as the host stores each pass into `out` as A. Floating point needs
+// the device to round every operation separately as the host's SSE code does: this file is built
+// with -fmad=false (set in CMakeLists.txt), so nvcc never contracts a multiply and an add into one
+// FMA; -prec-div=true (IEEE division, as the host's `/`) and -ftz=false (keep denormals) are set
+// there too, so a global --use_fast_math cannot change them. (No kernel here even has the a*b+c
+// shape: MEAN adds, then multiplies the finished sum; -fmad=false makes that a rule, not luck.)
+// The only re-association is in `axis_rows_kernel`, for integer SUM/PROD/MIN/MAX, where wrapping
+// arithmetic and integer order make every association give the same bits.
+//
+// Speed. Grid-stride loops of 256 threads over at most 8 blocks per SM; 16-byte vector loads and
+// stores when every pointer is 16-byte aligned (and the axis extent is a multiple of the vector);
+// the input pointers travel by value in the kernel's parameters (`input_array`, 8 at most: more
+// inputs are chained through `out`, which keeps the element order).
+
+#include "device/cuda/kernels.hpp"
+
+#include "device/cuda/runtime.hpp"
+#include "device/element_ops.hpp"
+
+#include <consort/error.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+
 namespace consort::cuda {
-__global__ void placeholder_kernel(float* p) { p[threadIdx.x] = 0; }
+
+namespace {
+
+using consort::detail::max_fn;
+using consort::detail::min_fn;
+using consort::detail::prod_fn;
+using consort::detail::sum_fn;
+
+constexpr int threads_per_block = 256;
+
+/// Inputs per element-wise pass; a 9th input starts a second pass that reads `out` back.
+constexpr int max_inputs = 8;
+
+/// Inputs per concatenation launch; later inputs go to further launches (disjoint columns).
+constexpr int max_concat_inputs = 16;
+
+/// Integer rows at least this long are reduced by a whole block each (a tree, exact for integers).
+constexpr int64_t row_tree_min_extent = 4 * threads_per_block;
+
+/// N elements loaded or stored as one 16-byte access (or as 16-byte pieces when N * sizeof(T) is
+/// larger, as for the float64 output of MEAN over 16 uint8 inputs).
+template <class T, int N>
+struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) vec {
+  T v[N];
+};
+
+/// Elements of T per 16 bytes.
+template <class T>
+constexpr int lanes = static_cast<int>(16 / sizeof(T));
+
+/// The device pointers of one pass, passed by value in the kernel's parameter space.
+template <class T>
+struct input_array {
+  const T* p[max_inputs];
+};
+
+struct concat_args {
+  const unsigned char* src[max_concat_inputs];
+  /// Column (in units) where input i starts within this launch's columns; begin[count] = width.
+  int64_t begin[max_concat_inputs + 1];
+  int count;
+};
+
+// -- kernels --------------------------------------------------------------------------------------
+
+/// One pass of the element-wise reduction over `count` inputs: out[j] = (first ? A(in[0][j]) :
+/// out[j]) op A(in[i][j]) ..., times `scale` when `scaled`. Vectors of N elements, then a scalar
+/// tail.
+template <class Op, class T, class A, int N>
+__global__ void __launch_bounds__(threads_per_block)
+    reduce_kernel(input_array<T> in, int count, A* out, int64_t n, bool first, bool scaled,
+                  A scale) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t vectors = n / N;
+  for (int64_t v = tid; v < vectors; v += stride) {
+    vec<A, N> acc;
+    int i = 0;
+    if (first) {
+      const auto a = reinterpret_cast<const vec<T, N>*>(in.p[0])[v];
+#pragma unroll
+      for (int e = 0; e < N; ++e)
+        acc.v[e] = static_cast<A>(a.v[e]);
+      i = 1;
+    } else {
+      acc = reinterpret_cast<const vec<A, N>*>(out)[v];
+    }
+    // Fully unrolled so that every in.p[i] is a constant index: the pointers are then read from
+    // the parameter bank, where a dynamic index would copy the array to local memory first.
+#pragma unroll
+    for (int slot = 0; slot < max_inputs; ++slot) {
+      if (slot < i)
+        continue;
+      if (slot >= count)
+        break;
+      const auto c = reinterpret_cast<const vec<T, N>*>(in.p[slot])[v];
+#pragma unroll
+      for (int e = 0; e < N; ++e)
+        acc.v[e] = Op::apply(acc.v[e], static_cast<A>(c.v[e]));
+    }
+    if (scaled) {
+#pragma unroll
+      for (int e = 0; e < N; ++e)
+        acc.v[e] = acc.v[e] * scale;
+    }
+    reinterpret_cast<vec<A, N>*>(out)[v] = acc;
+  }
+  for (int64_t j = vectors * N + tid; j < n; j += stride) {
+    A acc = first ? static_cast<A>(in.p[0][j]) : out[j];
+#pragma unroll
+    for (int slot = first ? 1 : 0; slot < max_inputs; ++slot) {
+      if (slot >= count)
+        break;
+      acc = Op::apply(acc, static_cast<A>(in.p[slot][j]));
+    }
+    out[j] = scaled ? acc * scale : acc;
+  }
+}
+
+/// Reduces [outer, k, inner] along k, one thread per N adjacent outputs (`inner` counted in
+/// vectors of N), folding i = 0..k-1 in order as the host does.
+template <class Op, class T, class A, int N>
+__global__ void __launch_bounds__(threads_per_block)
+    axis_kernel(const T* in, A* out, int64_t outer, int64_t k, int64_t inner) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t total = outer * inner;
+  const auto* src = reinterpret_cast<const vec<T, N>*>(in);
+  auto* dst = reinterpret_cast<vec<A, N>*>(out);
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += stride) {
+    const int64_t o = idx / inner;
+    const auto* p = src + o * k * inner + (idx - o * inner);
+    const auto a = p[0];
+    vec<A, N> acc;
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      acc.v[e] = static_cast<A>(a.v[e]);
+    for (int64_t i = 1; i < k; ++i) {
+      const auto c = p[i * inner];
+#pragma unroll
+      for (int e = 0; e < N; ++e)
+        acc.v[e] = Op::apply(acc.v[e], static_cast<A>(c.v[e]));
+    }
+    dst[idx] = acc;
+  }
+}
+
+/// Reduces contiguous integer rows of `k` >= blockDim.x elements, one block per row: each thread
+/// folds a strided subset, then the block combines the partials as a tree. Only for integer
+/// SUM/PROD/MIN/MAX, where any association gives the host's bits (wrapping arithmetic is
+/// associative and commutative; min/max of integers select equal values).
+template <class Op, class T>
+__global__ void __launch_bounds__(threads_per_block)
+    axis_rows_kernel(const T* in, T* out, int64_t outer, int64_t k) {
+  __shared__ T partial[threads_per_block];
+  for (int64_t o = blockIdx.x; o < outer; o += gridDim.x) {
+    const T* row = in + o * k;
+    T acc = row[threadIdx.x];
+    for (int64_t i = threadIdx.x + blockDim.x; i < k; i += blockDim.x)
+      acc = Op::apply(acc, row[i]);
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+      if (threadIdx.x < s)
+        partial[threadIdx.x] = Op::apply(partial[threadIdx.x], partial[threadIdx.x + s]);
+      __syncthreads();
+    }
+    if (threadIdx.x == 0)
+      out[o] = partial[0];
+    __syncthreads(); // `partial` is reused by the next row
+  }
+}
+
+/// data[j] = data[j] / divisor (IEEE division: -prec-div=true).
+template <class T, int N>
+__global__ void __launch_bounds__(threads_per_block) divide_kernel(T* data, int64_t n, T divisor) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t vectors = n / N;
+  auto* v = reinterpret_cast<vec<T, N>*>(data);
+  for (int64_t i = tid; i < vectors; i += stride) {
+    auto x = v[i];
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      x.v[e] = x.v[e] / divisor;
+    v[i] = x;
+  }
+  for (int64_t j = vectors * N + tid; j < n; j += stride)
+    data[j] = data[j] / divisor;
+}
+
+template <class T, int N>
+__global__ void __launch_bounds__(threads_per_block) fill_kernel(T* data, int64_t n, T value) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t vectors = n / N;
+  vec<T, N> x;
+#pragma unroll
+  for (int e = 0; e < N; ++e)
+    x.v[e] = value;
+  auto* v = reinterpret_cast<vec<T, N>*>(data);
+  for (int64_t i = tid; i < vectors; i += stride)
+    v[i] = x;
+  for (int64_t j = vectors * N + tid; j < n; j += stride)
+    data[j] = value;
+}
+
+/// Copies columns [col0, col0 + width) of every output row (`row` units wide) from the inputs of
+/// `args`, in units U. The flat index over outer x width advances by the grid stride, split on the
+/// host into whole rows (`stride_rows`) and columns (`stride_cols`), so no thread divides in its
+/// loop.
+template <class U>
+__global__ void __launch_bounds__(threads_per_block)
+    concat_kernel(concat_args args, U* out, int64_t outer, int64_t row, int64_t col0, int64_t width,
+                  int64_t stride_rows, int64_t stride_cols) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t r = tid / width;
+  int64_t c = tid - r * width;
+  for (; r < outer;) {
+    int i = 0;
+    while (c >= args.begin[i + 1])
+      ++i;
+    const int64_t extent = args.begin[i + 1] - args.begin[i];
+    const auto* src = reinterpret_cast<const U*>(args.src[i]);
+    out[r * row + col0 + c] = src[r * extent + (c - args.begin[i])];
+    r += stride_rows;
+    c += stride_cols;
+    if (c >= width) {
+      c -= width;
+      ++r;
+    }
+  }
+}
+
+// -- launch helpers -------------------------------------------------------------------------------
+
+/// Makes the stream's device current for the launches of one call (a stream takes work only from
+/// its own device) and remembers the device for grid sizes and messages.
+class launch_scope {
+public:
+  explicit launch_scope(cudaStream_t stream) {
+    if (stream != nullptr) {
+      check(cudaStreamGetDevice(stream, &device_), "cudaStreamGetDevice");
+    } else {
+      check(cudaGetDevice(&device_), "cudaGetDevice");
+    }
+    guard_.emplace(device_);
+    sm_count_ = sm_count(device_);
+  }
+
+  int device() const noexcept { return device_; }
+
+  /// Blocks for `work` items of one thread each: enough for the work, at most 8 per SM (2048
+  /// resident threads of 256 on every SM of sm_90; the grid-stride loops cover the rest).
+  unsigned blocks(int64_t work) const {
+    const int64_t needed = (work + threads_per_block - 1) / threads_per_block;
+    const int64_t most = static_cast<int64_t>(sm_count_) * 8;
+    return static_cast<unsigned>(needed < 1 ? 1 : (needed < most ? needed : most));
+  }
+
+  /// Throws the launch's error, if any, naming `kernel`.
+  void check_launch(const char* kernel) const {
+    check(cudaGetLastError(), (std::string{"launch of "} + kernel).c_str(), device_);
+  }
+
+private:
+  static int sm_count(int device) {
+    // Asked once per device: an attribute query is cheap but not free, and launches are hot.
+    constexpr int cached_devices = 64;
+    static std::atomic<int> counts[cached_devices]; // zero (static storage): not asked yet
+    if (device < cached_devices) {
+      const int n = counts[device].load(std::memory_order_relaxed);
+      if (n > 0)
+        return n;
+    }
+    int n = 0;
+    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
+          "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)", device);
+    if (device < cached_devices)
+      counts[device].store(n, std::memory_order_relaxed);
+    return n > 0 ? n : 1;
+  }
+
+  int device_ = 0;
+  int sm_count_ = 1;
+  std::optional<device_guard> guard_; // engaged in the constructor (a guard cannot move)
+};
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+template <class T>
+struct type_tag {
+  using type = T;
+};
+
+/// Calls `fn(type_tag<T>{})` for the C++ type of `t`; bool is rejected, as by the host kernels.
+template <class F>
+void visit_numeric(dtype t, const char* what, F&& fn) {
+  switch (t) {
+  case dtype::float32:
+    return fn(type_tag<float>{});
+  case dtype::float64:
+    return fn(type_tag<double>{});
+  case dtype::int32:
+    return fn(type_tag<int32_t>{});
+  case dtype::int64:
+    return fn(type_tag<int64_t>{});
+  case dtype::uint8:
+    return fn(type_tag<uint8_t>{});
+  case dtype::boolean:
+    break;
+  }
+  throw_error(errc::dtype_mismatch, std::string{what} +
+                                        ": bool tensors are not supported on the GPU; cast to "
+                                        "int32 first");
+}
+
+/// Calls `fn(Op{})` for the combining function of `op` (MEAN combines by summing).
+template <class F>
+void visit_op(reduce_op op, F&& fn) {
+  switch (op) {
+  case reduce_op::sum:
+  case reduce_op::mean:
+    return fn(sum_fn{});
+  case reduce_op::min:
+    return fn(min_fn{});
+  case reduce_op::max:
+    return fn(max_fn{});
+  case reduce_op::prod:
+    return fn(prod_fn{});
+  }
+}
+
+/// The accumulator (and output) type of MEAN over T: T for floats, double for integers.
+template <class T>
+using mean_acc_t = std::conditional_t<std::is_floating_point_v<T>, T, double>;
+
+template <class Op, class T, class A>
+void run_reduce(const launch_scope& scope, const void* const* inputs, int count, A* out, int64_t n,
+                bool scaled, A scale, cudaStream_t stream) {
+  bool vectorised = aligned16(out);
+  for (int i = 0; i < count; ++i)
+    vectorised = vectorised && aligned16(inputs[i]);
+  constexpr int N = lanes<T>;
+  const unsigned blocks = scope.blocks(vectorised ? (n + N - 1) / N : n);
+  for (int base = 0; base < count; base += max_inputs) {
+    const int m = count - base < max_inputs ? count - base : max_inputs;
+    input_array<T> in{};
+    for (int i = 0; i < m; ++i)
+      in.p[i] = static_cast<const T*>(inputs[base + i]);
+    const bool first = base == 0;
+    const bool last_scaled = scaled && base + m == count;
+    if (vectorised)
+      reduce_kernel<Op, T, A, N>
+          <<<blocks, threads_per_block, 0, stream>>>(in, m, out, n, first, last_scaled, scale);
+    else
+      reduce_kernel<Op, T, A, 1>
+          <<<blocks, threads_per_block, 0, stream>>>(in, m, out, n, first, last_scaled, scale);
+    scope.check_launch("reduce_elementwise's kernel");
+  }
+}
+
+template <class Op, class T, class A>
+void run_axis(const launch_scope& scope, const T* in, A* out, int64_t outer, int64_t k,
+              int64_t inner, cudaStream_t stream) {
+  if constexpr (std::is_integral_v<A>) {
+    if (inner == 1 && k >= row_tree_min_extent) {
+      const auto rows = static_cast<unsigned>(outer < 65535 * 16 ? outer : 65535 * 16);
+      axis_rows_kernel<Op, T><<<rows, threads_per_block, 0, stream>>>(in, out, outer, k);
+      scope.check_launch("reduce_axis's row kernel");
+      return;
+    }
+  }
+  constexpr int N = lanes<T>;
+  if (inner % N == 0 && aligned16(in) && aligned16(out)) {
+    const int64_t units = inner / N;
+    axis_kernel<Op, T, A, N>
+        <<<scope.blocks(outer * units), threads_per_block, 0, stream>>>(in, out, outer, k, units);
+  } else {
+    axis_kernel<Op, T, A, 1>
+        <<<scope.blocks(outer * inner), threads_per_block, 0, stream>>>(in, out, outer, k, inner);
+  }
+  scope.check_launch("reduce_axis's kernel");
+}
+
+template <class T>
+void run_divide(const launch_scope& scope, T* data, int64_t n, T divisor, cudaStream_t stream) {
+  constexpr int N = lanes<T>;
+  if (aligned16(data))
+    divide_kernel<T, N>
+        <<<scope.blocks((n + N - 1) / N), threads_per_block, 0, stream>>>(data, n, divisor);
+  else
+    divide_kernel<T, 1><<<scope.blocks(n), threads_per_block, 0, stream>>>(data, n, divisor);
+  scope.check_launch("divide's kernel");
+}
+
+void divide_on(const launch_scope& scope, dtype type, void* data, int64_t n, double divisor,
+               cudaStream_t stream) {
+  // As the host's divide_in_place: float32 divides by the divisor rounded to float.
+  if (type == dtype::float32)
+    run_divide(scope, static_cast<float*>(data), n, static_cast<float>(divisor), stream);
+  else
+    run_divide(scope, static_cast<double*>(data), n, divisor, stream);
+}
+
+template <class U>
+void run_concat(const launch_scope& scope, const concat_args& args, void* out, int64_t outer,
+                int64_t row, int64_t col0, int64_t width, cudaStream_t stream) {
+  const int64_t work = outer * width;
+  const unsigned blocks = scope.blocks(work);
+  const int64_t stride = static_cast<int64_t>(blocks) * threads_per_block;
+  concat_kernel<U><<<blocks, threads_per_block, 0, stream>>>(
+      args, static_cast<U*>(out), outer, row, col0, width, stride / width, stride % width);
+  scope.check_launch("concat's kernel");
+}
+
+std::string dtype_text(dtype t) {
+  return to_string(t);
+}
+
+/// Rejects bool before anything touches the device, as the host kernels do.
+void reject_bool(dtype type, const char* what) {
+  if (type == dtype::boolean)
+    throw_error(errc::dtype_mismatch,
+                std::string{what} + ": bool tensors are not reduced; cast to int32 first");
+}
+
+} // namespace
+
+// -- public kernels -------------------------------------------------------------------------------
+
+void reduce_elementwise(dtype type, reduce_op op, const void* const* inputs, int count, void* out,
+                        int64_t n, double mean_divisor, cudaStream_t stream) {
+  reject_bool(type, "cuda::reduce_elementwise");
+  if (count < 1 || inputs == nullptr)
+    throw_error(errc::invalid_argument,
+                "cuda::reduce_elementwise needs at least one input; got " + std::to_string(count));
+  if (n < 0)
+    throw_error(errc::invalid_argument, "cuda::reduce_elementwise: the element count is " +
+                                            std::to_string(n) + "; expected >= 0");
+  if (op == reduce_op::mean && !(mean_divisor > 0 && std::isfinite(mean_divisor)))
+    throw_error(errc::invalid_argument,
+                "cuda::reduce_elementwise: the MEAN divisor must be a positive finite number; "
+                "got " +
+                    std::to_string(mean_divisor));
+  if (n == 0)
+    return;
+  for (int i = 0; i < count; ++i)
+    if (inputs[i] == nullptr)
+      throw_error(errc::invalid_argument,
+                  "cuda::reduce_elementwise: input " + std::to_string(i) + " is null");
+  if (out == nullptr)
+    throw_error(errc::invalid_argument, "cuda::reduce_elementwise: the output is null");
+  launch_scope scope{stream};
+  visit_numeric(type, "cuda::reduce_elementwise", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    visit_op(op, [&](auto fn) {
+      using Op = decltype(fn);
+      if (op == reduce_op::mean) {
+        using A = mean_acc_t<T>;
+        if (!std::is_same_v<A, T> && out == inputs[0])
+          throw_error(errc::invalid_argument,
+                      "cuda::reduce_elementwise: MEAN of " + dtype_text(type) +
+                          " writes float64, so the output may not alias input 0");
+        // As the host: the division is folded into the last pass as a multiplication by the
+        // reciprocal rounded to A.
+        run_reduce<Op, T, A>(scope, inputs, count, static_cast<A*>(out), n, true,
+                             static_cast<A>(1.0 / mean_divisor), stream);
+      } else if (count == 1) {
+        // One input reduced with anything but MEAN is itself.
+        if (out != inputs[0])
+          check(cudaMemcpyAsync(out, inputs[0], static_cast<size_t>(n) * sizeof(T),
+                                cudaMemcpyDeviceToDevice, stream),
+                "cudaMemcpyAsync (reduce_elementwise of one input)", scope.device());
+      } else {
+        run_reduce<Op, T, T>(scope, inputs, count, static_cast<T*>(out), n, false, T{}, stream);
+      }
+    });
+  });
+}
+
+void reduce_axis(dtype type, reduce_op op, const void* in, void* out, int64_t outer, int64_t k,
+                 int64_t inner, double divisor, cudaStream_t stream) {
+  reject_bool(type, "cuda::reduce_axis");
+  if (k < 1 || outer < 0 || inner < 0)
+    throw_error(errc::invalid_argument,
+                "cuda::reduce_axis of a [" + std::to_string(outer) + ", " + std::to_string(k) +
+                    ", " + std::to_string(inner) +
+                    "] view: expected outer >= 0, k >= 1 and inner >= 0 (an empty axis is "
+                    "handled by the caller)");
+  if (outer == 0 || inner == 0)
+    return;
+  if (in == nullptr || out == nullptr)
+    throw_error(errc::invalid_argument, "cuda::reduce_axis: the input or the output is null");
+  launch_scope scope{stream};
+  visit_numeric(type, "cuda::reduce_axis", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    visit_op(op, [&](auto fn) {
+      using Op = decltype(fn);
+      const auto* src = static_cast<const T*>(in);
+      if (op == reduce_op::mean) {
+        using A = mean_acc_t<T>;
+        run_axis<Op, T, A>(scope, src, static_cast<A*>(out), outer, k, inner, stream);
+      } else {
+        run_axis<Op, T, T>(scope, src, static_cast<T*>(out), outer, k, inner, stream);
+      }
+    });
+  });
+  if (op == reduce_op::mean && divisor > 0)
+    divide_on(scope, is_floating(type) ? type : dtype::float64, out, outer * inner, divisor,
+              stream);
+}
+
+void divide(dtype type, void* data, int64_t n, double divisor, cudaStream_t stream) {
+  if (type != dtype::float32 && type != dtype::float64)
+    throw_error(errc::dtype_mismatch, "cuda::divide of a " + dtype_text(type) +
+                                          " buffer: only float32 and float64 are divided");
+  if (n < 0)
+    throw_error(errc::invalid_argument,
+                "cuda::divide: the element count is " + std::to_string(n) + "; expected >= 0");
+  if (n == 0)
+    return;
+  if (data == nullptr)
+    throw_error(errc::invalid_argument, "cuda::divide: the buffer is null");
+  launch_scope scope{stream};
+  divide_on(scope, type, data, n, divisor, stream);
+}
+
+void fill(dtype type, void* data, int64_t n, double value, cudaStream_t stream) {
+  reject_bool(type, "cuda::fill");
+  if (n < 0)
+    throw_error(errc::invalid_argument,
+                "cuda::fill: the element count is " + std::to_string(n) + "; expected >= 0");
+  if (n == 0)
+    return;
+  if (data == nullptr)
+    throw_error(errc::invalid_argument, "cuda::fill: the buffer is null");
+  launch_scope scope{stream};
+  visit_numeric(type, "cuda::fill", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Converted on the host, as the host's `filled` converts.
+    const auto v = static_cast<T>(value);
+    auto* p = static_cast<T*>(data);
+    constexpr int N = lanes<T>;
+    if (aligned16(p))
+      fill_kernel<T, N><<<scope.blocks((n + N - 1) / N), threads_per_block, 0, stream>>>(p, n, v);
+    else
+      fill_kernel<T, 1><<<scope.blocks(n), threads_per_block, 0, stream>>>(p, n, v);
+    scope.check_launch("fill's kernel");
+  });
+}
+
+void concat(const void* const* inputs, const size_t* row_bytes, int count, void* out, int64_t outer,
+            cudaStream_t stream) {
+  if (count < 0 || outer < 0 || (count > 0 && (inputs == nullptr || row_bytes == nullptr)))
+    throw_error(errc::invalid_argument, "cuda::concat of " + std::to_string(count) +
+                                            " inputs over " + std::to_string(outer) +
+                                            " rows: expected count >= 0, outer >= 0 and arrays "
+                                            "for the inputs and their row sizes");
+  size_t row = 0;
+  for (int i = 0; i < count; ++i) {
+    if (row_bytes[i] > 0 && inputs[i] == nullptr)
+      throw_error(errc::invalid_argument, "cuda::concat: input " + std::to_string(i) +
+                                              " is null but contributes " +
+                                              std::to_string(row_bytes[i]) + " bytes per row");
+    row += row_bytes[i];
+  }
+  if (outer == 0 || row == 0)
+    return;
+  if (out == nullptr)
+    throw_error(errc::invalid_argument, "cuda::concat: the output is null");
+  launch_scope scope{stream};
+  if (outer == 1) {
+    // One row: each input is one contiguous block, which the copy engine moves best.
+    size_t offset = 0;
+    for (int i = 0; i < count; ++i) {
+      if (row_bytes[i] == 0)
+        continue;
+      check(cudaMemcpyAsync(static_cast<unsigned char*>(out) + offset, inputs[i], row_bytes[i],
+                            cudaMemcpyDeviceToDevice, stream),
+            ("cudaMemcpyAsync (concat, input " + std::to_string(i) + ")").c_str(), scope.device());
+      offset += row_bytes[i];
+    }
+    return;
+  }
+  // The widest unit (16, 8, 4, 2 or 1 bytes) that divides every address and every row size.
+  uintptr_t bits = reinterpret_cast<uintptr_t>(out) | 16;
+  for (int i = 0; i < count; ++i)
+    if (row_bytes[i] > 0)
+      bits |= reinterpret_cast<uintptr_t>(inputs[i]) | row_bytes[i];
+  const size_t unit = static_cast<size_t>(bits & (~bits + 1));
+  const auto launch = [&](const concat_args& args, int64_t col0, int64_t width) {
+    const auto units_row = static_cast<int64_t>(row / unit);
+    switch (unit) {
+    case 16:
+      return run_concat<uint4>(scope, args, out, outer, units_row, col0, width, stream);
+    case 8:
+      return run_concat<uint2>(scope, args, out, outer, units_row, col0, width, stream);
+    case 4:
+      return run_concat<uint32_t>(scope, args, out, outer, units_row, col0, width, stream);
+    case 2:
+      return run_concat<uint16_t>(scope, args, out, outer, units_row, col0, width, stream);
+    default:
+      return run_concat<uint8_t>(scope, args, out, outer, units_row, col0, width, stream);
+    }
+  };
+  concat_args args{};
+  int64_t col0 = 0;  // first column (units) of the current launch
+  int64_t width = 0; // columns of the current launch
+  for (int i = 0; i < count; ++i) {
+    if (row_bytes[i] == 0)
+      continue;
+    args.src[args.count] = static_cast<const unsigned char*>(inputs[i]);
+    args.begin[args.count] = width;
+    width += static_cast<int64_t>(row_bytes[i] / unit);
+    ++args.count;
+    if (args.count == max_concat_inputs) {
+      args.begin[args.count] = width;
+      launch(args, col0, width);
+      col0 += width;
+      width = 0;
+      args = concat_args{};
+    }
+  }
+  if (args.count > 0) {
+    args.begin[args.count] = width;
+    launch(args, col0, width);
+  }
+}
+
 } // namespace consort::cuda

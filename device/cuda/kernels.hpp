@@ -12,10 +12,16 @@
 //   partial by (1.0 / divisor) in the elementwise case, as the host's folded division does;
 //   reduce_axis divides exactly by the divisor afterwards, as the host does;
 // - bool tensors are not reduced (callers reject them first, as the host kernels do).
+// One difference is the hardware's, not the kernels': a NaN that SUM, PROD or MEAN *makes* (inf -
+// inf, 0 x inf) or propagates is 0x7fffffff on the GPU where x86 gives 0xffc00000 or the input's
+// payload; it is a NaN on both. MIN and MAX select an operand, so their NaNs are bitwise equal.
 //
 // All pointers are device pointers of one GPU unless said otherwise; every kernel is queued on
-// `stream` and returns without waiting. Sizes of 0 queue nothing. Errors of the launch are thrown
-// as error(device_error); errors of the execution surface at the next synchronisation.
+// `stream` (made current on its own device for the launch; nullptr is the legacy default stream of
+// the current device) and returns without waiting. Sizes of 0 queue nothing and touch no device.
+// Bad arguments are error(invalid_argument) or error(dtype_mismatch), thrown before any CUDA call;
+// errors of the launch are thrown as error(device_error); errors of the execution surface at the
+// next synchronisation. Thread safety: every function may be called from any thread.
 
 #include <consort/reduce_op.hpp>
 #include <consort/tensor.hpp>
@@ -29,7 +35,9 @@ namespace consort::cuda {
 
 /// out[j] = in[0][j] op ... op in[count-1][j] for j < n; MEAN multiplies the result by
 /// (1.0 / mean_divisor) in the output dtype. `inputs` is a host array of `count` >= 1 device
-/// pointers of dtype `type`; `out` has dtype reduced_dtype(op, type) and may alias in[0].
+/// pointers of dtype `type`; `out` has dtype reduced_dtype(op, type) and may alias in[0] when that
+/// is `type` (not for MEAN of integers); no other input may overlap it. Any count works: inputs
+/// are combined 8 per launch, later launches continuing from `out` in the same order.
 void reduce_elementwise(dtype type, reduce_op op, const void* const* inputs, int count, void* out,
                         int64_t n, double mean_divisor, cudaStream_t stream);
 

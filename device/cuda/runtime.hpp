@@ -74,21 +74,38 @@ private:
   int device_ = -1;
 };
 
+/// stream::synchronize_for for a raw stream of GPU `device` (`device` names it in messages;
+/// nullptr is the legacy default stream of the current device).
+/// @throws error(device_error) when a queued operation failed, and error(collective_timeout)
+/// naming `what` when `timeout` passes first.
+void synchronize_for(cudaStream_t stream, int device, std::chrono::milliseconds timeout,
+                     const std::string& what);
+
 /// Device memory of one GPU, cached per device by size class so that steady-state steps never call
 /// cudaMalloc or cudaFree (both synchronise the device). Thread-safe.
 /// @throws error(device_error) when the device is out of memory even after the cache is emptied.
 void* allocate(int device, size_t bytes);
 
-/// Returns memory from allocate() to the cache. `stream`, when given, is the stream that last used
-/// it: the block is reused only after the work on that stream has finished. Never throws.
+/// Returns memory from allocate() to the cache. `last_use`, when given, is the stream that last
+/// used it: the block is reused only after the work queued on that stream so far has finished (an
+/// event recorded on it is checked before reuse). Without `last_use` the block must be idle. Never
+/// throws. @pre `bytes` is the size passed to allocate() for `pointer`.
 void release(int device, void* pointer, size_t bytes, cudaStream_t last_use = nullptr) noexcept;
+
+/// Bytes of `device`'s memory held in the cache (released, not yet reused or freed); 0 for a
+/// device that is not there.
+size_t cached_bytes(int device) noexcept;
 
 /// Frees every cached block of every device (cudaFree); for tests and shutdown.
 void empty_cache() noexcept;
 
 /// Page-locked host memory for staging host<->device copies (so cudaMemcpyAsync really is async).
-/// Cached like device memory. Never returns nullptr. @throws error(device_error).
+/// Cached like device memory. Never returns nullptr. @throws error(device_error), also when this
+/// process sees no GPU (page-locking needs the driver).
 void* allocate_pinned(size_t bytes);
+
+/// Returns memory from allocate_pinned() to the cache; no copy may still be using it. Never
+/// throws. @pre `bytes` is the size passed to allocate_pinned() for `pointer`.
 void release_pinned(void* pointer, size_t bytes) noexcept;
 
 /// Where a copy's pointer lives: a GPU index, or `host` for host memory (pageable or pinned).
@@ -112,6 +129,9 @@ struct device_properties {
   double peak_bandwidth = 0;
   int sm_count = 0;
   int major = 0, minor = 0;
+  /// The inputs of peak_bandwidth (cudaDevAttrMemoryClockRate, cudaDevAttrGlobalMemoryBusWidth).
+  int memory_clock_khz = 0;
+  int memory_bus_bits = 0;
 };
 device_properties properties(int device);
 
