@@ -1,8 +1,13 @@
 // The replica actor: one per device, on a thread of its own, running step functions in order.
 
 #include <consort/actors/protocol.hpp>
+#include <consort/strategy.hpp>
+
+#include "device/gpu.hpp"
 
 #include <caf/all.hpp>
+
+#include <memory>
 
 #include <sstream>
 
@@ -25,6 +30,8 @@ struct replica_state : detail::replica_services {
   uint32_t next_seq = 0;
   /// The join of the step being run (null between steps).
   step_join* join = nullptr;
+  /// A GPU replica's device and stream, bound on its own thread at its first step.
+  std::unique_ptr<detail::gpu::replica_binding> gpu;
   static inline const char* name = "consort.replica";
 
   nest collective(detail::collective_request request) override {
@@ -32,6 +39,11 @@ struct replica_state : detail::replica_services {
     auto timeout = request.timeout.value_or(cfg.collective_timeout);
     request.timeout = timeout;
     auto kind = request.kind;
+    // The collective actor reads the tensors from another thread: the work that produced them on
+    // this replica's stream must be finished first.
+    if (gpu)
+      gpu->synchronize(timeout, to_string(kind) + std::string{" inputs of replica "} +
+                                    std::to_string(cfg.replica_id));
     collective_call call{current_step, seq, cfg.replica_id, std::move(request), {}};
     if (join != nullptr)
       call.finished_peers = join->mark_collective_used();
@@ -46,7 +58,12 @@ struct replica_state : detail::replica_services {
            << (timeout + reply_grace).count() << " ms";
       throw error(errc::collective_timeout, what.str());
     }
-    return fut.get(); // throws the collective's consort::error
+    auto result = fut.get(); // throws the collective's consort::error
+    // A replica's collective result lives on its own device, as in tf.distribute (the combining
+    // may have happened on the host or another GPU).
+    if (gpu)
+      result = detail::on_replica_device(result, cfg.device);
+    return result;
   }
 };
 
@@ -75,7 +92,15 @@ void run_step(self_ptr self, step_message& msg) {
   try {
     if (!msg.fn)
       throw error(errc::invalid_argument, "the step message carries no step function");
+    if (!st.gpu && detail::gpu::index_of(st.cfg.device) >= 0)
+      st.gpu = std::make_unique<detail::gpu::replica_binding>(detail::gpu::index_of(st.cfg.device));
     out = (*msg.fn)(ctx);
+    // The step's results leave this thread: its GPU work must be done (bounded by the step's
+    // deadline).
+    if (st.gpu)
+      st.gpu->synchronize(st.cfg.step_timeout, "the GPU work of step " + std::to_string(msg.step) +
+                                                   " on replica " +
+                                                   std::to_string(st.cfg.replica_id));
   } catch (const error& e) {
     // Collective errors already say where they happened and must keep their code, so the
     // strategy can tell a root cause from its echoes; anything else is this replica's failure.

@@ -139,6 +139,7 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
     rcfg.local_index = i;
     rcfg.device = d.devices[static_cast<size_t>(i)];
     rcfg.collective_timeout = opts.collective_timeout;
+    rcfg.step_timeout = opts.step_timeout;
     d.replicas.push_back(spawn_replica(sys, rcfg, d.coll));
   }
   std::vector<int> ids(d.replicas.size());

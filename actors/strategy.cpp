@@ -6,6 +6,8 @@
 #include <consort/ops.hpp>
 #include <consort/strategy.hpp>
 
+#include "device/gpu.hpp"
+
 #include "actors/runtime.hpp"
 
 #include <algorithm>
@@ -35,11 +37,14 @@ std::vector<std::string> canonical_devices(const std::vector<std::string>& devic
   std::set<std::string> seen;
   for (const auto& name : devices) {
     auto spec = parse_device(name);
-    if (spec.kind == device_kind::gpu)
-      throw_error(errc::unsupported,
-                  "device \"" + name +
-                      "\" is a GPU, and this build of consort has no GPU support yet; use CPU "
-                      "devices (\"CPU:0\", \"CPU:1\", ...)");
+    if (spec.kind == device_kind::gpu) {
+      if (!gpu::built())
+        throw_error(errc::unsupported,
+                    "device \"" + name +
+                        "\" is a GPU, and this build of consort has no CUDA support; use CPU "
+                        "devices (\"CPU:0\", \"CPU:1\", ...) or build with CONSORT_WITH_CUDA=ON");
+      gpu::require(spec.index); // unknown_device: how many GPUs there are, or why there are none
+    }
     auto canonical = spec.to_string();
     if (!seen.insert(canonical).second)
       throw_error(errc::invalid_argument, "device \"" + name +
@@ -48,6 +53,19 @@ std::vector<std::string> canonical_devices(const std::vector<std::string>& devic
     out.push_back(std::move(canonical));
   }
   return out;
+}
+
+tensor on_replica_device(const tensor& value, const std::string& device) {
+  if (!value.valid() || value.device() == device)
+    return value;
+  // Host memory serves every CPU device as it is; only a GPU on either side needs a copy.
+  if (!value.on_gpu() && gpu::index_of(device) < 0)
+    return value;
+  return value.to(device);
+}
+
+nest on_replica_device(const nest& value, const std::string& device) {
+  return map_structure(value, [&](const tensor& t) { return on_replica_device(t, device); });
 }
 
 const strategy_options& validated(const strategy_options& opts) {
@@ -227,8 +245,23 @@ void strategy::shutdown() {
 one_device_strategy::one_device_strategy(const std::string& device, strategy_options opts)
     : strategy({device}, opts, kind::one_device) {}
 
+namespace {
+
+/// tf.distribute's default for MirroredStrategy: every visible GPU, else the CPU.
+std::vector<std::string> all_gpus_or_cpu() {
+  const int n = detail::gpu::count();
+  if (n == 0)
+    return {"CPU:0"};
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i)
+    out.push_back("GPU:" + std::to_string(i));
+  return out;
+}
+
+} // namespace
+
 mirrored_strategy::mirrored_strategy(strategy_options opts)
-    : strategy({"CPU:0"}, opts, kind::mirrored) {}
+    : strategy(all_gpus_or_cpu(), opts, kind::mirrored) {}
 
 mirrored_strategy::mirrored_strategy(std::vector<std::string> devices, strategy_options opts)
     : strategy(std::move(devices), opts, kind::mirrored) {}

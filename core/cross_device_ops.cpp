@@ -1,4 +1,7 @@
 #include <consort/cross_device_ops.hpp>
+
+#include "device/gpu.hpp"
+
 #include <consort/device.hpp>
 #include <consort/error.hpp>
 #include <consort/ops.hpp>
@@ -18,10 +21,17 @@ std::vector<std::string> check_destinations(const std::vector<std::string>& dest
   out.reserve(destinations.size());
   for (const auto& name : destinations) {
     auto spec = parse_device(name);
-    if (spec.kind != device_kind::cpu)
-      throw_error(errc::unsupported, std::string{what} + ": destination \"" + name +
-                                         "\" is a GPU; GPU tensors need CUDA support, which this "
-                                         "build lacks");
+    if (spec.kind == device_kind::gpu) {
+      if (!detail::gpu::built())
+        throw_error(errc::unsupported, std::string{what} + ": destination \"" + name +
+                                           "\" is a GPU; GPU tensors need CUDA support, which "
+                                           "this build lacks");
+      try {
+        detail::gpu::require(spec.index);
+      } catch (const error& e) {
+        throw_error(e.code(), std::string{what} + ": destination \"" + name + "\": " + e.what());
+      }
+    }
     out.push_back(spec.to_string());
   }
   return out;

@@ -7,7 +7,9 @@
 
 #include "core/nest_paths.hpp"
 
+#include "device/gpu.hpp"
 #include <consort/error.hpp>
+
 #include <consort/ops.hpp>
 
 #include "device/element_ops.hpp"
@@ -180,6 +182,37 @@ void visit_op(reduce_op op, F&& fn) {
 template <class T>
 using mean_acc_t = std::conditional_t<std::is_floating_point_v<T>, T, double>;
 
+// -- placement ------------------------------------------------------------------------------------
+
+/// Where a kernel over `inputs` runs: on their GPU when they all live on the same one (returns its
+/// index), on the host otherwise (returns -1). Inputs on several devices, some of them GPUs, are
+/// copied to the host first (into `host_copies`, which then replaces them).
+int placement(const std::vector<tensor>& inputs, std::vector<tensor>& host_copies) {
+  bool any_gpu = false;
+  bool same = true;
+  for (const auto& t : inputs) {
+    any_gpu = any_gpu || t.on_gpu();
+    same = same && t.device() == inputs.front().device();
+  }
+  if (!any_gpu)
+    return -1;
+  if (same)
+    return detail::gpu::index_of(inputs.front().device());
+  host_copies.clear();
+  for (const auto& t : inputs)
+    host_copies.push_back(t.on_gpu() ? t.to("CPU:0") : t);
+  return -1;
+}
+
+/// The tensors of `values` in host memory (GPU leaves copied, host leaves as they are).
+std::vector<tensor> on_host(const std::vector<tensor>& values) {
+  std::vector<tensor> out;
+  out.reserve(values.size());
+  for (const auto& t : values)
+    out.push_back(t.on_gpu() ? t.to("CPU:0") : t);
+  return out;
+}
+
 // -- checks ---------------------------------------------------------------------------------------
 
 void reject_bool(const tensor& t, const std::string& who) {
@@ -243,6 +276,10 @@ tensor filled(dtype type, const shape_t& shape, const std::string& device, doubl
 
 /// Divides every element of a floating tensor by `divisor` in place (exact division, as TF does).
 void divide_in_place(tensor& t, double divisor) {
+  if (t.on_gpu()) {
+    detail::gpu::divide(t, divisor);
+    return;
+  }
   if (t.dtype() == dtype::float32) {
     auto* p = t.mutable_data<float>();
     auto d = static_cast<float>(divisor);
@@ -263,6 +300,8 @@ tensor reduce_axis_impl(reduce_op op, const tensor& input, int64_t axis, bool di
   const int64_t k = shape[static_cast<size_t>(axis)];
   const auto out_type = reduced_dtype(op, input.dtype());
   auto out_shape = without_axis(shape, axis);
+  if (input.on_gpu() && !(k == 0 && (op == reduce_op::min || op == reduce_op::max)))
+    return detail::gpu::reduce_axis(op, input, axis, divide);
   if (k == 0) {
     switch (op) {
     case reduce_op::sum:
@@ -394,6 +433,11 @@ tensor concat_impl(const std::vector<tensor>& inputs, int64_t axis, const std::s
   }
   if (inputs.size() == 1)
     return first;
+  std::vector<tensor> host_copies;
+  if (placement(inputs, host_copies) >= 0)
+    return detail::gpu::concat(inputs, ax, out_shape);
+  if (!host_copies.empty())
+    return concat_impl(host_copies, axis, what, item);
   auto out = tensor::zeros(first.dtype(), out_shape, first.device());
   if (out.num_bytes() == 0)
     return out;
@@ -449,6 +493,11 @@ tensor reduce_elementwise(reduce_op op, const std::vector<tensor>& inputs,
   // Tensors are immutable once shared, so one input reduced with anything but MEAN is itself.
   if (inputs.size() == 1 && op != reduce_op::mean)
     return inputs[0];
+  std::vector<tensor> host_copies;
+  if (placement(inputs, host_copies) >= 0)
+    return detail::gpu::reduce_elementwise(op, inputs, divisor);
+  if (!host_copies.empty())
+    return reduce_elementwise(op, host_copies, divisor);
   const auto& first = inputs[0];
   // Every element is written below, so the output needs no zero-fill.
   auto out = tensor::empty(reduced_dtype(op, first.dtype()), first.shape(), first.device());
@@ -507,6 +556,10 @@ tensor concat(const std::vector<tensor>& inputs, int64_t axis) {
 
 tensor reduce_components(reduce_op op, const std::vector<tensor>& components,
                          std::optional<int64_t> axis) {
+  // Results of reduce and gather land on the host, as tf.distribute's do.
+  for (const auto& t : components)
+    if (t.on_gpu())
+      return reduce_components(op, on_host(components), axis);
   if (!axis) {
     // Checked here too, so that messages speak of replicas rather than inputs.
     check_same_shape_and_dtype(components, "reduce", "replica");
@@ -577,8 +630,9 @@ nest reduce_components(reduce_op op, const std::vector<nest>& components,
 }
 
 nest concat_components(const std::vector<nest>& components, int64_t axis) {
+  // Results of gather land on the host, as tf.distribute's do.
   return leafwise(components, "gather", [&](const std::vector<tensor>& column) {
-    return concat_impl(column, axis, "gather", "replica");
+    return concat_impl(on_host(column), axis, "gather", "replica");
   });
 }
 

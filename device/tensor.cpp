@@ -1,3 +1,5 @@
+#include "device/gpu.hpp"
+
 #include <consort/device.hpp>
 #include <consort/error.hpp>
 #include <consort/tensor.hpp>
@@ -154,7 +156,16 @@ struct tensor::storage {
     data = reinterpret_cast<std::byte*>((addr + alignment - 1) & ~(uintptr_t{alignment} - 1));
   }
 
+  /// `bytes` of memory on GPU `index` (device memory: never touched by the host).
+  storage(int index, size_t bytes, bool zeroed)
+      : data(static_cast<std::byte*>(detail::gpu::allocate(index, bytes, zeroed))), size(bytes),
+        gpu(index) {}
+
   ~storage() {
+    if (gpu >= 0) {
+      detail::gpu::release(gpu, data, size);
+      return;
+    }
     if (mapped_bytes > 0) {
       if (!mapping_cache::instance().give(data, mapped_bytes))
         ::munmap(data, mapped_bytes);
@@ -169,6 +180,7 @@ struct tensor::storage {
   std::byte* data = nullptr; // the first byte, 64-byte (heap) or 2 MiB (mapped) aligned
   size_t size = 0;           // bytes requested
   size_t mapped_bytes = 0;   // length of the mapping at `data` (mapped buffers only)
+  int gpu = -1;              // the GPU holding the bytes, or -1 for host memory
 
 private:
   /// Maps `bytes` rounded up to whole huge pages at a 2 MiB boundary; false when mmap fails (the
@@ -206,12 +218,18 @@ void check_extents(const shape_t& shape, const char* what) {
                                               " has a negative extent; extents must be >= 0");
 }
 
-/// Parses `device` and returns its canonical spelling; only host (CPU) devices hold tensors here.
-std::string canonical_host_device(const std::string& device) {
+/// Parses `device` and returns its canonical spelling; a GPU must exist in this process.
+/// @throws error(unsupported) for a GPU in a build without CUDA, error(unknown_device) for a GPU
+/// that is not there (naming how many there are, or why there are none).
+std::string canonical_device(const std::string& device) {
   auto spec = parse_device(device);
-  if (spec.kind != device_kind::cpu)
-    throw_error(errc::unsupported, "cannot place a tensor on \"" + device +
-                                       "\": GPU tensors need CUDA support, which this build lacks");
+  if (spec.kind == device_kind::gpu) {
+    if (!detail::gpu::built())
+      throw_error(errc::unsupported, "cannot place a tensor on \"" + device +
+                                         "\": GPU tensors need CUDA support, which this build "
+                                         "lacks");
+    detail::gpu::require(spec.index);
+  }
   return spec.to_string();
 }
 
@@ -272,10 +290,12 @@ tensor tensor::allocate(consort::dtype type, shape_t shape, const std::string& d
                         const char* what) {
   check_extents(shape, what);
   tensor t;
-  t.device_ = canonical_host_device(device);
+  t.device_ = canonical_device(device);
   t.type_ = type;
   t.shape_ = std::move(shape);
-  t.storage_ = std::make_shared<storage>(t.num_bytes(), zeroed);
+  const int gpu = detail::gpu::index_of(t.device_);
+  t.storage_ = gpu >= 0 ? std::make_shared<storage>(gpu, t.num_bytes(), zeroed)
+                        : std::make_shared<storage>(t.num_bytes(), zeroed);
   return t;
 }
 
@@ -298,8 +318,12 @@ void* tensor::raw_mutable_data() {
   if (storage_.use_count() > 1) {
     // Someone else sees these bytes: give this tensor a private copy of its own view first, so
     // that a tensor already handed out never changes under its holder.
-    auto fresh = std::make_shared<storage>(num_bytes(), false);
-    if (num_bytes() > 0)
+    const int gpu = storage_->gpu;
+    auto fresh = gpu >= 0 ? std::make_shared<storage>(gpu, num_bytes(), false)
+                          : std::make_shared<storage>(num_bytes(), false);
+    if (gpu >= 0)
+      detail::gpu::copy(fresh->data, gpu, storage_->data + offset_, gpu, num_bytes());
+    else if (num_bytes() > 0)
       std::memcpy(fresh->data, storage_->data + offset_, num_bytes());
     storage_ = std::move(fresh);
     offset_ = 0;
@@ -315,6 +339,8 @@ T tensor::item() const {
                     (valid() ? std::string{consort::to_string(type_)} + consort::to_string(shape_) +
                                    " with " + std::to_string(num_elements()) + " elements"
                              : std::string{"a default-constructed tensor"}));
+  if (on_gpu())
+    return to("CPU:0").item<T>();
   if constexpr (std::is_same_v<T, bool>)
     return read_as<double>(raw_data(), type_) != 0;
   else
@@ -381,19 +407,32 @@ tensor tensor::reshape(shape_t shape) const {
   return out;
 }
 
+bool tensor::on_gpu() const noexcept {
+  return storage_ != nullptr && storage_->gpu >= 0;
+}
+
 tensor tensor::to(const std::string& device) const {
-  tensor out = *this;
-  out.device_ = canonical_host_device(device);
+  auto target = canonical_device(device);
+  const int to_gpu = detail::gpu::index_of(target);
+  const int from_gpu = storage_ ? storage_->gpu : -1;
+  // Host memory is shared by every CPU device, and a GPU's memory by its own name: relabel.
+  if (!valid() || to_gpu == from_gpu) {
+    tensor out = *this;
+    out.device_ = std::move(target);
+    return out;
+  }
+  tensor out = empty(type_, shape_, target);
+  detail::gpu::copy(out.storage_->data, to_gpu, raw_data(), from_gpu, num_bytes());
   return out;
 }
 
 tensor tensor::clone() const {
   if (!valid())
     return *this;
-  tensor out = *this;
-  out.storage_ = std::make_shared<storage>(num_bytes(), false);
-  out.offset_ = 0;
-  if (num_bytes() > 0)
+  tensor out = empty(type_, shape_, device_);
+  if (on_gpu())
+    detail::gpu::copy(out.storage_->data, storage_->gpu, raw_data(), storage_->gpu, num_bytes());
+  else if (num_bytes() > 0)
     std::memcpy(out.storage_->data, raw_data(), num_bytes());
   return out;
 }
@@ -405,12 +444,16 @@ bool operator==(const tensor& a, const tensor& b) {
     return true;
   if (a.type_ != b.type_ || a.shape_ != b.shape_)
     return false;
+  if (a.on_gpu() || b.on_gpu())
+    return a.to("CPU:0") == b.to("CPU:0");
   return a.num_bytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.num_bytes()) == 0;
 }
 
 std::string tensor::to_string(size_t max_elements) const {
   if (!valid())
     return "tensor(invalid)";
+  if (on_gpu())
+    return to("CPU:0").to_string(max_elements) + " on " + device_;
   std::string out = consort::to_string(type_);
   out += consort::to_string(shape_);
   out += '{';

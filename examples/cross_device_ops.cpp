@@ -17,7 +17,7 @@
 //     grads -> [CPU:0]: CPU:0 float32[2]{6, 60}
 //     loss  -> [CPU:1, CPU:2]: CPU:1 float32[]{0.75} | CPU:2 float32[]{0.75}
 //   broadcast -> [CPU:0, CPU:2]: CPU:0 int64[3]{7, 8, 9} | CPU:2 int64[3]{7, 8, 9}
-//   reduce to [GPU:0] -> unsupported
+//   reduce to [GPU:999] -> refused: this process has no such GPU
 //   reduce to [TPU:0] -> unknown_device
 
 #include <consort/consort.hpp>
@@ -75,15 +75,23 @@ int main() {
   std::cout << "broadcast -> [CPU:0, CPU:2]: " << show(ops.broadcast(table, {"CPU:0", "CPU:2"}))
             << '\n';
 
-  // GPU destinations need a CUDA build; "TPU:0" is not a device at all.
-  for (const char* bad : {"GPU:0", "TPU:0"}) {
-    try {
-      ops.reduce("SUM", grads, {bad});
-      std::cout << "unexpected: reduce to " << bad << " succeeded\n";
-      return 1;
-    } catch (const error& e) {
-      std::cout << "reduce to [" << bad << "] -> " << to_string(e.code()) << '\n';
-    }
+  // A GPU destination must exist (unknown_device in a CUDA build, unsupported without CUDA);
+  // "TPU:0" is not a device at all.
+  try {
+    ops.reduce("SUM", grads, {"GPU:999"});
+    std::cout << "unexpected: reduce to GPU:999 succeeded\n";
+    return 1;
+  } catch (const error& e) {
+    if (e.code() != errc::unknown_device && e.code() != errc::unsupported)
+      throw;
+    std::cout << "reduce to [GPU:999] -> refused: this process has no such GPU\n";
+  }
+  try {
+    ops.reduce("SUM", grads, {"TPU:0"});
+    std::cout << "unexpected: reduce to TPU:0 succeeded\n";
+    return 1;
+  } catch (const error& e) {
+    std::cout << "reduce to [TPU:0] -> " << to_string(e.code()) << '\n';
   }
   return 0;
 }

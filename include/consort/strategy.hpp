@@ -47,6 +47,23 @@ decltype(auto) unwrap_arg(const T& arg, size_t local_index) {
     return (arg);
 }
 
+/// A tensor, or the tensors of a nest, given to a replica: on a GPU replica they are copied to
+/// its GPU when they live elsewhere; a GPU tensor given to a CPU replica is copied to the host.
+/// Anything else, and host tensors given to CPU replicas, pass as they are.
+tensor on_replica_device(const tensor& value, const std::string& device);
+nest on_replica_device(const nest& value, const std::string& device);
+
+template <class V>
+const V& replica_arg(const V& value, const std::string&) {
+  return value;
+}
+inline tensor replica_arg(const tensor& value, const std::string& device) {
+  return on_replica_device(value, device);
+}
+inline nest replica_arg(const nest& value, const std::string& device) {
+  return on_replica_device(value, device);
+}
+
 template <class T>
 struct unwrapped {
   using type = std::decay_t<T>;
@@ -120,7 +137,8 @@ public:
     auto step = [f = std::forward<F>(fn), ... a = std::decay_t<Args>(std::forward<Args>(args))](
                     replica_context& ctx) mutable {
       [[maybe_unused]] auto i = static_cast<size_t>(ctx.local_replica_index());
-      return detail::to_nest(f(ctx, detail::unwrap_arg(a, i)...));
+      return detail::to_nest(
+          f(ctx, detail::replica_arg(detail::unwrap_arg(a, i), ctx.device())...));
     };
     auto result = submit(step_function(std::move(step)));
     if constexpr (std::is_same_v<R, tensor>)

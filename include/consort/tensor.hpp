@@ -91,9 +91,9 @@ public:
   /// A rank-0 tensor holding `value`.
   template <class T>
   static tensor scalar(T value, std::string device = "CPU:0") {
-    tensor t = zeros(dtype_of<T>, {}, std::move(device));
+    tensor t = zeros(dtype_of<T>, {});
     std::memcpy(t.raw_mutable_data(), &value, sizeof(T));
-    return t;
+    return device == "CPU:0" ? t : t.to(device);
   }
 
   /// A tensor of `shape` holding `values` in row-major order.
@@ -101,7 +101,7 @@ public:
   template <class T>
   static tensor from(const std::vector<T>& values, shape_t shape, std::string device = "CPU:0") {
     check_count(static_cast<int64_t>(values.size()), shape);
-    tensor t = zeros(dtype_of<T>, std::move(shape), std::move(device));
+    tensor t = zeros(dtype_of<T>, std::move(shape));
     if constexpr (std::is_same_v<T, bool>) {
       auto* out = static_cast<uint8_t*>(t.raw_mutable_data());
       for (size_t i = 0; i < values.size(); ++i)
@@ -109,7 +109,8 @@ public:
     } else if (!values.empty()) {
       std::memcpy(t.raw_mutable_data(), values.data(), values.size() * sizeof(T));
     }
-    return t;
+    // Built in host memory, then copied once to a GPU (to() only relabels between CPU devices).
+    return device == "CPU:0" ? t : t.to(device);
   }
 
   /// A rank-1 tensor holding `values`.
@@ -129,8 +130,12 @@ public:
   int64_t rank() const noexcept { return static_cast<int64_t>(shape_.size()); }
   int64_t num_elements() const noexcept { return consort::num_elements(shape_); }
   size_t num_bytes() const noexcept { return static_cast<size_t>(num_elements()) * size_of(type_); }
-  /// The device this tensor lives on, as a canonical device string ("CPU:0").
+  /// The device this tensor lives on, as a canonical device string ("CPU:0", "GPU:1").
   const std::string& device() const noexcept { return device_; }
+
+  /// True when the bytes live in GPU memory: raw_data() and data() are then device pointers (for
+  /// kernels and NCCL), and to_vector, item, to_string and == copy the bytes to the host first.
+  bool on_gpu() const noexcept;
 
   /// True when both tensors share the same bytes (same storage and offset).
   bool shares_storage_with(const tensor& other) const noexcept {
@@ -164,6 +169,8 @@ public:
   template <class T>
   std::vector<T> to_vector() const {
     check_type(dtype_of<T>);
+    if (on_gpu())
+      return to("CPU:0").to_vector<T>();
     auto n = static_cast<size_t>(num_elements());
     std::vector<T> out(n);
     if constexpr (std::is_same_v<T, bool>) {
@@ -190,9 +197,11 @@ public:
   /// The same bytes with another shape of equal element count (no copy).
   tensor reshape(shape_t shape) const;
 
-  /// The same bytes labelled as living on `device`. Host memory is shared by every CPU device,
-  /// so this is free between CPU devices. @throws error(unsupported) for a GPU device in a build
-  /// without CUDA, error(unknown_device) for a name that is not a device.
+  /// This tensor on `device`. Host memory is shared by every CPU device, so between CPU devices
+  /// (and to the GPU it is already on) this only relabels; between the host and a GPU, or two
+  /// GPUs, it copies (ordered on the calling thread's stream, returning once the bytes are there).
+  /// @throws error(unsupported) for a GPU device in a build without CUDA, error(unknown_device)
+  /// for a name that is not a device or a GPU this process does not have.
   tensor to(const std::string& device) const;
 
   /// A deep copy with storage of its own.

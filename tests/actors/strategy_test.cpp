@@ -1,6 +1,7 @@
 // Strategy.run / reduce / gather / distribute_dataset through the public API, on real replica
 // threads. Nothing here sleeps: every wait is on a future with a deadline.
 
+#include <consort/config.hpp>
 #include <consort/consort.hpp>
 
 #include "support/strategy_helpers.hpp"
@@ -197,7 +198,11 @@ TEST(StrategyTest, StepThatNeverFinishesFailsAtTheStepDeadline) {
 
 TEST(StrategyTest, InvalidDevicesAreClearErrors) {
   expect_error(errc::unknown_device, "TPU:0", [] { mirrored_strategy s({"CPU:0", "TPU:0"}); });
+#if CONSORT_WITH_CUDA
+  expect_error(errc::unknown_device, "GPU:999", [] { mirrored_strategy s({"GPU:999"}); });
+#else
   expect_error(errc::unsupported, "GPU", [] { mirrored_strategy s({"GPU:0", "GPU:1"}); });
+#endif
   expect_error(errc::invalid_argument, "twice", [] { mirrored_strategy s({"CPU:0", "cpu:0"}); });
   expect_error(errc::invalid_argument, "at least one device",
                [] { mirrored_strategy s(std::vector<std::string>{}); });

@@ -1,5 +1,6 @@
 #include "support/expect_error.hpp"
 
+#include <consort/config.hpp>
 #include <consort/tensor.hpp>
 
 #include <gtest/gtest.h>
@@ -107,9 +108,18 @@ TEST(TensorTest, ZerosCanonicalisesTheDevice) {
   EXPECT_EQ(tensor::zeros(dtype::int32, {1}).device(), "CPU:0");
 }
 
-TEST(TensorTest, ZerosOnAGpuIsUnsupportedAndOnAnUnknownDeviceFails) {
+TEST(TensorTest, ZerosOnAMissingGpuAndOnAnUnknownDeviceFail) {
+#if CONSORT_WITH_CUDA
+  // No machine has 1000 GPUs: the error names the device and says how many GPUs there are (or
+  // why there are none).
+  EXPECT_TRUE(fails_with([] { tensor::zeros(dtype::int32, {1}, "GPU:999"); },
+                         errc::unknown_device, {"GPU:999", "GPU"}));
+  EXPECT_TRUE(fails_with([] { tensor::from<float>({1, 2}, {2}, "GPU:999"); },
+                         errc::unknown_device, {"GPU:999"}));
+#else
   EXPECT_TRUE(fails_with([] { tensor::zeros(dtype::int32, {1}, "GPU:0"); }, errc::unsupported,
                          {"GPU:0", "CUDA"}));
+#endif
   EXPECT_TRUE(fails_with([] { tensor::zeros(dtype::int32, {1}, "TPU:0"); }, errc::unknown_device,
                          {"TPU:0"}));
 }
@@ -273,10 +283,15 @@ TEST(TensorTest, ToAnotherCpuDeviceRelabelsAndSharesStorage) {
   EXPECT_TRUE(moved.shares_storage_with(t));
 }
 
-TEST(TensorTest, ToAGpuIsUnsupportedInThisBuild) {
+TEST(TensorTest, ToAMissingGpuFailsClearly) {
   auto t = tensor::from<float>({1, 2});
+#if CONSORT_WITH_CUDA
+  EXPECT_TRUE(fails_with([&] { t.to("GPU:999"); }, errc::unknown_device, {"GPU:999"}));
+  EXPECT_FALSE(t.on_gpu());
+#else
   EXPECT_TRUE(fails_with([&] { t.to("GPU:0"); }, errc::unsupported,
                          {"GPU tensors need CUDA support, which this build lacks"}));
+#endif
   EXPECT_TRUE(fails_with([&] { t.to("XPU:0"); }, errc::unknown_device, {"XPU:0"}));
 }
 

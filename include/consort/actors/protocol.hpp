@@ -338,6 +338,8 @@ struct replica_config {
   std::string device;   ///< canonical device string, "CPU:0"
   /// Default deadline of a collective call (replica_context calls may override it).
   std::chrono::milliseconds collective_timeout{std::chrono::seconds(30)};
+  /// Deadline of a step; a GPU replica waits at most this long for its stream at a step's end.
+  std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
 };
 
 /// How the collective actor is set up.

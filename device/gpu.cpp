@@ -1,0 +1,293 @@
+#include "device/gpu.hpp"
+
+#include <consort/config.hpp>
+#include <consort/device.hpp>
+#include <consort/error.hpp>
+#include <consort/ops.hpp>
+
+#if CONSORT_WITH_CUDA
+#include "device/cuda/kernels.hpp"
+#include "device/cuda/runtime.hpp"
+#endif
+
+#include <chrono>
+#include <limits>
+#include <string>
+#include <thread>
+
+namespace consort::detail::gpu {
+
+int index_of(const std::string& device) noexcept {
+  try {
+    auto spec = parse_device(device);
+    return spec.kind == device_kind::gpu ? spec.index : -1;
+  } catch (...) {
+    return -1;
+  }
+}
+
+#if CONSORT_WITH_CUDA
+
+namespace {
+
+/// The stream of the replica bound to this thread, or null (CUDA's per-thread default stream).
+thread_local cudaStream_t bound_stream = nullptr;
+
+cudaStream_t stream_now() noexcept {
+  return bound_stream != nullptr ? bound_stream : cudaStreamPerThread;
+}
+
+constexpr auto host_wait = std::chrono::seconds(60);
+
+/// The device of the calling thread (for messages), or -1.
+int current_device() noexcept {
+  int device = -1;
+  return cudaGetDevice(&device) == cudaSuccess ? device : -1;
+}
+
+void wait_stream(cudaStream_t stream, std::chrono::milliseconds timeout, const std::string& what) {
+  cuda::synchronize_for(stream, current_device(), timeout, what);
+}
+
+/// Off replica threads, GPU work is finished before a call returns: its results may be read by
+/// any thread next. On a replica thread it stays ordered on the replica's stream.
+void settle(const char* what) {
+  if (bound_stream != nullptr)
+    return;
+  wait_stream(stream_now(), host_wait, what);
+}
+
+} // namespace
+
+bool built() noexcept {
+  return true;
+}
+
+int count() noexcept {
+  return cuda::device_count();
+}
+
+std::string unavailable_reason() {
+  return cuda::unavailable_reason();
+}
+
+void require(int index) {
+  cuda::require_device(index);
+}
+
+replica_binding::replica_binding(int index) : device_(index) {
+  cuda::require_device(index);
+  cuda::check(cudaSetDevice(index), "cudaSetDevice", index);
+  cudaStream_t s = nullptr;
+  cuda::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
+              index);
+  stream_ = s;
+  bound_stream = s;
+}
+
+replica_binding::~replica_binding() {
+  if (bound_stream == static_cast<cudaStream_t>(stream_))
+    bound_stream = nullptr;
+  if (stream_ != nullptr) {
+    // Destroying a stream with queued work is allowed: CUDA releases it when the work is done.
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  }
+}
+
+void replica_binding::synchronize(std::chrono::milliseconds timeout,
+                                  const std::string& what) const {
+  try {
+    wait_stream(static_cast<cudaStream_t>(stream_), timeout, what);
+  } catch (const error& e) {
+    if (e.code() == errc::collective_timeout)
+      throw_error(errc::step_timeout, e.what());
+    throw;
+  }
+}
+
+void* current_stream() noexcept {
+  return stream_now();
+}
+
+void* allocate(int index, size_t bytes, bool zeroed) {
+  require(index);
+  // At least one byte, so that a tensor's data pointer is never null.
+  void* p = cuda::allocate(index, bytes > 0 ? bytes : 1);
+  if (zeroed && bytes > 0) {
+    try {
+      cuda::device_guard guard(index);
+      cuda::check(cudaMemsetAsync(p, 0, bytes, stream_now()), "cudaMemsetAsync", index);
+      settle("zero-filling a GPU tensor");
+    } catch (...) {
+      cuda::release(index, p, bytes > 0 ? bytes : 1);
+      throw;
+    }
+  }
+  return p;
+}
+
+void release(int index, void* pointer, size_t bytes) noexcept {
+  cuda::release(index, pointer, bytes > 0 ? bytes : 1, stream_now());
+}
+
+void copy(void* dst, int dst_device, const void* src, int src_device, size_t bytes) {
+  if (bytes == 0)
+    return;
+  cuda::copy(dst, dst_device, src, src_device, bytes, stream_now(), host_wait);
+}
+
+tensor reduce_elementwise(reduce_op op, const std::vector<tensor>& inputs, double mean_divisor) {
+  const auto& first = inputs.front();
+  const int index = index_of(first.device());
+  auto out = tensor::empty(reduced_dtype(op, first.dtype()), first.shape(), first.device());
+  const int64_t n = first.num_elements();
+  if (n == 0)
+    return out;
+  std::vector<const void*> pointers;
+  pointers.reserve(inputs.size());
+  for (const auto& t : inputs)
+    pointers.push_back(t.raw_data());
+  cuda::device_guard guard(index);
+  cuda::reduce_elementwise(first.dtype(), op, pointers.data(), static_cast<int>(pointers.size()),
+                           out.raw_mutable_data(), n, mean_divisor, stream_now());
+  settle("an element-wise reduction on a GPU");
+  return out;
+}
+
+tensor reduce_axis(reduce_op op, const tensor& input, int64_t axis, bool divide) {
+  const auto& shape = input.shape();
+  const int index = index_of(input.device());
+  shape_t out_shape;
+  int64_t outer = 1, inner = 1;
+  const int64_t k = shape[static_cast<size_t>(axis)];
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (static_cast<int64_t>(d) == axis)
+      continue;
+    out_shape.push_back(shape[d]);
+    (static_cast<int64_t>(d) < axis ? outer : inner) *= shape[d];
+  }
+  const auto out_type = reduced_dtype(op, input.dtype());
+  auto out = tensor::empty(out_type, out_shape, input.device());
+  if (out.num_elements() == 0)
+    return out;
+  cuda::device_guard guard(index);
+  if (k == 0) {
+    // SUM of nothing is 0, PROD 1, MEAN 0/0 (NaN) or 0 when the caller divides later; MIN and MAX
+    // were rejected by the caller.
+    double value = op == reduce_op::prod             ? 1.0
+                   : op == reduce_op::mean && divide ? std::numeric_limits<double>::quiet_NaN()
+                                                     : 0.0;
+    cuda::fill(out_type, out.raw_mutable_data(), out.num_elements(), value, stream_now());
+  } else {
+    cuda::reduce_axis(input.dtype(), op, input.raw_data(), out.raw_mutable_data(), outer, k, inner,
+                      op == reduce_op::mean && divide ? static_cast<double>(k) : 0.0, stream_now());
+  }
+  settle("a reduction along an axis on a GPU");
+  return out;
+}
+
+tensor concat(const std::vector<tensor>& inputs, int64_t axis, const shape_t& out_shape) {
+  const auto& first = inputs.front();
+  const int index = index_of(first.device());
+  auto out = tensor::empty(first.dtype(), out_shape, first.device());
+  if (out.num_bytes() == 0)
+    return out;
+  int64_t outer = 1;
+  size_t inner_bytes = size_of(first.dtype());
+  for (size_t d = 0; d < out_shape.size(); ++d) {
+    if (static_cast<int64_t>(d) < axis)
+      outer *= out_shape[d];
+    else if (static_cast<int64_t>(d) > axis)
+      inner_bytes *= static_cast<size_t>(out_shape[d]);
+  }
+  std::vector<const void*> pointers;
+  std::vector<size_t> row_bytes;
+  for (const auto& t : inputs) {
+    pointers.push_back(t.raw_data());
+    row_bytes.push_back(static_cast<size_t>(t.shape()[static_cast<size_t>(axis)]) * inner_bytes);
+  }
+  cuda::device_guard guard(index);
+  cuda::concat(pointers.data(), row_bytes.data(), static_cast<int>(pointers.size()),
+               out.raw_mutable_data(), outer, stream_now());
+  settle("a concatenation on a GPU");
+  return out;
+}
+
+void divide(tensor& t, double divisor) {
+  if (t.num_elements() == 0)
+    return;
+  const int index = index_of(t.device());
+  void* p = t.raw_mutable_data();
+  cuda::device_guard guard(index);
+  cuda::divide(t.dtype(), p, t.num_elements(), divisor, stream_now());
+  settle("a division on a GPU");
+}
+
+#else // !CONSORT_WITH_CUDA
+
+namespace {
+
+[[noreturn]] void no_cuda(const std::string& what) {
+  throw_error(errc::unsupported, what + ": this build of consort has no CUDA support (configure "
+                                        "with CONSORT_WITH_CUDA=ON and a CUDA toolkit with NCCL)");
+}
+
+} // namespace
+
+bool built() noexcept {
+  return false;
+}
+
+int count() noexcept {
+  return 0;
+}
+
+std::string unavailable_reason() {
+  return "this build of consort has no CUDA support";
+}
+
+void require(int index) {
+  no_cuda("GPU:" + std::to_string(index));
+}
+
+replica_binding::replica_binding(int index) : device_(index) {
+  no_cuda("binding a replica to GPU:" + std::to_string(index));
+}
+
+replica_binding::~replica_binding() = default;
+
+void replica_binding::synchronize(std::chrono::milliseconds, const std::string&) const {}
+
+void* current_stream() noexcept {
+  return nullptr;
+}
+
+void* allocate(int index, size_t, bool) {
+  no_cuda("allocating on GPU:" + std::to_string(index));
+}
+
+void release(int, void*, size_t) noexcept {}
+
+void copy(void*, int, const void*, int, size_t) {
+  no_cuda("copying to or from a GPU");
+}
+
+tensor reduce_elementwise(reduce_op, const std::vector<tensor>&, double) {
+  no_cuda("a reduction on a GPU");
+}
+
+tensor reduce_axis(reduce_op, const tensor&, int64_t, bool) {
+  no_cuda("a reduction on a GPU");
+}
+
+tensor concat(const std::vector<tensor>&, int64_t, const shape_t&) {
+  no_cuda("a concatenation on a GPU");
+}
+
+void divide(tensor&, double) {
+  no_cuda("a division on a GPU");
+}
+
+#endif
+
+} // namespace consort::detail::gpu

@@ -1,0 +1,87 @@
+#pragma once
+
+// The GPU side of the runtime as the rest of consort sees it: plain C++ with no CUDA header, so
+// the actors and tensor code compile the same with and without CUDA. Private (never installed).
+//
+// In a build without CUDA (CONSORT_WITH_CUDA 0) every function that needs a GPU throws
+// error(unsupported) saying that this build has no GPU support; count() is 0.
+//
+// Streams: each GPU replica thread binds one device and one stream (`replica_binding`), which
+// becomes the thread's *current stream*; every kernel and copy that consort runs on that thread is
+// queued on it, so a step's work is ordered on its replica's stream. On other threads the current
+// stream is CUDA's per-thread default stream. Tensor operations that hand bytes to the host
+// (to("CPU:0"), to_vector, item, ==) wait for the current stream, with a deadline.
+
+#include <consort/nest.hpp>
+#include <consort/reduce_op.hpp>
+#include <consort/tensor.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace consort::detail::gpu {
+
+/// True when this build has CUDA support (whether or not a GPU is present).
+bool built() noexcept;
+
+/// Number of visible GPUs (0 without CUDA support, a driver or a device). Never throws.
+int count() noexcept;
+
+/// Why count() is 0 ("this build of consort has no CUDA support", or CUDA's reason).
+std::string unavailable_reason();
+
+/// @throws error(unsupported) in a build without CUDA; error(unknown_device) naming how many GPUs
+/// there are (or why there are none) unless 0 <= `index` < count().
+void require(int index);
+
+/// Binds the calling thread to one GPU for its lifetime: sets the device, creates a non-blocking
+/// stream and makes it the thread's current stream. Restores nothing: one per replica thread.
+class replica_binding {
+public:
+  explicit replica_binding(int index);
+  ~replica_binding();
+  replica_binding(const replica_binding&) = delete;
+  replica_binding& operator=(const replica_binding&) = delete;
+
+  int device() const noexcept { return device_; }
+  /// The stream as an opaque handle (a cudaStream_t).
+  void* stream() const noexcept { return stream_; }
+
+  /// Waits for the work queued on the stream (the end of a step), at most `timeout`.
+  /// @throws error(device_error) when queued work failed, error(step_timeout) naming `what`.
+  void synchronize(std::chrono::milliseconds timeout, const std::string& what) const;
+
+private:
+  int device_ = -1;
+  void* stream_ = nullptr;
+};
+
+/// The calling thread's current stream (opaque cudaStream_t; never null in a CUDA build).
+void* current_stream() noexcept;
+
+// -- device memory behind tensor storage ---------------------------------------------------------
+
+/// `bytes` of device memory on GPU `index`, zero-filled when `zeroed`. @throws as require().
+void* allocate(int index, size_t bytes, bool zeroed);
+/// Gives memory back; later reuse waits for the current stream's work at the time of release.
+void release(int index, void* pointer, size_t bytes) noexcept;
+
+/// A copy of `bytes` between host (`device` -1) and GPU memory, ordered on the current stream;
+/// returns once the bytes are in place (bounded wait). @throws error(device_error).
+void copy(void* dst, int dst_device, const void* src, int src_device, size_t bytes);
+
+// -- kernels on GPU tensors (all inputs on one GPU) ---------------------------------------------
+
+tensor reduce_elementwise(reduce_op op, const std::vector<tensor>& inputs, double mean_divisor);
+tensor reduce_axis(reduce_op op, const tensor& input, int64_t axis, bool divide);
+tensor concat(const std::vector<tensor>& inputs, int64_t axis, const shape_t& out_shape);
+/// Divides every element of a float32/float64 GPU tensor by `divisor` in place (copy-on-write).
+void divide(tensor& t, double divisor);
+
+/// Index of the GPU of `device` ("GPU:3" -> 3), or -1 for a CPU device string.
+int index_of(const std::string& device) noexcept;
+
+} // namespace consort::detail::gpu

@@ -1,0 +1,141 @@
+// GPU tensors and GPU replicas through the public API: placement, copies, host reads, the kernels
+// behind reduce/gather/collectives, and mirrored_strategy on a GPU. Every test needs a GPU and
+// skips (reported as skipped by CTest) when this process sees none.
+
+#include "device/gpu.hpp"
+
+#include <consort/consort.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+using namespace consort;
+
+namespace {
+
+#define REQUIRE_GPU()                                                                              \
+  do {                                                                                             \
+    if (detail::gpu::count() == 0)                                                                 \
+      GTEST_SKIP() << "no GPU: " << detail::gpu::unavailable_reason();                             \
+  } while (false)
+
+std::vector<float> iota(size_t n, float start = 1) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = start + static_cast<float>(i) * 0.5f;
+  return v;
+}
+
+} // namespace
+
+TEST(GpuTensor, RoundTripsThroughTheGpu) {
+  REQUIRE_GPU();
+  auto host = tensor::from<float>(iota(1001), {7, 143});
+  auto dev = host.to("GPU:0");
+  EXPECT_TRUE(dev.on_gpu());
+  EXPECT_EQ(dev.device(), "GPU:0");
+  EXPECT_FALSE(dev.shares_storage_with(host));
+  EXPECT_EQ(dev.shape(), host.shape());
+  EXPECT_EQ(dev.to_vector<float>(), host.to_vector<float>());
+  auto back = dev.to("CPU:0");
+  EXPECT_FALSE(back.on_gpu());
+  EXPECT_EQ(back, host);
+  EXPECT_EQ(dev, host); // == compares bytes wherever they live
+  EXPECT_EQ(dev.slice(2, 4).to_vector<float>(), host.slice(2, 4).to_vector<float>());
+  EXPECT_EQ(tensor::scalar<int64_t>(-5, "GPU:0").item<int64_t>(), -5);
+  EXPECT_NE(dev.to_string().find("on GPU:0"), std::string::npos);
+}
+
+TEST(GpuTensor, ZerosCloneAndCopyOnWriteStayOnTheGpu) {
+  REQUIRE_GPU();
+  auto z = tensor::zeros(dtype::int32, {3, 5}, "GPU:0");
+  EXPECT_EQ(z.to_vector<int32_t>(), std::vector<int32_t>(15, 0));
+  auto a = tensor::from<double>({1, 2, 3}, {3}, "GPU:0");
+  auto b = a.clone();
+  EXPECT_TRUE(b.on_gpu());
+  EXPECT_FALSE(b.shares_storage_with(a));
+  EXPECT_EQ(b, a);
+  auto shared = a;
+  void* p = shared.raw_mutable_data(); // copy-on-write: `a` keeps its bytes
+  EXPECT_NE(p, a.raw_data());
+  EXPECT_EQ(shared.to_vector<double>(), (std::vector<double>{1, 2, 3}));
+}
+
+TEST(GpuKernels, ReduceAndConcatOnAGpuMatchTheHostBitwise) {
+  REQUIRE_GPU();
+  std::vector<tensor> host, dev;
+  for (int r = 0; r < 3; ++r) {
+    host.push_back(tensor::from<float>(iota(4099, static_cast<float>(r) * 0.1f), {4099}));
+    dev.push_back(host.back().to("GPU:0"));
+  }
+  for (auto op :
+       {reduce_op::sum, reduce_op::mean, reduce_op::min, reduce_op::max, reduce_op::prod}) {
+    auto on_gpu = reduce_elementwise(op, dev);
+    EXPECT_TRUE(on_gpu.on_gpu());
+    EXPECT_EQ(on_gpu.to("CPU:0"), reduce_elementwise(op, host)) << to_string(op);
+  }
+  auto m = tensor::from<int32_t>({1, 2, 3, 4, 5, 6}, {2, 3});
+  auto md = m.to("GPU:0");
+  for (int64_t axis : {0, 1}) {
+    EXPECT_EQ(reduce_axis(reduce_op::mean, md, axis).to("CPU:0"),
+              reduce_axis(reduce_op::mean, m, axis));
+    EXPECT_EQ(concat({md, md}, axis).to("CPU:0"), concat({m, m}, axis));
+  }
+}
+
+TEST(GpuKernels, InputsOnSeveralDevicesAreCombinedOnTheHost) {
+  REQUIRE_GPU();
+  auto a = tensor::from<float>({1, 2});
+  auto b = tensor::from<float>({10, 20}, {2}, "GPU:0");
+  auto sum = reduce_elementwise(reduce_op::sum, {a, b});
+  EXPECT_FALSE(sum.on_gpu());
+  EXPECT_EQ(sum.to_vector<float>(), (std::vector<float>{11, 22}));
+}
+
+TEST(GpuStrategy, AGpuReplicaGetsItsInputsOnItsDeviceAndReducesToTheHost) {
+  REQUIRE_GPU();
+  mirrored_strategy gpus({"GPU:0"});
+  auto inputs = gpus.distribute_values([](int) { return tensor::from<float>({1, 2}, {2}); });
+  auto v = gpus.run(
+      [](replica_context& ctx, const tensor& x) {
+        EXPECT_EQ(ctx.device(), "GPU:0");
+        EXPECT_EQ(x.device(), "GPU:0");
+        auto total = ctx.all_reduce(reduce_op::sum, x);
+        EXPECT_EQ(total.device(), "GPU:0");
+        return total;
+      },
+      inputs);
+  ASSERT_EQ(v.values().size(), 1u);
+  EXPECT_TRUE(v.values()[0].on_gpu());
+  auto host_total = gpus.reduce("MEAN", v, 0);
+  EXPECT_FALSE(host_total.on_gpu());
+  EXPECT_EQ(host_total.to_vector<float>(), (std::vector<float>{1.5f}));
+  auto gathered = gpus.gather(v, 0);
+  EXPECT_FALSE(gathered.on_gpu());
+  EXPECT_EQ(gathered.to_vector<float>(), (std::vector<float>{1, 2}));
+}
+
+TEST(GpuStrategy, ACpuAndAGpuReplicaAllReduceTogether) {
+  REQUIRE_GPU();
+  mirrored_strategy mixed({"CPU:0", "GPU:0"});
+  auto v = mixed.run([](replica_context& ctx) {
+    auto mine = tensor::from<float>({1.0f + static_cast<float>(ctx.replica_id_in_sync_group())},
+                                    {1}, ctx.device());
+    auto total = ctx.all_reduce(reduce_op::sum, mine);
+    EXPECT_EQ(total.device(), ctx.device());
+    auto all = ctx.all_gather(mine, 0);
+    EXPECT_EQ(all.to_vector<float>(), (std::vector<float>{1, 2}));
+    return total;
+  });
+  for (const auto& t : v.values())
+    EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{3}));
+}
+
+TEST(GpuStrategy, TheDefaultMirroredStrategyUsesEveryGpu) {
+  REQUIRE_GPU();
+  mirrored_strategy all;
+  EXPECT_EQ(all.num_replicas_in_sync(), detail::gpu::count());
+}
