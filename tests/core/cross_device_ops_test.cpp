@@ -55,8 +55,11 @@ TEST(CrossDeviceOpsTest, ReduceRejectsBadDestinations) {
                          {"at least one destination"}));
 #if CONSORT_WITH_CUDA
   // No machine has 1000 GPUs: the error names the device and how many GPUs there are.
-  EXPECT_TRUE(fails_with([&] { ops.reduce(reduce_op::sum, v, {"CPU:0", "GPU:999"}); },
-                         errc::unknown_device, {"GPU:999", "GPU"}));
+  EXPECT_TRUE(fails_with(
+      [&] {
+        ops.reduce(reduce_op::sum, v, {"CPU:0", "GPU:999"});
+      },
+      errc::unknown_device, {"GPU:999", "GPU"}));
 #else
   EXPECT_TRUE(fails_with(
       [&] {

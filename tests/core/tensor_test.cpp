@@ -112,10 +112,13 @@ TEST(TensorTest, ZerosOnAMissingGpuAndOnAnUnknownDeviceFail) {
 #if CONSORT_WITH_CUDA
   // No machine has 1000 GPUs: the error names the device and says how many GPUs there are (or
   // why there are none).
-  EXPECT_TRUE(fails_with([] { tensor::zeros(dtype::int32, {1}, "GPU:999"); },
-                         errc::unknown_device, {"GPU:999", "GPU"}));
-  EXPECT_TRUE(fails_with([] { tensor::from<float>({1, 2}, {2}, "GPU:999"); },
-                         errc::unknown_device, {"GPU:999"}));
+  EXPECT_TRUE(fails_with([] { tensor::zeros(dtype::int32, {1}, "GPU:999"); }, errc::unknown_device,
+                         {"GPU:999", "GPU"}));
+  EXPECT_TRUE(fails_with(
+      [] {
+        tensor::from<float>({1, 2}, {2}, "GPU:999");
+      },
+      errc::unknown_device, {"GPU:999"}));
 #else
   EXPECT_TRUE(fails_with([] { tensor::zeros(dtype::int32, {1}, "GPU:0"); }, errc::unsupported,
                          {"GPU:0", "CUDA"}));
