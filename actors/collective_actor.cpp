@@ -2,6 +2,7 @@
 // they agree, computes each result once and answers every participant (DESIGN.md §3).
 
 #include "actors/cross_worker.hpp"
+#include "actors/gpu_collectives.hpp"
 
 #include <consort/actors/protocol.hpp>
 #include <consort/ops.hpp>
@@ -109,6 +110,8 @@ struct collective_state {
   uint64_t next_key = 1;
   /// Host reductions and gathers run across workers so far (their position on the host lane).
   uint64_t host_ops = 0;
+  /// NCCL communicators of this process's GPU replicas, made at the first call that can use them.
+  std::unique_ptr<detail::local_nccl> nccl;
   static inline const char* name = "consort.collective";
 };
 
@@ -339,6 +342,11 @@ void local_part(detail::cross_call& cc, const call_signature& sig,
       break;
     }
   }
+  // The TCP algorithms work on host memory: a GPU replica's partial goes through the host (the
+  // replicas copy the result back to their GPUs).
+  for (auto& t : cc.leaves)
+    if (t.on_gpu())
+      t = t.to("CPU:0");
   cc.count = static_cast<double>(leaves.size());
 }
 
@@ -607,6 +615,36 @@ caf::expected<nest> cross_gather(detail::cross_worker& cross, std::chrono::milli
 
 void on_report(self_ptr self, step_report& report);
 
+/// Runs a complete slot on NCCL when local_nccl can; false leaves it to the host kernels.
+/// Blocks this actor until NCCL is done (bounded by the call's deadline): the replicas are waiting
+/// on this call anyway, and NCCL needs every local rank issued from one thread.
+bool try_nccl(self_ptr self, slot& s) {
+  auto& st = self->state;
+  std::vector<std::vector<tensor>> leaves;
+  leaves.reserve(s.calls.size());
+  for (const auto& c : s.calls)
+    leaves.push_back(flatten(c->request.value));
+  if (!detail::local_nccl::eligible(s.sig.kind, s.sig.op, s.sig.axis, leaves))
+    return false;
+  try {
+    if (!st.nccl)
+      st.nccl = std::make_unique<detail::local_nccl>();
+    int root = 0;
+    if (s.sig.kind == collective_kind::broadcast)
+      root = static_cast<int>(st.position.at(s.sig.root));
+    auto out = st.nccl->run(s.sig.kind, s.sig.op, root, leaves, s.timeout, s.what);
+    const auto& structure = s.calls.front()->request.value;
+    for (size_t r = 0; r < s.replies.size(); ++r)
+      s.replies[r].deliver(pack_as(structure, out[r]));
+    auto step = s.step;
+    auto seq = s.seq;
+    st.steps[step].slots.erase(seq);
+  } catch (const std::exception& e) {
+    fail_slot(self, s, error_of(e));
+  }
+  return true;
+}
+
 void on_call(self_ptr self, collective_call& call, reply_to reply) {
   auto& st = self->state;
   // Peers that finished before any collective of the step was flagged sent no report of their
@@ -705,6 +743,10 @@ void on_call(self_ptr self, collective_call& call, reply_to reply) {
     st.steps[step].slots.erase(seq);
     return;
   }
+  // GPU replicas on distinct GPUs: NCCL, each replica getting its result on its own GPU.
+  // (In-process only: across workers the data phase runs on the cross-worker lane.)
+  if (try_nccl(self, s))
+    return;
   // Everyone is here: compute once, answer all.
   try {
     auto result = compute(s);

@@ -1,0 +1,158 @@
+#include "actors/gpu_collectives.hpp"
+
+#include <consort/config.hpp>
+#include <consort/error.hpp>
+#include <consort/ops.hpp>
+
+#include "device/gpu.hpp"
+
+#if CONSORT_WITH_CUDA
+#include "device/cuda/nccl.hpp"
+#include "device/cuda/runtime.hpp"
+#endif
+
+#include <set>
+
+namespace consort::detail {
+
+#if CONSORT_WITH_CUDA
+
+struct local_nccl::impl {
+  std::vector<int> devices;
+  std::vector<cuda::nccl::communicator> comms;
+  std::vector<cuda::stream> streams;
+
+  /// The communicators for `wanted`, made (or remade after an abort) when needed.
+  void ensure(const std::vector<int>& wanted, std::chrono::milliseconds timeout) {
+    bool usable = wanted == devices && comms.size() == wanted.size();
+    for (const auto& c : comms)
+      usable = usable && c.valid() && !c.aborted();
+    if (usable)
+      return;
+    comms.clear();
+    streams.clear();
+    devices.clear();
+    auto id = cuda::nccl::unique_id::make();
+    auto made = cuda::nccl::init_group(id, static_cast<int>(wanted.size()), 0, wanted, timeout);
+    std::vector<cuda::stream> fresh;
+    for (int d : wanted)
+      fresh.emplace_back(d);
+    comms = std::move(made);
+    streams = std::move(fresh);
+    devices = wanted;
+  }
+};
+
+local_nccl::local_nccl() : impl_(std::make_unique<impl>()) {}
+
+local_nccl::~local_nccl() = default;
+
+bool local_nccl::eligible(collective_kind kind, reduce_op op, int64_t axis,
+                          const std::vector<std::vector<tensor>>& leaves) {
+  if (leaves.empty() || leaves.front().empty())
+    return false;
+  std::set<std::string> seen;
+  for (const auto& replica : leaves) {
+    const auto& device = replica.front().device();
+    if (!seen.insert(device).second)
+      return false;
+    for (const auto& t : replica) {
+      if (!t.on_gpu() || t.device() != device || t.dtype() == dtype::boolean)
+        return false;
+      if (kind == collective_kind::all_reduce && op == reduce_op::mean && !is_floating(t.dtype()))
+        return false;
+    }
+  }
+  return kind != collective_kind::all_gather || axis == 0;
+}
+
+std::vector<std::vector<tensor>> local_nccl::run(collective_kind kind, reduce_op op, int root,
+                                                 const std::vector<std::vector<tensor>>& leaves,
+                                                 std::chrono::milliseconds timeout,
+                                                 const std::string& what) {
+  const size_t n = leaves.size();
+  const size_t count = leaves.front().size();
+  std::vector<int> devices;
+  for (const auto& replica : leaves)
+    devices.push_back(gpu::index_of(replica.front().device()));
+  auto& im = *impl_;
+  im.ensure(devices, timeout);
+  // Outputs first (allocation may fail cleanly before NCCL sees anything).
+  std::vector<std::vector<tensor>> out(n);
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t i = 0; i < count; ++i) {
+      const auto& in = leaves[r][i];
+      auto shape = in.shape();
+      if (kind == collective_kind::all_gather) {
+        int64_t total = 0;
+        for (size_t q = 0; q < n; ++q)
+          total += leaves[q][i].shape().front();
+        shape.front() = total;
+      }
+      out[r].push_back(tensor::empty(in.dtype(), shape, in.device()));
+    }
+  }
+  try {
+    cuda::nccl::group group;
+    for (size_t i = 0; i < count; ++i) {
+      std::vector<size_t> counts;
+      if (kind == collective_kind::all_gather)
+        for (size_t q = 0; q < n; ++q)
+          counts.push_back(static_cast<size_t>(leaves[q][i].num_elements()));
+      for (size_t r = 0; r < n; ++r) {
+        const auto& in = leaves[r][i];
+        auto& comm = im.comms[r];
+        auto s = im.streams[r].get();
+        void* dst = out[r][i].raw_mutable_data();
+        const auto elements = static_cast<size_t>(in.num_elements());
+        switch (kind) {
+        case collective_kind::all_reduce:
+          comm.all_reduce(in.raw_data(), dst, elements, in.dtype(), op, s);
+          break;
+        case collective_kind::all_gather:
+          comm.all_gather_ragged(in.raw_data(), counts, dst, in.dtype(), s);
+          break;
+        case collective_kind::broadcast:
+          comm.broadcast(in.raw_data(), dst, elements, in.dtype(), root, s);
+          break;
+        }
+      }
+    }
+    group.end();
+    std::vector<std::pair<cuda::nccl::communicator*, cudaStream_t>> work;
+    for (size_t r = 0; r < n; ++r)
+      work.emplace_back(&im.comms[r], im.streams[r].get());
+    cuda::nccl::wait(work, timeout, what);
+  } catch (const error& e) {
+    // Aborted communicators are rebuilt by the next call; say which call failed.
+    im.comms.clear();
+    im.streams.clear();
+    im.devices.clear();
+    throw_error(e.code(), what + " on NCCL: " + e.what());
+  }
+  return out;
+}
+
+#else // !CONSORT_WITH_CUDA
+
+struct local_nccl::impl {};
+
+local_nccl::local_nccl() = default;
+
+local_nccl::~local_nccl() = default;
+
+bool local_nccl::eligible(collective_kind, reduce_op, int64_t,
+                          const std::vector<std::vector<tensor>>&) {
+  return false;
+}
+
+std::vector<std::vector<tensor>> local_nccl::run(collective_kind, reduce_op, int,
+                                                 const std::vector<std::vector<tensor>>&,
+                                                 std::chrono::milliseconds,
+                                                 const std::string& what) {
+  throw_error(errc::unsupported, what + ": this build of consort has no NCCL");
+}
+
+#endif
+
+} // namespace consort::detail
