@@ -139,3 +139,48 @@ TEST(GpuStrategy, TheDefaultMirroredStrategyUsesEveryGpu) {
   mirrored_strategy all;
   EXPECT_EQ(all.num_replicas_in_sync(), detail::gpu::count());
 }
+
+TEST(GpuStrategy, EveryCollectiveKindOfGpuReplicasRunsOnNccl) {
+  REQUIRE_GPU();
+  std::vector<std::string> devices;
+  for (int i = 0; i < detail::gpu::count(); ++i)
+    devices.push_back("GPU:" + std::to_string(i));
+  mirrored_strategy gpus(devices);
+  const auto n = static_cast<int>(devices.size());
+  auto v = gpus.run([n](replica_context& ctx) {
+    const int id = ctx.replica_id_in_sync_group();
+    // Replica i holds i + 1 rows of [i, i]: a ragged all_gather along axis 0.
+    std::vector<int64_t> rows(static_cast<size_t>(2 * (id + 1)), id);
+    auto mine = tensor::from<int64_t>(rows, {id + 1, 2}, ctx.device());
+    auto gathered = ctx.all_gather(mine, 0);
+    EXPECT_EQ(gathered.device(), ctx.device());
+    EXPECT_EQ(gathered.shape(), (shape_t{n * (n + 1) / 2, 2}));
+    auto values = tensor::from<double>({1.0 * (id + 1), -2.0}, {2}, ctx.device());
+    auto mean = ctx.all_reduce(reduce_op::mean, values);
+    EXPECT_EQ(mean.to_vector<double>(), (std::vector<double>{(n + 1) / 2.0, -2.0}));
+    auto maxed = ctx.all_reduce(reduce_op::max, values);
+    EXPECT_EQ(maxed.to_vector<double>(), (std::vector<double>{1.0 * n, -2.0}));
+    auto from_last = ctx.broadcast(values, n - 1);
+    EXPECT_EQ(from_last.to_vector<double>(), (std::vector<double>{1.0 * n, -2.0}));
+    EXPECT_EQ(from_last.device(), ctx.device());
+    return gathered;
+  });
+  std::vector<int64_t> expected;
+  for (int i = 0; i < n; ++i)
+    for (int r = 0; r < 2 * (i + 1); ++r)
+      expected.push_back(i);
+  for (const auto& t : v.values())
+    EXPECT_EQ(t.to_vector<int64_t>(), expected);
+}
+
+TEST(GpuStrategy, IntegerMeanOfGpuReplicasIsFloat64AsOnTheHost) {
+  REQUIRE_GPU();
+  mirrored_strategy gpus({"GPU:0"});
+  auto v = gpus.run([](replica_context& ctx) {
+    auto mean = ctx.all_reduce(reduce_op::mean, tensor::from<int32_t>({3, 4}, {2}, ctx.device()));
+    EXPECT_EQ(mean.dtype(), dtype::float64);
+    EXPECT_EQ(mean.device(), ctx.device());
+    return mean;
+  });
+  EXPECT_EQ(v.values()[0].to_vector<double>(), (std::vector<double>{3, 4}));
+}
