@@ -112,6 +112,9 @@ struct collective_state {
   uint64_t host_ops = 0;
   /// NCCL communicators of this process's GPU replicas, made at the first call that can use them.
   std::unique_ptr<detail::local_nccl> nccl;
+  /// Across workers: this worker's ranks of the communicator over every worker's GPU replicas
+  /// (used on the step lane only).
+  std::shared_ptr<detail::local_nccl> cross_nccl;
   static inline const char* name = "consort.collective";
 };
 
@@ -404,9 +407,82 @@ void answer(caf::actor_system& sys, const collective_actor& me, uint64_t key,
   (void)sys;
 }
 
+/// Hands a complete slot of GPU replicas to the step lane when NCCL can run it across workers:
+/// the descriptor round checks the call as always, then one communicator over every replica of
+/// every worker (rank = replica id in sync group) runs it, and each replica gets its result on
+/// its own GPU. False leaves the slot to the TCP path.
+bool hand_off_nccl(self_ptr self, slot& s) {
+  auto& st = self->state;
+  std::vector<std::vector<tensor>> leaves;
+  leaves.reserve(s.calls.size());
+  for (const auto& c : s.calls)
+    leaves.push_back(flatten(c->request.value));
+  if (!detail::local_nccl::eligible(s.sig.kind, s.sig.op, s.sig.axis, leaves, true))
+    return false;
+  // Results go to each replica's own future (a harness's `collective` request takes the TCP path).
+  for (const auto& r : s.replies)
+    if (!r.state)
+      return false;
+  s.handed_off = true;
+  std::vector<nest_state> states;
+  for (auto& r : s.replies)
+    states.push_back(std::move(r.state));
+  if (!st.cross_nccl)
+    st.cross_nccl = std::make_shared<detail::local_nccl>();
+  auto cc = cross_call_of(s);
+  cc.signature += " on NCCL";
+  detail::local_nccl::group_spec spec;
+  spec.nranks = num_in_sync(st);
+  spec.first_rank = st.cfg.replica_ids.front();
+  cc.data_phase =
+      [nccl = st.cross_nccl, kind = s.sig.kind, op = s.sig.op, root = s.sig.root,
+       leaves = std::move(leaves), what = s.what,
+       spec](const detail::cross_call::share_fn& share,
+             std::chrono::milliseconds left) mutable -> caf::expected<std::vector<tensor>> {
+    spec.share = [&share](std::vector<uint8_t>& bytes) {
+      if (auto err = share(bytes))
+        throw to_consort_error(err, "sharing the NCCL unique id");
+    };
+    try {
+      auto per_replica = nccl->run(kind, op, root, leaves, left, what, spec);
+      std::vector<tensor> flat;
+      for (auto& r : per_replica)
+        for (auto& t : r)
+          flat.push_back(std::move(t));
+      return flat;
+    } catch (const std::exception& e) {
+      return error_of(e);
+    }
+  };
+  auto structure = s.calls.front()->request.value;
+  auto* cross = st.cfg.cross.get();
+  cross->post(detail::cross_worker::lane::step, [cross, cc = std::move(cc),
+                                                 structure = std::move(structure),
+                                                 states = std::move(states)]() mutable {
+    auto out = cross->run(detail::cross_worker::lane::step, cc);
+    const size_t per = flatten(structure).size();
+    for (size_t r = 0; r < states.size(); ++r) {
+      if (!out) {
+        states[r]->set_error(std::make_exception_ptr(to_consort_error(out.error(), "")));
+        continue;
+      }
+      try {
+        std::vector<tensor> mine(out->begin() + static_cast<std::ptrdiff_t>(r * per),
+                                 out->begin() + static_cast<std::ptrdiff_t>((r + 1) * per));
+        states[r]->set_value(pack_as(structure, mine));
+      } catch (const std::exception& e) {
+        states[r]->set_error(std::make_exception_ptr(e));
+      }
+    }
+  });
+  return true;
+}
+
 /// Hands a complete slot to the step lane: local combination, then the cross-worker phase.
 void hand_off(self_ptr self, slot& s) {
   auto& st = self->state;
+  if (hand_off_nccl(self, s))
+    return;
   s.handed_off = true;
   std::vector<nest_state> states;
   auto key = park_promises(self, s.replies, states);

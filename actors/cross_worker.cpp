@@ -266,7 +266,17 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
   if (auto problem = disagreement(all, call); !problem.empty())
     return make_caf_error(errc::collective_mismatch, problem);
 
-  // 2. Data.
+  // 2. Data: by the caller's own means (NCCL), or by the TCP algorithms.
+  if (call.data_phase) {
+    auto share = [&](std::vector<uint8_t>& bytes) -> caf::error {
+      return transport::broadcast(ctx_, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()},
+                                  0, options());
+    };
+    auto result = call.data_phase(share, remaining(until));
+    if (!result)
+      return wrap(result.error(), call.what);
+    return result;
+  }
   std::vector<tensor> out;
   out.reserve(call.leaves.size());
   switch (call.kind) {

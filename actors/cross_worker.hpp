@@ -72,6 +72,15 @@ struct cross_call {
   double total_count = 0;
   /// Bounds the whole cross-worker phase of the call.
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  /// Broadcasts bytes from worker 0 to every worker over the mesh (for `data_phase`).
+  using share_fn = std::function<caf::error(std::vector<uint8_t>&)>;
+  /// When set, replaces the TCP data phase (NCCL for GPU replicas): called on the lane once every
+  /// worker's descriptor agreed, with `share` and the time left; its result is the call's. Every
+  /// worker must set it for the same calls (put it in `signature`, so a disagreement is a
+  /// collective_mismatch rather than a hang).
+  std::function<caf::expected<std::vector<tensor>>(const share_fn& share,
+                                                   std::chrono::milliseconds left)>
+      data_phase;
 };
 
 /// Runs the cross-worker phase of collectives over a transport context whose ranks are the

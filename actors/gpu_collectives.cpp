@@ -23,7 +23,8 @@ struct local_nccl::impl {
   std::vector<cuda::stream> streams;
 
   /// The communicators for `wanted`, made (or remade after an abort) when needed.
-  void ensure(const std::vector<int>& wanted, std::chrono::milliseconds timeout) {
+  void ensure(const std::vector<int>& wanted, std::chrono::milliseconds timeout,
+              const group_spec& spec) {
     bool usable = wanted == devices && comms.size() == wanted.size();
     for (const auto& c : comms)
       usable = usable && c.valid() && !c.aborted();
@@ -32,8 +33,19 @@ struct local_nccl::impl {
     comms.clear();
     streams.clear();
     devices.clear();
-    auto id = cuda::nccl::unique_id::make();
-    auto made = cuda::nccl::init_group(id, static_cast<int>(wanted.size()), 0, wanted, timeout);
+    cuda::nccl::unique_id id;
+    const int nranks = spec.nranks > 0 ? spec.nranks : static_cast<int>(wanted.size());
+    if (spec.share) {
+      // Worker 0 (whose first replica is rank 0) makes the id; every worker gets its bytes.
+      std::vector<uint8_t> bytes(cuda::nccl::unique_id::byte_count, 0);
+      if (spec.first_rank == 0)
+        bytes = cuda::nccl::unique_id::make().to_bytes();
+      spec.share(bytes);
+      id = cuda::nccl::unique_id::from_bytes(bytes);
+    } else {
+      id = cuda::nccl::unique_id::make();
+    }
+    auto made = cuda::nccl::init_group(id, nranks, spec.first_rank, wanted, timeout);
     std::vector<cuda::stream> fresh;
     for (int d : wanted)
       fresh.emplace_back(d);
@@ -48,8 +60,10 @@ local_nccl::local_nccl() : impl_(std::make_unique<impl>()) {}
 local_nccl::~local_nccl() = default;
 
 bool local_nccl::eligible(collective_kind kind, reduce_op op, int64_t axis,
-                          const std::vector<std::vector<tensor>>& leaves) {
+                          const std::vector<std::vector<tensor>>& leaves, bool across_workers) {
   if (leaves.empty() || leaves.front().empty())
+    return false;
+  if (across_workers && kind == collective_kind::all_gather)
     return false;
   std::set<std::string> seen;
   for (const auto& replica : leaves) {
@@ -69,14 +83,14 @@ bool local_nccl::eligible(collective_kind kind, reduce_op op, int64_t axis,
 std::vector<std::vector<tensor>> local_nccl::run(collective_kind kind, reduce_op op, int root,
                                                  const std::vector<std::vector<tensor>>& leaves,
                                                  std::chrono::milliseconds timeout,
-                                                 const std::string& what) {
+                                                 const std::string& what, const group_spec& spec) {
   const size_t n = leaves.size();
   const size_t count = leaves.front().size();
   std::vector<int> devices;
   for (const auto& replica : leaves)
     devices.push_back(gpu::index_of(replica.front().device()));
   auto& im = *impl_;
-  im.ensure(devices, timeout);
+  im.ensure(devices, timeout, spec);
   // Outputs first (allocation may fail cleanly before NCCL sees anything).
   std::vector<std::vector<tensor>> out(n);
   for (size_t r = 0; r < n; ++r) {
@@ -142,14 +156,14 @@ local_nccl::local_nccl() = default;
 local_nccl::~local_nccl() = default;
 
 bool local_nccl::eligible(collective_kind, reduce_op, int64_t,
-                          const std::vector<std::vector<tensor>>&) {
+                          const std::vector<std::vector<tensor>>&, bool) {
   return false;
 }
 
 std::vector<std::vector<tensor>> local_nccl::run(collective_kind, reduce_op, int,
                                                  const std::vector<std::vector<tensor>>&,
-                                                 std::chrono::milliseconds,
-                                                 const std::string& what) {
+                                                 std::chrono::milliseconds, const std::string& what,
+                                                 const group_spec&) {
   throw_error(errc::unsupported, what + ": this build of consort has no NCCL");
 }
 
