@@ -3,7 +3,10 @@
 // ncclCommInitAll), float32 and bfloat16, 4 B to 1 GiB. Every size gets two rows in the same run:
 // `direct`, NCCL called on the buffers with the raw ncclComm_t, and `wrapper`, the same call
 // through consort::cuda::nccl::communicator; the wrapper row ends with ratio = wrapper time /
-// direct time. nccl-tests style output (STYLE.md §7), out-of-place only.
+// direct time. For float32 a third row, `consort`, times the same call made by replicas of a
+// mirrored_strategy over the same GPUs (ctx.all_reduce / all_gather / broadcast inside one step),
+// with ratio = consort time / direct time: what the runtime adds per call (--strategy 0 skips
+// it). nccl-tests style output (STYLE.md §7), out-of-place only.
 //
 // Timing: CUDA events recorded on every rank's stream around `--iters` back-to-back iterations
 // (after `--warmup` untimed ones); time = elapsed / iters, max over ranks. Sizes follow
@@ -14,7 +17,7 @@
 //
 // Usage:
 //   ./build/bench/nccl_bench [--min-bytes 4] [--max-bytes 1G] [--factor 2] [--warmup 5]
-//                            [--iters 20] [--gpus 0] [--check 1] [--json FILE]
+//                            [--iters 20] [--gpus 0] [--check 1] [--strategy 1] [--json FILE]
 //
 // Expected output (shape; figures depend on the GPU; table lines are wider than the code):
 // clang-format off
@@ -33,6 +36,8 @@
 // Without a GPU it prints `nccl_bench: no GPU (<reason>)` and exits with status 0.
 
 #include "common.hpp"
+
+#include <consort/consort.hpp>
 
 #include "device/cuda/nccl.hpp"
 
@@ -405,6 +410,64 @@ row run_path(ranks& rs, const coll_desc& c, const type_desc& t, size_t send_coun
   return out;
 }
 
+/// The same collective through consort's runtime: a mirrored_strategy over the same GPUs runs
+/// one step that calls it `warmup` + `iters` times on a float32 GPU tensor; time per call is
+/// taken on every replica with a steady clock around the timed calls (each call returns with its
+/// result ready), max over replicas. Rank r's tensor holds r + 1, as for the other rows.
+row run_strategy(consort::mirrored_strategy& strategy, const coll_desc& c, size_t send_count,
+                 int64_t warmup, int64_t iters, bool check) {
+  using namespace consort;
+  const int n = strategy.num_replicas_in_sync();
+  auto per = strategy.run([&](replica_context& ctx) {
+    const auto rank = ctx.replica_id_in_sync_group();
+    auto x = tensor::from<float>(std::vector<float>(send_count, static_cast<float>(rank + 1)),
+                                 {static_cast<int64_t>(send_count)}, ctx.device());
+    auto call = [&] {
+      if (c.name == "all_reduce")
+        return ctx.all_reduce(reduce_op::sum, x);
+      if (c.name == "all_gather")
+        return ctx.all_gather(x, 0);
+      return ctx.broadcast(x, c.root);
+    };
+    tensor last;
+    for (int64_t i = 0; i < warmup; ++i)
+      last = call();
+    auto begin = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < iters; ++i)
+      last = call();
+    auto us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - begin).count();
+    int64_t wrong = 0;
+    if (check) {
+      auto values = last.to_vector<float>();
+      const size_t segments = c.segments(n);
+      const size_t length = values.size() / segments;
+      for (size_t s = 0; s < segments; ++s)
+        for (size_t k = 0; k < length; ++k)
+          wrong += values[s * length + k] != static_cast<float>(c.expected(s, n));
+    }
+    return nest::list(
+        {tensor::scalar<double>(us / static_cast<double>(iters)), tensor::scalar<int64_t>(wrong)});
+  });
+  row out;
+  out.coll = c.name;
+  out.type = "float";
+  out.redop = c.redop;
+  out.root = c.root;
+  out.path = "consort";
+  const size_t out_count =
+      c.name == "all_gather" ? send_count * static_cast<size_t>(n) : send_count;
+  out.count = static_cast<int64_t>(out_count);
+  out.bytes = static_cast<int64_t>(out_count * sizeof(float));
+  for (const auto& r : per.values()) {
+    out.time_us = std::max(out.time_us, r[0].as_tensor().item<double>());
+    out.wrong += r[1].as_tensor().item<int64_t>();
+  }
+  out.algbw = out.time_us > 0 ? static_cast<double>(out.bytes) / (out.time_us * 1e3) : 0;
+  out.busbw = out.algbw * c.bus_factor(n);
+  return out;
+}
+
 void print_row(const row& r, bool with_ratio) {
   std::printf("%12lld %12lld %9s %7s %6d %8s ", static_cast<long long>(r.bytes),
               static_cast<long long>(r.count), r.type.c_str(), r.redop.c_str(), r.root,
@@ -431,6 +494,7 @@ int run(int argc, char** argv) {
   opts.add("iters", "20", "timed iterations per row");
   opts.add("gpus", "0", "number of GPUs (ranks) to use; 0: every visible GPU");
   opts.add("check", "1", "1: count wrong output elements on every rank, 0: skip the check");
+  opts.add("strategy", "1", "1: also time each float call through a mirrored_strategy");
   opts.add("json", "", "also write the results as JSON to this file");
   opts.parse(argc, argv);
   const auto min_bytes = opts.bytes("min-bytes");
@@ -488,6 +552,20 @@ int run(int argc, char** argv) {
               n > 1 ? " inside ncclGroupStart/End" : "", n > 1 ? " inside nccl::group" : "");
   std::fflush(stdout);
 
+  // The runtime's row: the same GPUs as replicas of a mirrored_strategy (float32 only: bfloat16
+  // is not a consort dtype). Its time includes what the runtime adds per call.
+  std::unique_ptr<consort::mirrored_strategy> strategy;
+  if (opts.integer("strategy") != 0) {
+    std::vector<std::string> names;
+    for (int d : devices)
+      names.push_back("GPU:" + std::to_string(d));
+    strategy = std::make_unique<consort::mirrored_strategy>(names);
+    std::printf("# consort: the same call as ctx.all_reduce/all_gather/broadcast inside one "
+                "strategy.run step on %s (float only); time by steady clock per call, max over "
+                "replicas; ratio = consort time / direct time\n",
+                device_text.c_str());
+  }
+
   auto comms = nccl::init_group(nccl::unique_id::make(), n, 0, devices, wait_timeout);
   ranks rs{comms, static_cast<size_t>(max_bytes)};
   std::vector<uint8_t> host(static_cast<size_t>(max_bytes));
@@ -533,6 +611,13 @@ int run(int argc, char** argv) {
         wrapped.ratio = direct.time_us > 0 ? wrapped.time_us / direct.time_us : 0;
         print_row(direct, false);
         print_row(wrapped, true);
+        if (strategy && t.type == ncclFloat32) {
+          auto through = run_strategy(*strategy, c, send_count, warmup, iters, check);
+          through.ratio = direct.time_us > 0 ? through.time_us / direct.time_us : 0;
+          print_row(through, true);
+          wrong += through.wrong;
+          rows.push_back(through);
+        }
         wrong += direct.wrong + wrapped.wrong;
         busbw_direct += direct.busbw;
         busbw_wrapper += wrapped.busbw;
