@@ -32,9 +32,25 @@ namespace {
 
 /// The stream of the replica bound to this thread, or null (CUDA's per-thread default stream).
 thread_local cudaStream_t bound_stream = nullptr;
+/// The GPU of `bound_stream` (-1 when none is bound).
+thread_local int bound_device = -1;
 
 cudaStream_t stream_now() noexcept {
   return bound_stream != nullptr ? bound_stream : cudaStreamPerThread;
+}
+
+/// True when work on GPU `index` from this thread goes on the replica's bound stream.
+bool on_bound(int index) noexcept {
+  return bound_stream != nullptr && bound_device == index;
+}
+
+/// The stream for a kernel, memset or release on GPU `index`: the replica's stream when this
+/// thread is bound to that GPU, else CUDA's per-thread default stream, which the caller's
+/// device_guard(index) resolves to `index`'s. (A replica's stream belongs to its own GPU: a kernel
+/// queued on it would run there, not on `index`, and an event of `index` cannot be recorded on
+/// it.)
+cudaStream_t stream_for(int index) noexcept {
+  return on_bound(index) ? bound_stream : cudaStreamPerThread;
 }
 
 constexpr auto host_wait = std::chrono::seconds(60);
@@ -49,12 +65,13 @@ void wait_stream(cudaStream_t stream, std::chrono::milliseconds timeout, const s
   cuda::synchronize_for(stream, current_device(), timeout, what);
 }
 
-/// Off replica threads, GPU work is finished before a call returns: its results may be read by
-/// any thread next. On a replica thread it stays ordered on the replica's stream.
-void settle(const char* what) {
-  if (bound_stream != nullptr)
+/// Work queued on stream_for(index) off a replica's own stream is finished before a call returns:
+/// its results may be read by any thread (or stream) next. On a replica thread, work on its own
+/// GPU stays ordered on the replica's stream. @pre the caller holds device_guard(index).
+void settle(int index, const char* what) {
+  if (on_bound(index))
     return;
-  wait_stream(stream_now(), host_wait, what);
+  wait_stream(cudaStreamPerThread, host_wait, what);
 }
 
 } // namespace
@@ -83,11 +100,14 @@ replica_binding::replica_binding(int index) : device_(index) {
               index);
   stream_ = s;
   bound_stream = s;
+  bound_device = index;
 }
 
 replica_binding::~replica_binding() {
-  if (bound_stream == static_cast<cudaStream_t>(stream_))
+  if (bound_stream == static_cast<cudaStream_t>(stream_)) {
     bound_stream = nullptr;
+    bound_device = -1;
+  }
   if (stream_ != nullptr) {
     // Destroying a stream with queued work is allowed: CUDA releases it when the work is done.
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
@@ -116,10 +136,10 @@ void* allocate(int index, size_t bytes, bool zeroed) {
   if (zeroed && bytes > 0) {
     try {
       cuda::device_guard guard(index);
-      cuda::check(cudaMemsetAsync(p, 0, bytes, stream_now()), "cudaMemsetAsync", index);
-      settle("zero-filling a GPU tensor");
+      cuda::check(cudaMemsetAsync(p, 0, bytes, stream_for(index)), "cudaMemsetAsync", index);
+      settle(index, "zero-filling a GPU tensor");
     } catch (...) {
-      cuda::release(index, p, bytes > 0 ? bytes : 1);
+      cuda::release(index, p, bytes > 0 ? bytes : 1, stream_for(index));
       throw;
     }
   }
@@ -127,7 +147,7 @@ void* allocate(int index, size_t bytes, bool zeroed) {
 }
 
 void release(int index, void* pointer, size_t bytes) noexcept {
-  cuda::release(index, pointer, bytes > 0 ? bytes : 1, stream_now());
+  cuda::release(index, pointer, bytes > 0 ? bytes : 1, stream_for(index));
 }
 
 void copy(void* dst, int dst_device, const void* src, int src_device, size_t bytes) {
@@ -149,8 +169,8 @@ tensor reduce_elementwise(reduce_op op, const std::vector<tensor>& inputs, doubl
     pointers.push_back(t.raw_data());
   cuda::device_guard guard(index);
   cuda::reduce_elementwise(first.dtype(), op, pointers.data(), static_cast<int>(pointers.size()),
-                           out.raw_mutable_data(), n, mean_divisor, stream_now());
-  settle("an element-wise reduction on a GPU");
+                           out.raw_mutable_data(), n, mean_divisor, stream_for(index));
+  settle(index, "an element-wise reduction on a GPU");
   return out;
 }
 
@@ -177,12 +197,13 @@ tensor reduce_axis(reduce_op op, const tensor& input, int64_t axis, bool divide)
     double value = op == reduce_op::prod             ? 1.0
                    : op == reduce_op::mean && divide ? std::numeric_limits<double>::quiet_NaN()
                                                      : 0.0;
-    cuda::fill(out_type, out.raw_mutable_data(), out.num_elements(), value, stream_now());
+    cuda::fill(out_type, out.raw_mutable_data(), out.num_elements(), value, stream_for(index));
   } else {
     cuda::reduce_axis(input.dtype(), op, input.raw_data(), out.raw_mutable_data(), outer, k, inner,
-                      op == reduce_op::mean && divide ? static_cast<double>(k) : 0.0, stream_now());
+                      op == reduce_op::mean && divide ? static_cast<double>(k) : 0.0,
+                      stream_for(index));
   }
-  settle("a reduction along an axis on a GPU");
+  settle(index, "a reduction along an axis on a GPU");
   return out;
 }
 
@@ -208,8 +229,8 @@ tensor concat(const std::vector<tensor>& inputs, int64_t axis, const shape_t& ou
   }
   cuda::device_guard guard(index);
   cuda::concat(pointers.data(), row_bytes.data(), static_cast<int>(pointers.size()),
-               out.raw_mutable_data(), outer, stream_now());
-  settle("a concatenation on a GPU");
+               out.raw_mutable_data(), outer, stream_for(index));
+  settle(index, "a concatenation on a GPU");
   return out;
 }
 
@@ -219,8 +240,8 @@ void divide(tensor& t, double divisor) {
   const int index = index_of(t.device());
   void* p = t.raw_mutable_data();
   cuda::device_guard guard(index);
-  cuda::divide(t.dtype(), p, t.num_elements(), divisor, stream_now());
-  settle("a division on a GPU");
+  cuda::divide(t.dtype(), p, t.num_elements(), divisor, stream_for(index));
+  settle(index, "a division on a GPU");
 }
 
 #else // !CONSORT_WITH_CUDA

@@ -7,10 +7,13 @@
 // error(unsupported) saying that this build has no GPU support; count() is 0.
 //
 // Streams: each GPU replica thread binds one device and one stream (`replica_binding`), which
-// becomes the thread's *current stream*; every kernel and copy that consort runs on that thread is
-// queued on it, so a step's work is ordered on its replica's stream. On other threads the current
-// stream is CUDA's per-thread default stream. Tensor operations that hand bytes to the host
-// (to("CPU:0"), to_vector, item, ==) wait for the current stream, with a deadline.
+// becomes the thread's *current stream*; every copy, and every kernel on the replica's own GPU,
+// that consort runs on that thread is queued on it, so a step's work is ordered on its replica's
+// stream. Kernels on another GPU (a tensor of GPU:1 reduced on GPU:0's replica thread) run on that
+// GPU's per-thread default stream and are finished before the call returns, as on every thread
+// that has no binding (whose current stream is CUDA's per-thread default stream). Tensor
+// operations that hand bytes to the host (to("CPU:0"), to_vector, item, ==) wait for the copy,
+// with a deadline.
 
 #include <consort/nest.hpp>
 #include <consort/reduce_op.hpp>
@@ -66,7 +69,9 @@ void* current_stream() noexcept;
 
 /// `bytes` of device memory on GPU `index`, zero-filled when `zeroed`. @throws as require().
 void* allocate(int index, size_t bytes, bool zeroed);
-/// Gives memory back; later reuse waits for the current stream's work at the time of release.
+/// Gives memory back; later reuse waits for the work queued at the time of release on the stream
+/// this thread uses for GPU `index` (the replica's stream for its own GPU, else the per-thread
+/// default stream of `index`).
 void release(int index, void* pointer, size_t bytes) noexcept;
 
 /// A copy of `bytes` between host (`device` -1) and GPU memory, ordered on the current stream;
