@@ -578,8 +578,12 @@ void copy_async(void* dst, int dst_device, const void* src, int src_device, size
   if (dst == nullptr || src == nullptr)
     throw_error(errc::invalid_argument,
                 what + ": the " + (dst == nullptr ? "destination" : "source") + " is null");
+  // The copy is queued from the stream's device, and the special handles (nullptr: the legacy
+  // default stream; cudaStreamPerThread) are resolved there; copy() waits under the same device.
+  const int gpu = device_of(stream, dst_device != host ? dst_device : src_device);
   if (dst_device != host && src_device != host && dst_device != src_device) {
     enable_peer_access(src_device, dst_device);
+    device_guard guard{gpu};
     check(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, stream),
           ("cudaMemcpyPeerAsync (" + what + ")").c_str(), dst_device);
     return;
@@ -591,8 +595,6 @@ void copy_async(void* dst, int dst_device, const void* src, int src_device, size
     kind = cudaMemcpyDeviceToHost;
   else if (src_device != host)
     kind = cudaMemcpyDeviceToDevice;
-  // The copy is queued from the stream's device (a stream only takes work from its own device).
-  const int gpu = device_of(stream, dst_device != host ? dst_device : src_device);
   if (gpu == host) {
     check(cudaMemcpyAsync(dst, src, bytes, kind, stream),
           ("cudaMemcpyAsync (" + what + ")").c_str());
@@ -609,9 +611,16 @@ void copy(void* dst, int dst_device, const void* src, int src_device, size_t byt
   if (bytes == 0)
     return;
   const int gpu = device_of(stream, dst_device != host ? dst_device : src_device);
-  synchronize_for(stream, gpu, timeout,
-                  "copy of " + std::to_string(bytes) + " bytes from " + where(src_device) + " to " +
-                      where(dst_device));
+  const auto what = "copy of " + std::to_string(bytes) + " bytes from " + where(src_device) +
+                    " to " + where(dst_device);
+  if (gpu == host) {
+    synchronize_for(stream, gpu, timeout, what);
+    return;
+  }
+  // Waits on the stream the copy went to: nullptr and cudaStreamPerThread name the stream of the
+  // *current* device, which copy_async made `gpu` (the destination's, for nullptr) while queuing.
+  device_guard guard{gpu};
+  synchronize_for(stream, gpu, timeout, what);
 }
 
 // -- properties -----------------------------------------------------------------------------------
