@@ -11,6 +11,7 @@
 #include "device/cuda/runtime.hpp"
 #endif
 
+#include <algorithm>
 #include <set>
 
 namespace consort::detail {
@@ -21,6 +22,54 @@ struct local_nccl::impl {
   std::vector<int> devices;
   std::vector<cuda::nccl::communicator> comms;
   std::vector<cuda::stream> streams;
+
+  /// The outputs of a failed call with the streams NCCL wrote them on. An aborted or timed-out
+  /// operation may still be running there: releasing its buffers at once would let the caching
+  /// allocator hand them to another tensor (their release is ordered on this thread's stream, not
+  /// NCCL's) while NCCL still writes into them. They are released once those streams are idle.
+  struct quarantined {
+    std::vector<cuda::stream> streams;
+    std::vector<std::vector<tensor>> buffers;
+  };
+  std::vector<quarantined> quarantine;
+
+  static bool idle(const cuda::stream& s) noexcept {
+    const auto status = cudaStreamQuery(s.get());
+    if (status != cudaSuccess)
+      (void)cudaGetLastError(); // cudaErrorNotReady (or the stream's failure) is not reported here
+    // A failed stream will run nothing more, so its buffers are free as well.
+    return status != cudaErrorNotReady;
+  }
+
+  /// Releases the quarantined buffers whose streams have finished.
+  void reap() noexcept {
+    std::erase_if(quarantine, [](const quarantined& q) {
+      return std::all_of(q.streams.begin(), q.streams.end(), idle);
+    });
+  }
+
+  ~impl() {
+    reap();
+    // Still running at shutdown (stuck on an aborted peer): leak the buffers rather than let the
+    // allocator reuse memory that the GPU may still write.
+    for (auto& q : quarantine)
+      new quarantined(std::move(q)); // NOLINT(cppcoreguidelines-owning-memory): deliberate leak
+  }
+
+  /// Aborts the communicators after a failed call and keeps its outputs until NCCL's streams are
+  /// idle; the next call builds new communicators.
+  void discard(std::vector<std::vector<tensor>>& outputs) noexcept {
+    for (auto& c : comms)
+      c.abort(); // also those a non-NCCL failure left with work queued inside the group
+    try {
+      quarantine.push_back({std::move(streams), std::move(outputs)});
+    } catch (...) {
+      // Out of host memory: the outputs and streams go out of scope below.
+    }
+    comms.clear();
+    streams.clear();
+    devices.clear();
+  }
 
   /// The communicators for `wanted`, made (or remade after an abort) when needed.
   void ensure(const std::vector<int>& wanted, std::chrono::milliseconds timeout,
@@ -90,6 +139,7 @@ std::vector<std::vector<tensor>> local_nccl::run(collective_kind kind, reduce_op
   for (const auto& replica : leaves)
     devices.push_back(gpu::index_of(replica.front().device()));
   auto& im = *impl_;
+  im.reap();
   im.ensure(devices, timeout, spec);
   // Outputs first (allocation may fail cleanly before NCCL sees anything).
   std::vector<std::vector<tensor>> out(n);
@@ -139,10 +189,11 @@ std::vector<std::vector<tensor>> local_nccl::run(collective_kind kind, reduce_op
     cuda::nccl::wait(work, timeout, what);
   } catch (const error& e) {
     // Aborted communicators are rebuilt by the next call; say which call failed.
-    im.comms.clear();
-    im.streams.clear();
-    im.devices.clear();
+    im.discard(out);
     throw_error(e.code(), what + " on NCCL: " + e.what());
+  } catch (...) {
+    im.discard(out);
+    throw;
   }
   return out;
 }
