@@ -3,6 +3,7 @@
 
 #include "actors/cross_worker.hpp"
 #include "actors/gpu_collectives.hpp"
+#include "device/gpu.hpp"
 
 #include <consort/actors/protocol.hpp>
 #include <consort/ops.hpp>
@@ -407,6 +408,9 @@ void answer(caf::actor_system& sys, const collective_actor& me, uint64_t key,
   (void)sys;
 }
 
+/// The descriptor flag of a worker whose NCCL communicators must be (re)built.
+constexpr uint8_t rebuild_flag = 1;
+
 /// Hands a complete slot of GPU replicas to the step lane when NCCL can run it across workers:
 /// the descriptor round checks the call as always, then one communicator over every replica of
 /// every worker (rank = replica id in sync group) runs it, and each replica gets its result on
@@ -434,11 +438,16 @@ bool hand_off_nccl(self_ptr self, slot& s) {
   detail::local_nccl::group_spec spec;
   spec.nranks = num_in_sync(st);
   spec.first_rank = st.cfg.replica_ids.front();
-  cc.data_phase =
-      [nccl = st.cross_nccl, kind = s.sig.kind, op = s.sig.op, root = s.sig.root,
-       leaves = std::move(leaves), what = s.what,
-       spec](const detail::cross_call::share_fn& share,
-             std::chrono::milliseconds left) mutable -> caf::expected<std::vector<tensor>> {
+  std::vector<int> devices;
+  for (const auto& replica : leaves)
+    devices.push_back(detail::gpu::index_of(replica.front().device()));
+  cc.data_phase = [nccl = st.cross_nccl, kind = s.sig.kind, op = s.sig.op, root = s.sig.root,
+                   leaves = std::move(leaves), what = s.what,
+                   spec](const detail::cross_call::share_fn& share, std::chrono::milliseconds left,
+                         uint8_t all_flags) mutable -> caf::expected<std::vector<tensor>> {
+    // A worker whose communicators failed (or were never made) asked for a rebuild in its
+    // descriptor: every worker rebuilds, so that all ranks join the new communicator together.
+    spec.rebuild = (all_flags & rebuild_flag) != 0;
     spec.share = [&share](std::vector<uint8_t>& bytes) {
       if (auto err = share(bytes))
         throw to_consort_error(err, "sharing the NCCL unique id");
@@ -458,7 +467,10 @@ bool hand_off_nccl(self_ptr self, slot& s) {
   auto* cross = st.cfg.cross.get();
   cross->post(detail::cross_worker::lane::step, [cross, cc = std::move(cc),
                                                  structure = std::move(structure),
-                                                 states = std::move(states)]() mutable {
+                                                 states = std::move(states), nccl = st.cross_nccl,
+                                                 devices]() mutable {
+    // Read on the lane, where the communicators are used (jobs run in order).
+    cc.flags = nccl->needs_build(devices) ? rebuild_flag : 0;
     auto out = cross->run(detail::cross_worker::lane::step, cc);
     const size_t per = flatten(structure).size();
     for (size_t r = 0; r < states.size(); ++r) {

@@ -18,7 +18,7 @@ using clock = std::chrono::steady_clock;
 /// The descriptor every worker contributes before the data of a call (fixed size, so that one
 /// ring all-gather round of known sizes exchanges it).
 struct descriptor {
-  static constexpr size_t text_bytes = 200;
+  static constexpr size_t text_bytes = 199;
   uint8_t failed = 0;
   uint8_t kind = 0;
   uint8_t op = 0;
@@ -32,6 +32,8 @@ struct descriptor {
   uint64_t signature_hash = 0;
   /// The call's description (ok) or the local error (failed), truncated, NUL-padded.
   char text[text_bytes] = {};
+  /// cross_call::flags of the sender (OR-ed over every worker into all_flags).
+  uint8_t flags = 0;
 };
 static_assert(sizeof(descriptor) == 248);
 
@@ -230,6 +232,7 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
   mine.num_leaves = static_cast<uint32_t>(call.leaves.size());
   mine.count = call.count;
   mine.signature_hash = fnv1a(call.signature);
+  mine.flags = call.flags;
   if (call.local_failure) {
     mine.failed = 1;
     auto err = to_consort_error(call.local_failure, "");
@@ -266,13 +269,17 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
   if (auto problem = disagreement(all, call); !problem.empty())
     return make_caf_error(errc::collective_mismatch, problem);
 
+  call.all_flags = 0;
+  for (const auto& d : all)
+    call.all_flags |= d.flags;
+
   // 2. Data: by the caller's own means (NCCL), or by the TCP algorithms.
   if (call.data_phase) {
     auto share = [&](std::vector<uint8_t>& bytes) -> caf::error {
       return transport::broadcast(ctx_, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()},
                                   0, options());
     };
-    auto result = call.data_phase(share, remaining(until));
+    auto result = call.data_phase(share, remaining(until), call.all_flags);
     if (!result)
       return wrap(result.error(), call.what);
     return result;

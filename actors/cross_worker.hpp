@@ -72,14 +72,18 @@ struct cross_call {
   double total_count = 0;
   /// Bounds the whole cross-worker phase of the call.
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  /// Bits that travel in the descriptor; `run` sets `all_flags` to their OR over every worker
+  /// before the data phase (e.g. "my NCCL communicator must be rebuilt", so all rebuild together).
+  uint8_t flags = 0;
+  uint8_t all_flags = 0;
   /// Broadcasts bytes from worker 0 to every worker over the mesh (for `data_phase`).
   using share_fn = std::function<caf::error(std::vector<uint8_t>&)>;
   /// When set, replaces the TCP data phase (NCCL for GPU replicas): called on the lane once every
   /// worker's descriptor agreed, with `share` and the time left; its result is the call's. Every
   /// worker must set it for the same calls (put it in `signature`, so a disagreement is a
   /// collective_mismatch rather than a hang).
-  std::function<caf::expected<std::vector<tensor>>(const share_fn& share,
-                                                   std::chrono::milliseconds left)>
+  std::function<caf::expected<std::vector<tensor>>(
+      const share_fn& share, std::chrono::milliseconds left, uint8_t all_flags)>
       data_phase;
 };
 

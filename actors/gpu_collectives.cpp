@@ -72,12 +72,16 @@ struct local_nccl::impl {
   }
 
   /// The communicators for `wanted`, made (or remade after an abort) when needed.
+  bool usable(const std::vector<int>& wanted) const {
+    bool ok = wanted == devices && comms.size() == wanted.size();
+    for (const auto& c : comms)
+      ok = ok && c.valid() && !c.aborted();
+    return ok;
+  }
+
   void ensure(const std::vector<int>& wanted, std::chrono::milliseconds timeout,
               const group_spec& spec) {
-    bool usable = wanted == devices && comms.size() == wanted.size();
-    for (const auto& c : comms)
-      usable = usable && c.valid() && !c.aborted();
-    if (usable)
+    if (usable(wanted) && !spec.rebuild)
       return;
     comms.clear();
     streams.clear();
@@ -107,6 +111,10 @@ struct local_nccl::impl {
 local_nccl::local_nccl() : impl_(std::make_unique<impl>()) {}
 
 local_nccl::~local_nccl() = default;
+
+bool local_nccl::needs_build(const std::vector<int>& devices) const {
+  return !impl_->usable(devices);
+}
 
 bool local_nccl::eligible(collective_kind kind, reduce_op op, int64_t axis,
                           const std::vector<std::vector<tensor>>& leaves, bool across_workers) {
@@ -205,6 +213,10 @@ struct local_nccl::impl {};
 local_nccl::local_nccl() = default;
 
 local_nccl::~local_nccl() = default;
+
+bool local_nccl::needs_build(const std::vector<int>&) const {
+  return true;
+}
 
 bool local_nccl::eligible(collective_kind, reduce_op, int64_t,
                           const std::vector<std::vector<tensor>>&, bool) {

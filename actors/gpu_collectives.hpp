@@ -27,6 +27,9 @@ struct nccl_group_spec {
   int nranks = 0; // 0: this process's replicas only
   int first_rank = 0;
   std::function<void(std::vector<uint8_t>&)> share;
+  /// Rebuild the communicators even if this process's are healthy: another worker's failed, and
+  /// every rank of a communicator must join the new one together.
+  bool rebuild = false;
 };
 
 class local_nccl {
@@ -43,6 +46,10 @@ public:
   /// is float64 and stays with the host kernels), and an all_gather is along axis 0 (NCCL's
   /// gather concatenates whole buffers). `across_workers`: all_gather is not eligible (ragged
   /// extents of other workers are not known here), and neither is anything without CUDA.
+  /// True when the next run() on `devices` (GPU indices, local order) must build communicators
+  /// (none yet, or the last ones failed). Call from the thread that calls run().
+  bool needs_build(const std::vector<int>& devices) const;
+
   static bool eligible(collective_kind kind, reduce_op op, int64_t axis,
                        const std::vector<std::vector<tensor>>& leaves, bool across_workers = false);
 
