@@ -216,3 +216,89 @@ TEST(CrossWorkerTest, ShutdownWhileAnotherWorkerWaitsFailsItsCallAndReturns) {
   auto code = code_of(f);
   EXPECT_TRUE(code == errc::shutdown || code == errc::peer_lost) << to_string(code);
 }
+
+namespace {
+
+/// A call whose data phase is the caller's (as NCCL's is for GPU replicas): worker 0's bytes
+/// travel to every worker through `share`, and the result reports what the phase saw.
+detail::cross_call own_data_call(uint8_t flags, std::string signature) {
+  detail::cross_call call;
+  call.what = "all_reduce(SUM) #0 of step 1";
+  call.step = 1;
+  call.seq = 0;
+  call.signature = std::move(signature);
+  call.timeout = 5s;
+  call.flags = flags;
+  return call;
+}
+
+} // namespace
+
+TEST(CrossWorkerTest, AnOwnDataPhaseSeesEveryWorkersFlagsAndWorkerZerosSharedBytes) {
+  auto group = transport::local::make_group(2);
+  std::vector<std::shared_ptr<detail::cross_worker>> cross;
+  for (int w = 0; w < 2; ++w)
+    cross.push_back(std::make_shared<detail::cross_worker>(group[static_cast<size_t>(w)], 1));
+  auto run_on = [&](int w) {
+    auto call = own_data_call(w == 1 ? 1 : 0, "all_reduce(SUM) of [T] on NCCL");
+    call.data_phase = [w](const detail::cross_call::share_fn& share, std::chrono::milliseconds left,
+                          uint8_t all_flags) -> caf::expected<std::vector<tensor>> {
+      EXPECT_GT(left.count(), 0);
+      std::vector<uint8_t> bytes(16, 0);
+      if (w == 0)
+        for (size_t i = 0; i < bytes.size(); ++i)
+          bytes[i] = static_cast<uint8_t>(100 + i);
+      if (auto err = share(bytes))
+        return err;
+      return std::vector<tensor>{tensor::from<uint8_t>(bytes), tensor::scalar<int32_t>(all_flags)};
+    };
+    return cross[static_cast<size_t>(w)]->run(detail::cross_worker::lane::step, call);
+  };
+  auto other = std::async(std::launch::async, run_on, 1);
+  auto mine = run_on(0);
+  auto theirs = other.get();
+  ASSERT_TRUE(mine) << caf::to_string(mine.error());
+  ASSERT_TRUE(theirs) << caf::to_string(theirs.error());
+  std::vector<uint8_t> expected(16);
+  for (size_t i = 0; i < expected.size(); ++i)
+    expected[i] = static_cast<uint8_t>(100 + i);
+  for (const auto* out : {&*mine, &*theirs}) {
+    ASSERT_EQ(out->size(), 2u);
+    EXPECT_EQ((*out)[0].to_vector<uint8_t>(), expected);
+    EXPECT_EQ((*out)[1].item<int32_t>(), 1); // worker 1's flag reached both
+  }
+  for (auto& c : cross)
+    c->stop();
+}
+
+TEST(CrossWorkerTest, WorkersThatWouldMoveTheDataDifferentlyFailWithAMismatch) {
+  auto group = transport::local::make_group(2);
+  std::vector<std::shared_ptr<detail::cross_worker>> cross;
+  for (int w = 0; w < 2; ++w)
+    cross.push_back(std::make_shared<detail::cross_worker>(group[static_cast<size_t>(w)], 1));
+  bool phase_ran = false;
+  auto run_on = [&](int w) {
+    // Worker 0's replicas are on GPUs (NCCL), worker 1's are not (TCP): never a hang.
+    auto call =
+        own_data_call(0, w == 0 ? "all_reduce(SUM) of [T] on NCCL" : "all_reduce(SUM) of [T]");
+    if (w == 0)
+      call.data_phase = [&](const detail::cross_call::share_fn&, std::chrono::milliseconds,
+                            uint8_t) -> caf::expected<std::vector<tensor>> {
+        phase_ran = true;
+        return std::vector<tensor>{};
+      };
+    return cross[static_cast<size_t>(w)]->run(detail::cross_worker::lane::step, call);
+  };
+  auto other = std::async(std::launch::async, run_on, 1);
+  auto mine = run_on(0);
+  auto theirs = other.get();
+  for (auto* out : {&mine, &theirs}) {
+    ASSERT_FALSE(*out);
+    auto e = to_consort_error(out->error(), "");
+    EXPECT_EQ(e.code(), errc::collective_mismatch) << e.what();
+    EXPECT_NE(std::string{e.what()}.find("on NCCL"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(phase_ran);
+  for (auto& c : cross)
+    c->stop();
+}

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -274,6 +275,23 @@ TEST(StrategyTest, CallsAfterShutdownFailWithShutdown) {
   strategy.shutdown();
   expect_error(errc::shutdown, "shut down",
                [&] { strategy.run([](replica_context&) { return tensor::scalar<float>(1); }); });
+}
+
+TEST(StrategyTest, HostArgumentsReachCpuReplicasWithoutACopy) {
+  mirrored_strategy s({"CPU:0", "CPU:1"});
+  auto shared = tensor::from<float>({1, 2, 3});
+  auto parts = s.distribute_values([](int id) { return tensor::scalar<int32_t>(id); });
+  auto nested = nest::dict({{"w", shared}});
+  std::atomic<int> same{0};
+  s.run(
+      [&](replica_context& ctx, const tensor& all, const tensor& mine, const nest& n) {
+        same += all.shares_storage_with(shared) ? 1 : 0;
+        same += n["w"].as_tensor().shares_storage_with(shared) ? 1 : 0;
+        EXPECT_EQ(mine.item<int32_t>(), ctx.replica_id_in_sync_group());
+        return mine;
+      },
+      shared, parts, nested);
+  EXPECT_EQ(same.load(), 4);
 }
 
 } // namespace
