@@ -408,6 +408,20 @@ void answer(caf::actor_system& sys, const collective_actor& me, uint64_t key,
   (void)sys;
 }
 
+/// The leaves of every call of a complete slot, or nothing when the slot holds no GPU tensor (the
+/// common CPU case costs one look at the first call's leaves, and NCCL is out of the question).
+std::vector<std::vector<tensor>> gpu_leaves(const slot& s) {
+  std::vector<std::vector<tensor>> leaves;
+  auto first = flatten(s.calls.front()->request.value);
+  if (first.empty() || !first.front().on_gpu())
+    return leaves;
+  leaves.reserve(s.calls.size());
+  leaves.push_back(std::move(first));
+  for (size_t i = 1; i < s.calls.size(); ++i)
+    leaves.push_back(flatten(s.calls[i]->request.value));
+  return leaves;
+}
+
 /// The descriptor flag of a worker whose NCCL communicators must be (re)built.
 constexpr uint8_t rebuild_flag = 1;
 
@@ -417,11 +431,9 @@ constexpr uint8_t rebuild_flag = 1;
 /// its own GPU. False leaves the slot to the TCP path.
 bool hand_off_nccl(self_ptr self, slot& s) {
   auto& st = self->state;
-  std::vector<std::vector<tensor>> leaves;
-  leaves.reserve(s.calls.size());
-  for (const auto& c : s.calls)
-    leaves.push_back(flatten(c->request.value));
-  if (!detail::local_nccl::eligible(s.sig.kind, s.sig.op, s.sig.axis, leaves, true))
+  auto leaves = gpu_leaves(s);
+  if (leaves.empty() ||
+      !detail::local_nccl::eligible(s.sig.kind, s.sig.op, s.sig.axis, leaves, true))
     return false;
   // Results go to each replica's own future (a harness's `collective` request takes the TCP path).
   for (const auto& r : s.replies)
@@ -708,11 +720,8 @@ void on_report(self_ptr self, step_report& report);
 /// on this call anyway, and NCCL needs every local rank issued from one thread.
 bool try_nccl(self_ptr self, slot& s) {
   auto& st = self->state;
-  std::vector<std::vector<tensor>> leaves;
-  leaves.reserve(s.calls.size());
-  for (const auto& c : s.calls)
-    leaves.push_back(flatten(c->request.value));
-  if (!detail::local_nccl::eligible(s.sig.kind, s.sig.op, s.sig.axis, leaves))
+  auto leaves = gpu_leaves(s);
+  if (leaves.empty() || !detail::local_nccl::eligible(s.sig.kind, s.sig.op, s.sig.axis, leaves))
     return false;
   try {
     if (!st.nccl)
