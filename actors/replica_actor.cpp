@@ -32,6 +32,8 @@ struct replica_state : detail::replica_services {
   step_join* join = nullptr;
   /// A GPU replica's device and stream, bound on its own thread at its first step.
   std::unique_ptr<detail::gpu::replica_binding> gpu;
+  /// The GPU of cfg.device, or -1 for a CPU replica.
+  int gpu_index = -1;
   static inline const char* name = "consort.replica";
 
   nest collective(detail::collective_request request) override {
@@ -92,8 +94,8 @@ void run_step(self_ptr self, step_message& msg) {
   try {
     if (!msg.fn)
       throw error(errc::invalid_argument, "the step message carries no step function");
-    if (!st.gpu && detail::gpu::index_of(st.cfg.device) >= 0)
-      st.gpu = std::make_unique<detail::gpu::replica_binding>(detail::gpu::index_of(st.cfg.device));
+    if (!st.gpu && st.gpu_index >= 0)
+      st.gpu = std::make_unique<detail::gpu::replica_binding>(st.gpu_index);
     out = (*msg.fn)(ctx);
     // The step's results leave this thread: its GPU work must be done (bounded by the step's
     // deadline).
@@ -137,6 +139,7 @@ replica_actor spawn_replica(caf::actor_system& sys, replica_config cfg, collecti
   auto impl = [cfg = std::move(cfg), coll](self_ptr self) -> replica_actor::behavior_type {
     self->state.cfg = cfg;
     self->state.coll = coll;
+    self->state.gpu_index = detail::gpu::index_of(cfg.device);
     return {
         [self](step_atom, step_message& msg) { run_step(self, msg); },
     };
