@@ -25,7 +25,7 @@ enum class errc : uint8_t {
   /// A device string does not name a device of this process.
   unknown_device,
   /// The operation is valid but not available in this build or strategy (for example GPU
-  /// replicas before CUDA support, or SUM of a plain value under a multi-replica strategy).
+  /// replicas in a build without CUDA, or SUM of a plain value under a multi-replica strategy).
   unsupported,
   /// Replicas called different collectives (kind, op, dtype, structure, axis or root) at the same
   /// (step, sequence) position. Every participating replica gets this error.
@@ -49,8 +49,8 @@ enum class errc : uint8_t {
   out_of_range,
   /// A wait on a future passed its deadline (the operation itself goes on).
   wait_timeout,
-  /// A device call failed: a CUDA runtime or NCCL error, or a GPU that is not there. The message
-  /// names the call, the device and the library's own error text.
+  /// A device call failed: a CUDA runtime or NCCL error (a GPU that is not there is
+  /// unknown_device). The message names the call, the device and the library's own error text.
   device_error,
 };
 

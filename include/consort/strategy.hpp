@@ -236,18 +236,19 @@ private:
 /// One replica on one device (tf.distribute's `OneDeviceStrategy`).
 class one_device_strategy : public strategy {
 public:
-  /// @throws error(unknown_device) for a malformed device, error(unsupported) for a GPU device in
-  ///         a build without CUDA.
+  /// @throws error(unknown_device) for a malformed device or a GPU this process does not have,
+  ///         error(unsupported) for a GPU device in a build without CUDA.
   explicit one_device_strategy(const std::string& device, strategy_options opts = {});
 };
 
 /// One replica per local device, synchronous (tf.distribute's `MirroredStrategy`).
 class mirrored_strategy : public strategy {
 public:
-  /// All visible GPUs, or "CPU:0" when there are none (this build has no GPU support yet).
+  /// All visible GPUs, or "CPU:0" when there are none (or the build has no CUDA support).
   explicit mirrored_strategy(strategy_options opts = {});
   /// @throws error(invalid_argument) for an empty or duplicated list, error(unknown_device) for a
-  ///         malformed device, error(unsupported) for GPU devices in a build without CUDA.
+  ///         malformed device or a GPU this process does not have, error(unsupported) for GPU
+  ///         devices in a build without CUDA.
   explicit mirrored_strategy(std::vector<std::string> devices, strategy_options opts = {});
 };
 
