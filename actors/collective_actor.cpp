@@ -931,6 +931,21 @@ void host_across(self_ptr self, Request req, nest_state state,
 
 } // namespace
 
+nest solo_collective(const collective_call& call) {
+  auto leaves = flatten(call.request.value);
+  int64_t axis = call.request.axis;
+  auto problem = check_arguments(call, leaves, 1, &axis);
+  if (!problem.empty())
+    throw error(errc::invalid_argument, problem);
+  slot s;
+  s.sig.kind = call.request.kind;
+  s.sig.op = call.request.op;
+  s.sig.axis = axis;
+  s.sig.root = call.request.root;
+  s.calls.emplace_back(call);
+  return compute(s);
+}
+
 collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg, bool detached) {
   auto impl = [cfg = std::move(cfg)](self_ptr self) -> collective_actor::behavior_type {
     self->state.cfg = cfg;

@@ -47,6 +47,11 @@ struct replica_state : detail::replica_services {
       gpu->synchronize(timeout, to_string(kind) + std::string{" inputs of replica "} +
                                     std::to_string(cfg.replica_id));
     collective_call call{current_step, seq, cfg.replica_id, std::move(request), {}};
+    // The only replica in sync: the result is its own value (after the same checks), with no
+    // round trip to the collective actor. (A lone GPU replica still goes through it: its
+    // one-rank NCCL communicator is the path that a single-GPU machine can test.)
+    if (cfg.num_replicas == 1 && !gpu)
+      return solo_collective(call);
     if (join != nullptr)
       call.finished_peers = join->mark_collective_used();
     auto [state, fut] = make_future<nest>();

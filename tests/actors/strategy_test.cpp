@@ -294,5 +294,26 @@ TEST(StrategyTest, HostArgumentsReachCpuReplicasWithoutACopy) {
   EXPECT_EQ(same.load(), 4);
 }
 
+TEST(StrategyTest, ALoneReplicasCollectivesKeepTheirResultsAndErrors) {
+  one_device_strategy s("CPU:0");
+  auto v = s.run([](replica_context& ctx) {
+    auto x = tensor::from<int32_t>({3, 4});
+    EXPECT_EQ(ctx.all_reduce("SUM", x), x);
+    auto mean = ctx.all_reduce("MEAN", x);
+    EXPECT_EQ(mean.dtype(), dtype::float64);
+    EXPECT_EQ(mean.to_vector<double>(), (std::vector<double>{3, 4}));
+    EXPECT_EQ(ctx.all_gather(x, 0), x);
+    EXPECT_EQ(ctx.broadcast(x, 0), x);
+    return x;
+  });
+  EXPECT_EQ(v.values().size(), 1u);
+  expect_error(errc::invalid_argument, "root replica 1 is out of range", [&] {
+    s.run([](replica_context& ctx) { return ctx.broadcast(tensor::scalar<float>(1), 1); });
+  });
+  expect_error(errc::invalid_argument, "scalar", [&] {
+    s.run([](replica_context& ctx) { return ctx.all_gather(tensor::scalar<float>(1), 0); });
+  });
+}
+
 } // namespace
 } // namespace consort

@@ -361,6 +361,11 @@ struct collective_config {
 replica_actor spawn_replica(caf::actor_system& sys, replica_config cfg, collective_actor coll,
                             bool detached = true);
 
+/// The result of `call` when it is the only replica in sync (one worker, one replica): the same
+/// argument checks and kernels as the collective actor's, on the caller's thread, without the
+/// round trip. @throws error(invalid_argument) as the collective actor reports it.
+nest solo_collective(const collective_call& call);
+
 /// Spawns the collective actor. Detached by default, because reductions of large tensors are
 /// long computations that must not hold a scheduler thread.
 collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
