@@ -55,27 +55,18 @@ std::vector<std::string> canonical_devices(const std::vector<std::string>& devic
   return out;
 }
 
-namespace {
-
-/// Replica devices are canonical ("CPU:0", "GPU:1").
-bool is_gpu_device(const std::string& device) {
-  return device.rfind("GPU:", 0) == 0;
-}
-
-} // namespace
-
 tensor on_replica_device(const tensor& value, const std::string& device) {
   if (!value.valid() || value.device() == device)
     return value;
   // Host memory serves every CPU device as it is; only a GPU on either side needs a copy.
-  if (!value.on_gpu() && !is_gpu_device(device))
+  if (!value.on_gpu() && gpu::index_of(device) < 0)
     return value;
   return value.to(device);
 }
 
 nest on_replica_device(const nest& value, const std::string& device) {
   // The common case, host tensors for a CPU replica, passes the nest itself (no rebuild).
-  if (!is_gpu_device(device)) {
+  if (gpu::index_of(device) < 0) {
     bool any_gpu = false;
     for (const auto& t : flatten(value))
       any_gpu = any_gpu || t.on_gpu();

@@ -10,6 +10,7 @@
 #include "device/cuda/runtime.hpp"
 #endif
 
+#include <charconv>
 #include <chrono>
 #include <limits>
 #include <string>
@@ -18,12 +19,13 @@
 namespace consort::detail::gpu {
 
 int index_of(const std::string& device) noexcept {
-  try {
-    auto spec = parse_device(device);
-    return spec.kind == device_kind::gpu ? spec.index : -1;
-  } catch (...) {
+  // Canonical spelling only ("GPU:3"): every caller holds a device string that parse_device has
+  // already checked, so this is a prefix test and a number, never a second parse.
+  if (device.size() <= 4 || device.compare(0, 4, "GPU:") != 0)
     return -1;
-  }
+  int index = -1;
+  auto [end, ec] = std::from_chars(device.data() + 4, device.data() + device.size(), index);
+  return ec == std::errc{} && end == device.data() + device.size() ? index : -1;
 }
 
 #if CONSORT_WITH_CUDA

@@ -86,7 +86,7 @@ tensor concat(const std::vector<tensor>& inputs, int64_t axis, const shape_t& ou
 /// Divides every element of a float32/float64 GPU tensor by `divisor` in place (copy-on-write).
 void divide(tensor& t, double divisor);
 
-/// Index of the GPU of `device` ("GPU:3" -> 3), or -1 for a CPU device string.
+/// Index of the GPU of a canonical device string ("GPU:3" -> 3); -1 for anything else ("CPU:0").
 int index_of(const std::string& device) noexcept;
 
 } // namespace consort::detail::gpu

@@ -10,14 +10,14 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace cuda = consort::cuda;
@@ -62,22 +62,27 @@ public:
   /// Releases the stream and waits until the host function has returned (it reads `this`).
   ~stream_blocker() {
     release();
-    const auto deadline = std::chrono::steady_clock::now() + 30s;
-    while (!done_.load() && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(100us);
+    std::unique_lock lock{mu_};
+    cv_.wait_for(lock, 30s, [this] { return done_; });
   }
-  void release() { open_.store(true); }
+  void release() {
+    std::lock_guard lock{mu_};
+    open_ = true;
+    cv_.notify_all();
+  }
 
 private:
   static void wait(void* self) {
     auto* blocker = static_cast<stream_blocker*>(self);
-    const auto deadline = std::chrono::steady_clock::now() + 30s;
-    while (!blocker->open_.load() && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(100us);
-    blocker->done_.store(true);
+    std::unique_lock lock{blocker->mu_};
+    blocker->cv_.wait_for(lock, 30s, [blocker] { return blocker->open_; });
+    blocker->done_ = true;
+    blocker->cv_.notify_all();
   }
-  std::atomic<bool> open_{false};
-  std::atomic<bool> done_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  bool done_ = false;
 };
 
 // -- without a GPU (and with indices that are not there)

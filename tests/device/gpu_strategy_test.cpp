@@ -186,3 +186,19 @@ TEST(GpuStrategy, IntegerMeanOfGpuReplicasIsFloat64AsOnTheHost) {
   });
   EXPECT_EQ(v.values()[0].to_vector<double>(), (std::vector<double>{3, 4}));
 }
+
+TEST(GpuCrossDeviceOps, ReduceAndBroadcastReachGpuDestinations) {
+  REQUIRE_GPU();
+  mirrored_strategy s({"CPU:0", "CPU:1"});
+  const auto& ops = s.cross_device_ops();
+  auto v = per_replica<tensor>({tensor::from<float>({1, 2}), tensor::from<float>({3, 4})});
+  auto reduced = ops.reduce("SUM", v, {"GPU:0", "CPU:1"});
+  ASSERT_EQ(reduced.values().size(), 2u);
+  EXPECT_TRUE(reduced.values()[0].on_gpu());
+  EXPECT_EQ(reduced.values()[0].device(), "GPU:0");
+  EXPECT_EQ(reduced.values()[0].to_vector<float>(), (std::vector<float>{4, 6}));
+  EXPECT_FALSE(reduced.values()[1].on_gpu());
+  auto sent = ops.broadcast(tensor::from<int64_t>({7, 8}), {"GPU:0"});
+  EXPECT_EQ(sent.values()[0].device(), "GPU:0");
+  EXPECT_EQ(sent.values()[0].to_vector<int64_t>(), (std::vector<int64_t>{7, 8}));
+}

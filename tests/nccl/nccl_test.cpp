@@ -16,14 +16,33 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
+
+/// A door a host function waits at: opened by the test, or given up on after a deadline.
+class gate {
+public:
+  void open() {
+    std::lock_guard lock{mu_};
+    open_ = true;
+    cv_.notify_all();
+  }
+  void wait_for(std::chrono::milliseconds limit) {
+    std::unique_lock lock{mu_};
+    cv_.wait_for(lock, limit, [this] { return open_; });
+  }
+
+private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
 
 namespace nccl = consort::cuda::nccl;
 using consort::dtype;
@@ -463,30 +482,20 @@ TEST_F(CommunicatorTest, WaitAbortsAndFailsWithCollectiveTimeoutWhenTheStreamDoe
   device_buffer send{input.size() * sizeof(float)};
   device_buffer recv{input.size() * sizeof(float)};
   upload(send, input);
-  // A host function that holds the stream until the test releases it stands in for a peer
-  // that never arrives.
-  std::atomic<bool> release{false};
+  // A host function that holds the stream until the test opens the gate stands in for a peer
+  // that never arrives. It gives up after 5 s, so that an abort that waited for the stream would
+  // show as a slow wait below instead of a deadlock.
+  gate release;
   ASSERT_EQ(cudaLaunchHostFunc(
-                stream_,
-                [](void* flag) {
-                  while (!static_cast<std::atomic<bool>*>(flag)->load())
-                    std::this_thread::sleep_for(std::chrono::milliseconds{1});
-                },
-                &release),
+                stream_, [](void* g) { static_cast<gate*>(g)->wait_for(5s); }, &release),
             cudaSuccess);
   comm.all_reduce(send.get(), recv.get(), input.size(), dtype::float32, reduce_op::sum, stream_);
-  // Released after 5 s whatever happens, so that an abort that waited for the stream would show
-  // as a slow wait below instead of a deadlock.
-  std::thread releaser{[&release] {
-    std::this_thread::sleep_for(5s);
-    release = true;
-  }};
 
   const auto start = std::chrono::steady_clock::now();
   auto what = error_message(errc::collective_timeout,
                             [&] { comm.wait(stream_, 300ms, "the blocked all-reduce"); });
   const auto elapsed = std::chrono::steady_clock::now() - start;
-  releaser.join();
+  release.open();
   EXPECT_GE(elapsed, 300ms);
   EXPECT_LT(elapsed, 3s) << "the wait (or the abort after it) waited for the stream";
   EXPECT_TRUE(contains(what, "the blocked all-reduce did not complete within 300 ms")) << what;

@@ -5,6 +5,8 @@
 #include "transport/membership/codec.hpp"  // to craft messages for the raw peers
 #include "transport/membership/sha256.hpp" // the test vectors
 
+#include "support/transport_helpers.hpp"
+
 #include <consort/error.hpp>
 #include <consort/transport/membership.hpp>
 
@@ -38,6 +40,9 @@ namespace {
 
 using namespace std::chrono_literals;
 using consort::errc;
+using consort::test::has_error;
+using consort::test::log_capture;
+using consort::test::text_of;
 namespace membership = consort::transport::membership;
 namespace codec = consort::transport::membership::codec;
 namespace detail = consort::transport::membership::detail;
@@ -48,37 +53,6 @@ using std::chrono::milliseconds;
 
 // -- errors --------------------------------------------------------------------------------------
 
-std::string text_of(const caf::error& err) {
-  if (!err)
-    return "no error";
-  std::string out;
-  if (err.category() == caf::atom("consort"))
-    out = std::string("errc::") + consort::to_string(static_cast<errc>(err.code()));
-  else
-    out = "a non-consort error";
-  const auto& ctx = err.context();
-  if (ctx.size() == 1 && ctx.match_element<std::string>(0))
-    out += ": " + ctx.get_as<std::string>(0);
-  return out;
-}
-
-/// Success when `err` has `code` and its message mentions every fragment.
-::testing::AssertionResult has_error(const caf::error& err, errc code,
-                                     const std::vector<std::string>& fragments) {
-  if (!err)
-    return ::testing::AssertionFailure()
-           << "no error (expected errc::" << consort::to_string(code) << ")";
-  auto text = text_of(err);
-  if (err.category() != caf::atom("consort") || static_cast<errc>(err.code()) != code)
-    return ::testing::AssertionFailure()
-           << "expected errc::" << consort::to_string(code) << ", got " << text;
-  for (const auto& fragment : fragments)
-    if (text.find(fragment) == std::string::npos)
-      return ::testing::AssertionFailure()
-             << "\"" << text << "\" does not mention \"" << fragment << "\"";
-  return ::testing::AssertionSuccess();
-}
-
 ::testing::AssertionResult has_error(const caf::expected<membership::view>& result, errc code,
                                      const std::vector<std::string>& fragments) {
   if (result)
@@ -88,42 +62,6 @@ std::string text_of(const caf::error& err) {
 }
 
 // -- logs and losses -----------------------------------------------------------------------------
-
-/// Collects log lines; must outlive the services that write to it.
-class log_capture {
-public:
-  std::function<void(const std::string&)> sink() {
-    return [this](const std::string& line) {
-      std::lock_guard lock(mu_);
-      lines_.push_back(line);
-      cv_.notify_all();
-    };
-  }
-
-  /// Whether a line that mentions every fragment arrives within `timeout`.
-  bool wait_for(const std::vector<std::string>& fragments, milliseconds timeout = 10s) {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] {
-      return std::any_of(lines_.begin(), lines_.end(), [&](const std::string& line) {
-        return std::all_of(fragments.begin(), fragments.end(),
-                           [&](const std::string& f) { return line.find(f) != std::string::npos; });
-      });
-    });
-  }
-
-  std::string all() {
-    std::lock_guard lock(mu_);
-    std::string out;
-    for (const auto& line : lines_)
-      out += line + "\n";
-    return out;
-  }
-
-private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::string> lines_;
-};
 
 /// Collects the loss events of one service; must outlive it.
 class loss_recorder {
@@ -277,24 +215,9 @@ struct cluster {
 // -- raw peers -----------------------------------------------------------------------------------
 
 /// A plain socket that plays a broken, hostile or hand-made peer of the chief.
-class raw_peer {
+class raw_peer : public consort::test::raw_socket {
 public:
-  explicit raw_peer(const std::string& address) : socket_(io_) {
-    auto colon = address.rfind(':');
-    socket_.connect({asio::ip::make_address(address.substr(0, colon)),
-                     static_cast<uint16_t>(std::stoi(address.substr(colon + 1)))});
-  }
-
-  void write(std::span<const std::byte> data) {
-    asio::write(socket_, asio::buffer(data.data(), data.size()));
-  }
-
-  void write_u32(uint32_t v) {
-    std::byte b[4];
-    for (int i = 0; i < 4; ++i)
-      b[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-    write(b);
-  }
+  explicit raw_peer(const std::string& address) : raw_socket(address) {}
 
   /// Reads one message; false when none arrives or it is malformed.
   bool read(codec::message& out, milliseconds timeout = 10s) {
@@ -307,48 +230,6 @@ public:
     bytes body(length);
     return read_exact(body, timeout) && codec::decode(body, 1 << 20, out).empty();
   }
-
-  /// Whether the other end closes the connection within `timeout` (reading and dropping data).
-  bool closed_by_peer(milliseconds timeout = 10s) {
-    auto until = clock_type::now() + timeout;
-    std::byte buf[4096];
-    for (;;) {
-      auto left = std::chrono::duration_cast<milliseconds>(until - clock_type::now());
-      if (left.count() <= 0)
-        return false;
-      pollfd p{socket_.native_handle(), POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0)
-        continue;
-      auto n = ::recv(socket_.native_handle(), buf, sizeof buf, 0);
-      if (n <= 0)
-        return true; // end of file or reset
-    }
-  }
-
-  /// Ends the sending direction (the chief reads end of file); reading goes on.
-  void shutdown_write() { ::shutdown(socket_.native_handle(), SHUT_WR); }
-
-private:
-  bool read_exact(std::span<std::byte> out, milliseconds timeout) {
-    auto until = clock_type::now() + timeout;
-    std::size_t got = 0;
-    while (got < out.size()) {
-      auto left = std::chrono::duration_cast<milliseconds>(until - clock_type::now());
-      if (left.count() <= 0)
-        return false;
-      pollfd p{socket_.native_handle(), POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0)
-        continue;
-      auto n = ::recv(socket_.native_handle(), out.data() + got, out.size() - got, 0);
-      if (n <= 0)
-        return false;
-      got += static_cast<std::size_t>(n);
-    }
-    return true;
-  }
-
-  asio::io_context io_;
-  asio::ip::tcp::socket socket_;
 };
 
 // -- SHA-256 and HMAC ----------------------------------------------------------------------------

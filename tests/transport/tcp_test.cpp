@@ -4,6 +4,8 @@
 
 #include "transport/tcp/wire.hpp" // to craft frames for the raw peers
 
+#include "support/transport_helpers.hpp"
+
 #include <consort/error.hpp>
 #include <consort/transport/pair.hpp>
 #include <consort/transport/tcp.hpp>
@@ -41,6 +43,9 @@ namespace {
 
 using namespace std::chrono_literals;
 using consort::errc;
+using consort::test::has_error;
+using consort::test::log_capture;
+using consort::test::text_of;
 namespace transport = consort::transport;
 namespace tcp = consort::transport::tcp;
 namespace wire = consort::transport::tcp::wire;
@@ -52,39 +57,6 @@ constexpr uint64_t test_group = 7;
 
 transport::deadline in(std::chrono::milliseconds ms) {
   return clock::now() + ms;
-}
-
-// -- errors --------------------------------------------------------------------------------------
-
-std::string text_of(const caf::error& err) {
-  if (!err)
-    return "no error";
-  std::string out;
-  if (err.category() == caf::atom("consort"))
-    out = std::string("errc::") + consort::to_string(static_cast<errc>(err.code()));
-  else
-    out = "a non-consort error";
-  const auto& ctx = err.context();
-  if (ctx.size() == 1 && ctx.match_element<std::string>(0))
-    out += ": " + ctx.get_as<std::string>(0);
-  return out;
-}
-
-/// Success when `err` has `code` and its message mentions every fragment.
-::testing::AssertionResult has_error(const caf::error& err, errc code,
-                                     const std::vector<std::string>& fragments) {
-  if (!err)
-    return ::testing::AssertionFailure()
-           << "no error (expected errc::" << consort::to_string(code) << ")";
-  auto text = text_of(err);
-  if (err.category() != caf::atom("consort") || static_cast<errc>(err.code()) != code)
-    return ::testing::AssertionFailure()
-           << "expected errc::" << consort::to_string(code) << ", got " << text;
-  for (const auto& fragment : fragments)
-    if (text.find(fragment) == std::string::npos)
-      return ::testing::AssertionFailure()
-             << "\"" << text << "\" does not mention \"" << fragment << "\"";
-  return ::testing::AssertionSuccess();
 }
 
 // -- data ----------------------------------------------------------------------------------------
@@ -106,43 +78,6 @@ std::vector<transport::const_bytes> parts_of(const bytes& b) {
 }
 
 // -- logs ----------------------------------------------------------------------------------------
-
-/// Collects the log lines of contexts; must outlive them.
-class log_capture {
-public:
-  std::function<void(const std::string&)> sink() {
-    return [this](const std::string& line) {
-      std::lock_guard lock(mu_);
-      lines_.push_back(line);
-      cv_.notify_all();
-    };
-  }
-
-  /// Whether a line that mentions every fragment arrives within `timeout`.
-  bool wait_for(const std::vector<std::string>& fragments,
-                std::chrono::milliseconds timeout = 10s) {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] {
-      return std::any_of(lines_.begin(), lines_.end(), [&](const std::string& line) {
-        return std::all_of(fragments.begin(), fragments.end(),
-                           [&](const std::string& f) { return line.find(f) != std::string::npos; });
-      });
-    });
-  }
-
-  std::string all() {
-    std::lock_guard lock(mu_);
-    std::string out;
-    for (const auto& line : lines_)
-      out += line + "\n";
-    return out;
-  }
-
-private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::string> lines_;
-};
 
 // -- meshes --------------------------------------------------------------------------------------
 
@@ -216,24 +151,9 @@ void round_trip(transport::context& a, transport::context& b, uint64_t tag, std:
 // -- raw peers -----------------------------------------------------------------------------------
 
 /// A plain socket that plays a broken or hostile peer.
-class raw_peer {
+class raw_peer : public consort::test::raw_socket {
 public:
-  explicit raw_peer(uint16_t port) : socket_(io_) {
-    socket_.connect({asio::ip::make_address("127.0.0.1"), port});
-  }
-
-  uint16_t local_port() const { return socket_.local_endpoint().port(); }
-
-  void write(std::span<const std::byte> data) {
-    asio::write(socket_, asio::buffer(data.data(), data.size()));
-  }
-
-  void write_u32(uint32_t v) {
-    std::byte b[4];
-    for (int i = 0; i < 4; ++i)
-      b[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-    write(b);
-  }
+  explicit raw_peer(uint16_t port) : raw_socket("127.0.0.1", port) {}
 
   void hello(uint32_t rank, uint32_t size, uint64_t group = test_group, uint16_t version = 1) {
     wire::hello h;
@@ -266,53 +186,6 @@ public:
     auto n = wire::encode_header(h, head);
     write(std::span(head.data(), n));
   }
-
-  /// Whether the other end closes the connection within `timeout` (reading and dropping data).
-  bool closed_by_peer(std::chrono::milliseconds timeout = 10s) {
-    auto until = clock::now() + timeout;
-    std::byte buf[4096];
-    for (;;) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now());
-      if (left.count() <= 0)
-        return false;
-      pollfd p{socket_.native_handle(), POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0)
-        continue;
-      auto n = ::recv(socket_.native_handle(), buf, sizeof buf, 0);
-      if (n <= 0)
-        return true; // end of file or reset
-    }
-  }
-
-  /// Ends the sending direction (the peer reads end of file); reading goes on.
-  void shutdown_write() { ::shutdown(socket_.native_handle(), SHUT_WR); }
-
-  void close() {
-    boost::system::error_code ignored;
-    socket_.close(ignored);
-  }
-
-private:
-  bool read_exact(std::span<std::byte> out, std::chrono::milliseconds timeout = 10s) {
-    auto until = clock::now() + timeout;
-    std::size_t got = 0;
-    while (got < out.size()) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now());
-      if (left.count() <= 0)
-        return false;
-      pollfd p{socket_.native_handle(), POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0)
-        continue;
-      auto n = ::recv(socket_.native_handle(), out.data() + got, out.size() - got, 0);
-      if (n <= 0)
-        return false;
-      got += static_cast<std::size_t>(n);
-    }
-    return true;
-  }
-
-  asio::io_context io_;
-  asio::ip::tcp::socket socket_;
 };
 
 // -- frame heads ---------------------------------------------------------------------------------
