@@ -382,6 +382,41 @@ void synchronize_for(cudaStream_t stream, int device, std::chrono::milliseconds 
 
 // -- device memory --------------------------------------------------------------------------------
 
+namespace {
+
+/// How long release() waits, in its rare fallbacks, for the last use of a block to end.
+constexpr auto release_wait = std::chrono::seconds(10);
+
+/// Whether `stream`'s work finishes (successfully) within `timeout`. Never throws.
+bool idle_within(cudaStream_t stream, int device, std::chrono::milliseconds timeout) noexcept {
+  try {
+    synchronize_for(stream, device, timeout, "releasing GPU memory");
+    return true;
+  } catch (...) { // the failure or the timeout is the answer: not idle
+    (void)cudaGetLastError();
+    return false;
+  }
+}
+
+/// Whether `event` completes within `timeout`. Never throws.
+bool event_done_within(cudaEvent_t event, std::chrono::milliseconds timeout) noexcept {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int polls = 0;; ++polls) {
+    const auto status = cudaEventQuery(event);
+    if (status == cudaSuccess)
+      return true;
+    (void)cudaGetLastError();
+    if (status != cudaErrorNotReady || std::chrono::steady_clock::now() >= deadline)
+      return false;
+    if (polls < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+} // namespace
+
 void* allocate(int device, size_t bytes) {
   require_device(device);
   if (bytes > (size_t{1} << 60))
@@ -450,12 +485,10 @@ void release(int device, void* pointer, size_t bytes, cudaStream_t last_use) noe
         pool.spare_events.push_back(block.ready);
         block.ready = nullptr;
       }
-      if (block.ready == nullptr && cudaStreamSynchronize(last_use) != cudaSuccess) {
-        // Without an event, the block may be cached only once its stream is idle; a stream that
-        // cannot even be waited for gets its block freed (cudaFree waits for the whole device).
-        (void)cudaGetLastError();
-        if (cudaFree(pointer) != cudaSuccess)
-          (void)cudaGetLastError();
+      if (block.ready == nullptr && !idle_within(last_use, device, release_wait)) {
+        // Without an event, the block may be cached only once its stream is idle. A stream that
+        // fails, or is still busy after release_wait, keeps the block: it is leaked rather than
+        // handed to another tensor while the GPU may still write it.
         return;
       }
     }
@@ -463,9 +496,10 @@ void release(int device, void* pointer, size_t bytes, cudaStream_t last_use) noe
     pool.free_blocks[cls].push_back(block);
     pool.cached_bytes += cls;
   } catch (...) {
-    // Out of host memory while caching: free the block instead (after its last use).
-    if (block.ready != nullptr && cudaEventSynchronize(block.ready) != cudaSuccess)
-      (void)cudaGetLastError();
+    // Out of host memory while caching: free the block instead, after its last use (bounded:
+    // a use that does not end in time leaks the block rather than free memory in use).
+    if (block.ready != nullptr && !event_done_within(block.ready, release_wait))
+      return;
     if (cudaFree(pointer) != cudaSuccess)
       (void)cudaGetLastError();
   }
