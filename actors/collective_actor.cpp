@@ -422,6 +422,25 @@ std::vector<std::vector<tensor>> gpu_leaves(const slot& s) {
   return leaves;
 }
 
+/// Each call's GPU queue (null for a CPU replica or a harness's request), in local order.
+std::vector<std::shared_ptr<detail::replica_queue>> queues_of(const slot& s) {
+  std::vector<std::shared_ptr<detail::replica_queue>> queues;
+  queues.reserve(s.calls.size());
+  for (const auto& c : s.calls)
+    queues.push_back(c ? c->gpu : nullptr);
+  return queues;
+}
+
+/// Before a thread other than the replicas' reads the tensors of a call that does not run on
+/// NCCL: the GPU replicas' streams must have finished the work that made them (they call without
+/// waiting). Bounded by the call's deadline for each stream.
+void make_ready(const std::vector<std::shared_ptr<detail::replica_queue>>& queues,
+                std::chrono::milliseconds timeout, const std::string& what) {
+  for (const auto& q : queues)
+    if (q)
+      q->make_ready(timeout, "the inputs of " + what + " on GPU:" + std::to_string(q->device()));
+}
+
 /// The descriptor flag of a worker whose NCCL communicators must be (re)built.
 constexpr uint8_t rebuild_flag = 1;
 
@@ -432,8 +451,10 @@ constexpr uint8_t rebuild_flag = 1;
 bool hand_off_nccl(self_ptr self, slot& s) {
   auto& st = self->state;
   auto leaves = gpu_leaves(s);
-  if (leaves.empty() ||
-      !detail::local_nccl::eligible(s.sig.kind, s.sig.op, s.sig.axis, leaves, true))
+  if (leaves.empty())
+    return false;
+  auto queues = queues_of(s);
+  if (!detail::local_nccl::eligible(s.sig.kind, s.sig.op, s.sig.axis, leaves, queues, true))
     return false;
   // Results go to each replica's own future (a harness's `collective` request takes the TCP path).
   for (const auto& r : s.replies)
@@ -451,10 +472,10 @@ bool hand_off_nccl(self_ptr self, slot& s) {
   spec.nranks = num_in_sync(st);
   spec.first_rank = st.cfg.replica_ids.front();
   std::vector<int> devices;
-  for (const auto& replica : leaves)
-    devices.push_back(detail::gpu::index_of(replica.front().device()));
+  for (const auto& q : queues)
+    devices.push_back(q->device());
   cc.data_phase = [nccl = st.cross_nccl, kind = s.sig.kind, op = s.sig.op, root = s.sig.root,
-                   leaves = std::move(leaves), what = s.what,
+                   leaves = std::move(leaves), queues = std::move(queues), what = s.what,
                    spec](const detail::cross_call::share_fn& share, std::chrono::milliseconds left,
                          uint8_t all_flags) mutable -> caf::expected<std::vector<tensor>> {
     // A worker whose communicators failed (or were never made) asked for a rebuild in its
@@ -465,7 +486,7 @@ bool hand_off_nccl(self_ptr self, slot& s) {
         throw to_consort_error(err, "sharing the NCCL unique id");
     };
     try {
-      auto per_replica = nccl->run(kind, op, root, leaves, left, what, spec);
+      auto per_replica = nccl->run(kind, op, root, leaves, queues, left, what, spec);
       std::vector<tensor> flat;
       for (auto& r : per_replica)
         for (auto& t : r)
@@ -526,8 +547,9 @@ void hand_off(self_ptr self, slot& s) {
   cross->post(detail::cross_worker::lane::step,
               [cross, cc = cross_call_of(s), sig = s.sig, leaves = std::move(leaves), root_pos,
                structure = std::move(structure), states = std::move(states), key, me,
-               &sys]() mutable {
+               queues = queues_of(s), timeout = s.timeout, what = s.what, &sys]() mutable {
                 try {
+                  make_ready(queues, timeout, what);
                   local_part(cc, sig, leaves, root_pos);
                 } catch (const std::exception& e) {
                   cc.leaves.clear();
@@ -715,13 +737,16 @@ caf::expected<nest> cross_gather(detail::cross_worker& cross, std::chrono::milli
 
 void on_report(self_ptr self, step_report& report);
 
-/// Runs a complete slot on NCCL when local_nccl can; false leaves it to the host kernels.
-/// Blocks this actor until NCCL is done (bounded by the call's deadline): the replicas are waiting
-/// on this call anyway, and NCCL needs every local rank issued from one thread.
+/// Runs a complete slot on NCCL when local_nccl can; false leaves it to the host kernels. NCCL
+/// queues the call on the replicas' streams and their results go out at once, complete in stream
+/// order: this actor never waits for the GPU.
 bool try_nccl(self_ptr self, slot& s) {
   auto& st = self->state;
   auto leaves = gpu_leaves(s);
-  if (leaves.empty() || !detail::local_nccl::eligible(s.sig.kind, s.sig.op, s.sig.axis, leaves))
+  if (leaves.empty())
+    return false;
+  auto queues = queues_of(s);
+  if (!detail::local_nccl::eligible(s.sig.kind, s.sig.op, s.sig.axis, leaves, queues))
     return false;
   try {
     if (!st.nccl)
@@ -729,7 +754,7 @@ bool try_nccl(self_ptr self, slot& s) {
     int root = 0;
     if (s.sig.kind == collective_kind::broadcast)
       root = static_cast<int>(st.position.at(s.sig.root));
-    auto out = st.nccl->run(s.sig.kind, s.sig.op, root, leaves, s.timeout, s.what);
+    auto out = st.nccl->run(s.sig.kind, s.sig.op, root, leaves, queues, s.timeout, s.what);
     const auto& structure = s.calls.front()->request.value;
     for (size_t r = 0; r < s.replies.size(); ++r)
       s.replies[r].deliver(pack_as(structure, out[r]));
@@ -846,6 +871,7 @@ void on_call(self_ptr self, collective_call& call, reply_to reply) {
     return;
   // Everyone is here: compute once, answer all.
   try {
+    make_ready(queues_of(s), s.timeout, s.what);
     auto result = compute(s);
     for (auto& r : s.replies)
       r.deliver(result);

@@ -12,80 +12,261 @@
 #endif
 
 #include <algorithm>
+#include <optional>
 #include <set>
+#include <thread>
 
 namespace consort::detail {
 
+// -- replica_queue -------------------------------------------------------------------------------
+
+void replica_queue::add(std::unique_ptr<queued_work> work) {
+  std::lock_guard lock(mutex_);
+  works_.push_back(std::move(work));
+}
+
+size_t replica_queue::size() const {
+  std::lock_guard lock(mutex_);
+  return works_.size();
+}
+
+void replica_queue::settle() {
+  std::vector<std::unique_ptr<queued_work>> works;
+  {
+    std::lock_guard lock(mutex_);
+    works.swap(works_);
+  }
+  for (auto& work : works) {
+    // Poll: the first rounds only yield (NCCL's small calls finish in microseconds), then sleep
+    // 16 us doubling up to 1 ms, so that a long wait costs no core.
+    int yields = 0;
+    auto sleep = std::chrono::microseconds{16};
+    for (;;) {
+      // Asked after finishing as well: an asynchronous NCCL error, or an abort after a failure
+      // elsewhere, also ends the work on the GPU, with a result that must not be used.
+      const bool done = work->finished();
+      work->check();
+      if (done)
+        break;
+      const auto now = queued_work::clock::now();
+      if (now >= work->deadline()) {
+        work->expire(work->what() + " did not finish on the GPU by its deadline (" +
+                     std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        now - work->deadline())
+                                        .count()) +
+                     " ms ago); the NCCL communicators were aborted");
+      }
+      if (yields < 64) {
+        ++yields;
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(
+            std::min(sleep, std::chrono::duration_cast<std::chrono::microseconds>(
+                                work->deadline() - now + std::chrono::microseconds{1})));
+        sleep = std::min(sleep * 2, std::chrono::microseconds{1000});
+      }
+    }
+  }
+}
+
+void replica_queue::make_ready(std::chrono::milliseconds timeout, const std::string& what) {
+  settle();
+  gpu::synchronize_stream(stream_, device_, timeout, what);
+}
+
+namespace {
+
+/// True when every leaf of every replica is on that replica's own GPU (the device of its queue),
+/// the GPUs are distinct and no leaf is bool.
+bool on_own_gpus(const std::vector<std::vector<tensor>>& leaves,
+                 const std::vector<std::shared_ptr<replica_queue>>& queues) {
+  if (leaves.empty() || leaves.size() != queues.size())
+    return false;
+  std::set<int> seen;
+  for (size_t r = 0; r < leaves.size(); ++r) {
+    if (!queues[r] || leaves[r].empty() || !seen.insert(queues[r]->device()).second)
+      return false;
+    for (const auto& t : leaves[r])
+      if (!t.on_gpu() || gpu::index_of(t.device()) != queues[r]->device() ||
+          t.dtype() == dtype::boolean)
+        return false;
+  }
+  return true;
+}
+
+} // namespace
+
+bool local_nccl::eligible(collective_kind kind, reduce_op op, int64_t axis,
+                          const std::vector<std::vector<tensor>>& leaves,
+                          const std::vector<std::shared_ptr<replica_queue>>& queues,
+                          bool across_workers) {
+  if (!gpu::built() || !on_own_gpus(leaves, queues))
+    return false;
+  if (across_workers && kind == collective_kind::all_gather)
+    return false;
+  if (kind == collective_kind::all_reduce && op == reduce_op::mean)
+    for (const auto& replica : leaves)
+      for (const auto& t : replica)
+        if (!is_floating(t.dtype()))
+          return false;
+  return kind != collective_kind::all_gather || axis == 0;
+}
+
 #if CONSORT_WITH_CUDA
 
-struct local_nccl::impl {
-  std::vector<int> devices;
+namespace {
+
+/// One generation of communicators (one per local GPU, in local order) and what the work queued
+/// on them shares: whether they failed, and why. Owned by local_nccl and by every work still
+/// queued on them, so that the communicators outlive the operations that use them.
+struct comm_set {
+  /// NCCL's rule, one thread at a time per communicator: held to issue, poll and abort.
+  std::mutex mutex;
   std::vector<cuda::nccl::communicator> comms;
-  std::vector<cuda::stream> streams;
+  std::vector<int> devices;
+  /// The first failure; every later use throws it.
+  std::optional<error> failure;
+  /// Completion events ready for reuse, per rank (events belong to their rank's GPU).
+  std::vector<std::vector<cudaEvent_t>> spare_events;
 
-  /// The outputs of a failed call with the streams NCCL wrote them on. An aborted or timed-out
-  /// operation may still be running there: releasing its buffers at once would let the caching
-  /// allocator hand them to another tensor (their release is ordered on this thread's stream, not
-  /// NCCL's) while NCCL still writes into them. They are released once those streams are idle.
-  struct quarantined {
-    std::vector<cuda::stream> streams;
-    std::vector<std::vector<tensor>> buffers;
-  };
-  std::vector<quarantined> quarantine;
+  comm_set(std::vector<cuda::nccl::communicator> made, std::vector<int> gpus)
+      : comms(std::move(made)), devices(std::move(gpus)), spare_events(devices.size()) {}
 
-  static bool idle(const cuda::stream& s) noexcept {
-    const auto status = cudaStreamQuery(s.get());
-    if (status != cudaSuccess)
-      (void)cudaGetLastError(); // cudaErrorNotReady (or the stream's failure) is not reported here
-    // A failed stream will run nothing more, so its buffers are free as well.
-    return status != cudaErrorNotReady;
+  comm_set(const comm_set&) = delete;
+  comm_set& operator=(const comm_set&) = delete;
+
+  ~comm_set() {
+    for (auto& events : spare_events)
+      for (auto e : events)
+        (void)cudaEventDestroy(e);
   }
 
-  /// Releases the quarantined buffers whose streams have finished.
-  void reap() noexcept {
-    std::erase_if(quarantine, [](const quarantined& q) {
-      return std::all_of(q.streams.begin(), q.streams.end(), idle);
-    });
-  }
-
-  ~impl() {
-    reap();
-    // Still running at shutdown (stuck on an aborted peer): leak the buffers rather than let the
-    // allocator reuse memory that the GPU may still write.
-    for (auto& q : quarantine)
-      new quarantined(std::move(q)); // NOLINT(cppcoreguidelines-owning-memory): deliberate leak
-  }
-
-  /// Aborts the communicators after a failed call and keeps its outputs until NCCL's streams are
-  /// idle; the next call builds new communicators.
-  void discard(std::vector<std::vector<tensor>>& outputs) noexcept {
-    for (auto& c : comms)
-      c.abort(); // also those a non-NCCL failure left with work queued inside the group
+  /// Aborts every communicator (the GPU kernels of their operations stop, so the streams drain)
+  /// and records why, unless an earlier failure was recorded. @pre mutex is held.
+  void fail_locked(errc code, const std::string& message) noexcept {
     try {
-      quarantine.push_back({std::move(streams), std::move(outputs)});
-    } catch (...) {
-      // Out of host memory: the outputs and streams go out of scope below.
+      if (!failure)
+        failure.emplace(code, message);
+    } catch (...) { // NOLINT(bugprone-empty-catch): out of memory; the abort below still happens
     }
-    comms.clear();
-    streams.clear();
-    devices.clear();
+    for (auto& c : comms)
+      c.abort();
   }
 
-  /// The communicators for `wanted`, made (or remade after an abort) when needed.
+  /// Throws the recorded failure; failing that, asks NCCL whether a communicator failed
+  /// asynchronously, and then records it (aborting the others) and throws it. @pre mutex is held.
+  void check_locked(const std::string& what) {
+    if (!failure) {
+      for (auto& c : comms) {
+        try {
+          c.check();
+        } catch (const error& e) {
+          fail_locked(e.code(), what + " on NCCL: " + e.what());
+          break;
+        }
+      }
+    }
+    if (failure)
+      throw *failure;
+  }
+
+  /// An event of rank `rank`'s GPU for marking the end of a call. @pre mutex is held.
+  cudaEvent_t take_event(size_t rank) {
+    auto& spare = spare_events[rank];
+    if (!spare.empty()) {
+      auto e = spare.back();
+      spare.pop_back();
+      return e;
+    }
+    cuda::device_guard guard(devices[rank]);
+    cudaEvent_t e = nullptr;
+    cuda::check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags",
+                devices[rank]);
+    return e;
+  }
+
+  /// @pre mutex is held.
+  void give_event(size_t rank, cudaEvent_t e) noexcept {
+    try {
+      spare_events[rank].push_back(e);
+    } catch (...) {
+      (void)cudaEventDestroy(e);
+    }
+  }
+};
+
+/// One replica's part of an NCCL call: done when the event recorded after it on the replica's
+/// stream has fired, failed when its communicators failed.
+class nccl_work final : public queued_work {
+public:
+  nccl_work(std::shared_ptr<comm_set> set, size_t rank, cudaEvent_t done, std::string what,
+            clock::time_point deadline)
+      : queued_work(std::move(what), deadline), set_(std::move(set)), rank_(rank), done_(done) {}
+
+  nccl_work(const nccl_work&) = delete;
+  nccl_work& operator=(const nccl_work&) = delete;
+
+  ~nccl_work() override {
+    // Recording the event again later is allowed even if this record has not fired (the work was
+    // abandoned after a failure): the new record replaces it.
+    std::lock_guard lock(set_->mutex);
+    set_->give_event(rank_, done_);
+  }
+
+  bool finished() override {
+    const auto status = cudaEventQuery(done_);
+    if (status == cudaSuccess)
+      return true;
+    (void)cudaGetLastError(); // cudaErrorNotReady, or the failure reported below
+    if (status == cudaErrorNotReady)
+      return false;
+    std::lock_guard lock(set_->mutex);
+    set_->fail_locked(
+        errc::device_error,
+        what() + " on NCCL: the stream of GPU:" + std::to_string(set_->devices[rank_]) +
+            " failed: " + cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")");
+    throw *set_->failure;
+  }
+
+  void check() override {
+    std::lock_guard lock(set_->mutex);
+    set_->check_locked(what());
+  }
+
+  [[noreturn]] void expire(const std::string& message) override {
+    std::lock_guard lock(set_->mutex);
+    set_->fail_locked(errc::collective_timeout, message);
+    throw *set_->failure;
+  }
+
+private:
+  std::shared_ptr<comm_set> set_;
+  size_t rank_ = 0;
+  cudaEvent_t done_ = nullptr;
+};
+
+} // namespace
+
+struct local_nccl::impl {
+  std::shared_ptr<comm_set> set;
+
   bool usable(const std::vector<int>& wanted) const {
-    bool ok = wanted == devices && comms.size() == wanted.size();
-    for (const auto& c : comms)
-      ok = ok && c.valid() && !c.aborted();
-    return ok;
+    if (!set || set->devices != wanted)
+      return false;
+    std::lock_guard lock(set->mutex);
+    return !set->failure;
   }
 
+  /// The communicators for `wanted`, made (or remade after a failure) when needed. The previous
+  /// generation lives on while work queued on it is unsettled.
   void ensure(const std::vector<int>& wanted, std::chrono::milliseconds timeout,
               const group_spec& spec) {
     if (usable(wanted) && !spec.rebuild)
       return;
-    comms.clear();
-    streams.clear();
-    devices.clear();
+    // The previous generation is not aborted here: work still queued on it (a healthy set
+    // replaced because another worker's failed) finishes or expires on its own, and the set goes
+    // when its last work is settled.
+    set.reset();
     cuda::nccl::unique_id id;
     const int nranks = spec.nranks > 0 ? spec.nranks : static_cast<int>(wanted.size());
     if (spec.share) {
@@ -98,13 +279,8 @@ struct local_nccl::impl {
     } else {
       id = cuda::nccl::unique_id::make();
     }
-    auto made = cuda::nccl::init_group(id, nranks, spec.first_rank, wanted, timeout);
-    std::vector<cuda::stream> fresh;
-    for (int d : wanted)
-      fresh.emplace_back(d);
-    comms = std::move(made);
-    streams = std::move(fresh);
-    devices = wanted;
+    set = std::make_shared<comm_set>(
+        cuda::nccl::init_group(id, nranks, spec.first_rank, wanted, timeout), wanted);
   }
 };
 
@@ -116,39 +292,23 @@ bool local_nccl::needs_build(const std::vector<int>& devices) const {
   return !impl_->usable(devices);
 }
 
-bool local_nccl::eligible(collective_kind kind, reduce_op op, int64_t axis,
-                          const std::vector<std::vector<tensor>>& leaves, bool across_workers) {
-  if (leaves.empty() || leaves.front().empty())
-    return false;
-  if (across_workers && kind == collective_kind::all_gather)
-    return false;
-  std::set<std::string> seen;
-  for (const auto& replica : leaves) {
-    const auto& device = replica.front().device();
-    if (!seen.insert(device).second)
-      return false;
-    for (const auto& t : replica) {
-      if (!t.on_gpu() || t.device() != device || t.dtype() == dtype::boolean)
-        return false;
-      if (kind == collective_kind::all_reduce && op == reduce_op::mean && !is_floating(t.dtype()))
-        return false;
-    }
-  }
-  return kind != collective_kind::all_gather || axis == 0;
-}
-
-std::vector<std::vector<tensor>> local_nccl::run(collective_kind kind, reduce_op op, int root,
-                                                 const std::vector<std::vector<tensor>>& leaves,
-                                                 std::chrono::milliseconds timeout,
-                                                 const std::string& what, const group_spec& spec) {
+std::vector<std::vector<tensor>> local_nccl::run(
+    collective_kind kind, reduce_op op, int root, const std::vector<std::vector<tensor>>& leaves,
+    const std::vector<std::shared_ptr<replica_queue>>& queues, std::chrono::milliseconds timeout,
+    const std::string& what, const group_spec& spec) {
   const size_t n = leaves.size();
   const size_t count = leaves.front().size();
+  const auto deadline = queued_work::clock::now() + timeout;
   std::vector<int> devices;
-  for (const auto& replica : leaves)
-    devices.push_back(gpu::index_of(replica.front().device()));
+  for (const auto& q : queues)
+    devices.push_back(q->device());
   auto& im = *impl_;
-  im.reap();
-  im.ensure(devices, timeout, spec);
+  try {
+    im.ensure(devices, timeout, spec);
+  } catch (const error& e) {
+    throw_error(e.code(), what + " on NCCL: " + e.what());
+  }
+  const auto set = im.set;
   // Outputs first (allocation may fail cleanly before NCCL sees anything).
   std::vector<std::vector<tensor>> out(n);
   for (size_t r = 0; r < n; ++r) {
@@ -164,45 +324,67 @@ std::vector<std::vector<tensor>> local_nccl::run(collective_kind kind, reduce_op
       out[r].push_back(tensor::empty(in.dtype(), shape, in.device()));
     }
   }
+  std::vector<cudaEvent_t> events(n, nullptr);
+  std::unique_lock lock(set->mutex);
   try {
-    cuda::nccl::group group;
-    for (size_t i = 0; i < count; ++i) {
-      std::vector<size_t> counts;
-      if (kind == collective_kind::all_gather)
-        for (size_t q = 0; q < n; ++q)
-          counts.push_back(static_cast<size_t>(leaves[q][i].num_elements()));
-      for (size_t r = 0; r < n; ++r) {
-        const auto& in = leaves[r][i];
-        auto& comm = im.comms[r];
-        auto s = im.streams[r].get();
-        void* dst = out[r][i].raw_mutable_data();
-        const auto elements = static_cast<size_t>(in.num_elements());
-        switch (kind) {
-        case collective_kind::all_reduce:
-          comm.all_reduce(in.raw_data(), dst, elements, in.dtype(), op, s);
-          break;
-        case collective_kind::all_gather:
-          comm.all_gather_ragged(in.raw_data(), counts, dst, in.dtype(), s);
-          break;
-        case collective_kind::broadcast:
-          comm.broadcast(in.raw_data(), dst, elements, in.dtype(), root, s);
-          break;
+    set->check_locked(what);
+    for (size_t r = 0; r < n; ++r)
+      events[r] = set->take_event(r);
+    {
+      cuda::nccl::group group;
+      for (size_t i = 0; i < count; ++i) {
+        std::vector<size_t> counts;
+        if (kind == collective_kind::all_gather)
+          for (size_t q = 0; q < n; ++q)
+            counts.push_back(static_cast<size_t>(leaves[q][i].num_elements()));
+        for (size_t r = 0; r < n; ++r) {
+          const auto& in = leaves[r][i];
+          auto& comm = set->comms[r];
+          // The replica's own stream: NCCL starts after the work that made the input, and the
+          // replica's next work starts after NCCL, with no host waiting in between.
+          auto s = static_cast<cudaStream_t>(queues[r]->stream());
+          void* dst = out[r][i].raw_mutable_data();
+          const auto elements = static_cast<size_t>(in.num_elements());
+          switch (kind) {
+          case collective_kind::all_reduce:
+            comm.all_reduce(in.raw_data(), dst, elements, in.dtype(), op, s);
+            break;
+          case collective_kind::all_gather:
+            comm.all_gather_ragged(in.raw_data(), counts, dst, in.dtype(), s);
+            break;
+          case collective_kind::broadcast:
+            comm.broadcast(in.raw_data(), dst, elements, in.dtype(), root, s);
+            break;
+          }
         }
       }
+      group.end();
     }
-    group.end();
-    std::vector<std::pair<cuda::nccl::communicator*, cudaStream_t>> work;
     for (size_t r = 0; r < n; ++r)
-      work.emplace_back(&im.comms[r], im.streams[r].get());
-    cuda::nccl::wait(work, timeout, what);
-  } catch (const error& e) {
+      cuda::check(cudaEventRecord(events[r], static_cast<cudaStream_t>(queues[r]->stream())),
+                  "cudaEventRecord", devices[r]);
+  } catch (const std::exception& e) {
     // Aborted communicators are rebuilt by the next call; say which call failed.
-    im.discard(out);
-    throw_error(e.code(), what + " on NCCL: " + e.what());
-  } catch (...) {
-    im.discard(out);
-    throw;
+    const auto code = dynamic_cast<const error*>(&e) != nullptr
+                          ? static_cast<const error&>(e).code()
+                          : errc::device_error;
+    // A failure recorded before this call (check_locked threw it) keeps its own text.
+    std::optional<error> earlier = set->failure;
+    set->fail_locked(code, what + " on NCCL: " + e.what());
+    for (size_t r = 0; r < n; ++r)
+      if (events[r] != nullptr)
+        set->give_event(r, events[r]);
+    lock.unlock();
+    // The outputs may be released now, even if an aborted operation still writes them: device
+    // memory is reused only after every replica stream of its GPU has passed its release
+    // (gpu::release), and NCCL's work was queued on those streams.
+    if (earlier)
+      throw *earlier;
+    throw_error(code, what + " on NCCL: " + e.what());
   }
+  lock.unlock();
+  for (size_t r = 0; r < n; ++r)
+    queues[r]->add(std::make_unique<nccl_work>(set, r, events[r], what, deadline));
   return out;
 }
 
@@ -218,13 +400,9 @@ bool local_nccl::needs_build(const std::vector<int>&) const {
   return true;
 }
 
-bool local_nccl::eligible(collective_kind, reduce_op, int64_t,
-                          const std::vector<std::vector<tensor>>&, bool) {
-  return false;
-}
-
 std::vector<std::vector<tensor>> local_nccl::run(collective_kind, reduce_op, int,
                                                  const std::vector<std::vector<tensor>>&,
+                                                 const std::vector<std::shared_ptr<replica_queue>>&,
                                                  std::chrono::milliseconds, const std::string& what,
                                                  const group_spec&) {
   throw_error(errc::unsupported, what + ": this build of consort has no NCCL");

@@ -3,6 +3,7 @@
 #include <consort/actors/protocol.hpp>
 #include <consort/strategy.hpp>
 
+#include "actors/gpu_collectives.hpp"
 #include "device/gpu.hpp"
 
 #include <caf/all.hpp>
@@ -30,6 +31,9 @@ struct replica_state : detail::replica_services {
   uint32_t next_seq = 0;
   /// The join of the step being run (null between steps).
   step_join* join = nullptr;
+  /// The collective work that other threads queued on the GPU stream below, not yet seen to
+  /// finish (declared first: the binding's fence uses it, so it goes last).
+  std::shared_ptr<detail::replica_queue> queue;
   /// A GPU replica's device and stream, bound on its own thread at its first step.
   std::unique_ptr<detail::gpu::replica_binding> gpu;
   /// The GPU of cfg.device, or -1 for a CPU replica.
@@ -41,12 +45,9 @@ struct replica_state : detail::replica_services {
     auto timeout = request.timeout.value_or(cfg.collective_timeout);
     request.timeout = timeout;
     auto kind = request.kind;
-    // The collective actor reads the tensors from another thread: the work that produced them on
-    // this replica's stream must be finished first.
-    if (gpu)
-      gpu->synchronize(timeout, to_string(kind) + std::string{" inputs of replica "} +
-                                    std::to_string(cfg.replica_id));
-    collective_call call{current_step, seq, cfg.replica_id, std::move(request), {}};
+    // No wait for this replica's stream: NCCL queues the call on it, after the work that made the
+    // inputs; a call that takes another path waits for the stream where the tensors are read.
+    collective_call call{current_step, seq, cfg.replica_id, std::move(request), {}, queue};
     // The only replica in sync: the result is its own value (after the same checks), with no
     // round trip to the collective actor. (A lone GPU replica still goes through it: its
     // one-rank NCCL communicator is the path that a single-GPU machine can test.)
@@ -71,6 +72,23 @@ struct replica_state : detail::replica_services {
     if (gpu)
       result = detail::on_replica_device(result, cfg.device);
     return result;
+  }
+
+  void synchronize() override {
+    if (gpu)
+      gpu->synchronize(cfg.step_timeout, "replica_context::synchronize on replica " +
+                                             std::to_string(cfg.replica_id) + " in step " +
+                                             std::to_string(current_step));
+  }
+
+  /// Binds this thread to the replica's GPU (once): its stream, and the queue of collective work
+  /// that host waits on the stream settle first.
+  void bind_gpu() {
+    if (gpu || gpu_index < 0)
+      return;
+    gpu = std::make_unique<detail::gpu::replica_binding>(gpu_index);
+    queue = std::make_shared<detail::replica_queue>(gpu->stream(), gpu_index);
+    gpu->fence([q = queue.get()] { q->settle(); });
   }
 };
 
@@ -99,11 +117,10 @@ void run_step(self_ptr self, step_message& msg) {
   try {
     if (!msg.fn)
       throw error(errc::invalid_argument, "the step message carries no step function");
-    if (!st.gpu && st.gpu_index >= 0)
-      st.gpu = std::make_unique<detail::gpu::replica_binding>(st.gpu_index);
+    st.bind_gpu();
     out = (*msg.fn)(ctx);
-    // The step's results leave this thread: its GPU work must be done (bounded by the step's
-    // deadline).
+    // The step's results leave this thread: its GPU work, the collectives queued on its stream
+    // included, must be done (each collective by its own deadline, the rest by the step's).
     if (st.gpu)
       st.gpu->synchronize(st.cfg.step_timeout, "the GPU work of step " + std::to_string(msg.step) +
                                                    " on replica " +
@@ -120,6 +137,15 @@ void run_step(self_ptr self, step_message& msg) {
   } catch (...) {
     failure = make_caf_error(errc::step_failed, where() + "an exception not derived from "
                                                           "std::exception");
+  }
+  // A failed step may leave collectives queued on the stream: wait for them (each by its own
+  // deadline; a stuck one aborts its communicators) so that the next step starts on a stream
+  // that moves. The step's own failure is what it reports.
+  if (failure && st.queue) {
+    try {
+      st.queue->settle();
+    } catch (const std::exception&) { // NOLINT(bugprone-empty-catch): the step already failed
+    }
   }
   st.join = nullptr;
   auto index = static_cast<size_t>(st.cfg.local_index);

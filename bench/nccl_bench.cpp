@@ -412,8 +412,9 @@ row run_path(ranks& rs, const coll_desc& c, const type_desc& t, size_t send_coun
 
 /// The same collective through consort's runtime: a mirrored_strategy over the same GPUs runs
 /// one step that calls it `warmup` + `iters` times on a float32 GPU tensor; time per call is
-/// taken on every replica with a steady clock around the timed calls (each call returns with its
-/// result ready), max over replicas. Rank r's tensor holds r + 1, as for the other rows.
+/// taken on every replica with a steady clock around the timed calls and the wait for the
+/// replica's stream after them (ctx.synchronize()), max over replicas. Rank r's tensor holds r + 1,
+/// as for the other rows.
 row run_strategy(consort::mirrored_strategy& strategy, const coll_desc& c, size_t send_count,
                  int64_t warmup, int64_t iters, bool check) {
   using namespace consort;
@@ -432,9 +433,13 @@ row run_strategy(consort::mirrored_strategy& strategy, const coll_desc& c, size_
     tensor last;
     for (int64_t i = 0; i < warmup; ++i)
       last = call();
+    ctx.synchronize();
     auto begin = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < iters; ++i)
       last = call();
+    // The calls return once queued on the replica's stream; the time is until they are done, as
+    // nccl-tests times `iters` launches and one stream synchronisation.
+    ctx.synchronize();
     auto us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - begin).count();
     int64_t wrong = 0;
@@ -561,7 +566,8 @@ int run(int argc, char** argv) {
       names.push_back("GPU:" + std::to_string(d));
     strategy = std::make_unique<consort::mirrored_strategy>(names);
     std::printf("# consort: the same call as ctx.all_reduce/all_gather/broadcast inside one "
-                "strategy.run step on %s (float only); time by steady clock per call, max over "
+                "strategy.run step on %s (float only); iters calls then ctx.synchronize(), by "
+                "steady clock, max over "
                 "replicas; ratio = consort time / direct time\n",
                 device_text.c_str());
   }

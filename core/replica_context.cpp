@@ -48,6 +48,10 @@ tensor replica_context::broadcast(const tensor& value, int root_replica, collect
   return broadcast(nest(value), root_replica, opts).as_tensor();
 }
 
+void replica_context::synchronize() {
+  services_->synchronize();
+}
+
 template <class Fill>
 nest replica_context::call(collective_kind kind, const nest& value, collective_options opts,
                            Fill&& fill) {

@@ -13,8 +13,11 @@
 #include <charconv>
 #include <chrono>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace consort::detail::gpu {
 
@@ -36,6 +39,51 @@ namespace {
 thread_local cudaStream_t bound_stream = nullptr;
 /// The GPU of `bound_stream` (-1 when none is bound).
 thread_local int bound_device = -1;
+/// The bound replica's fence (see replica_binding::fence), or null.
+thread_local const std::function<void()>* bound_fence = nullptr;
+
+/// Every replica stream alive in the process, with its GPU. Leaked on purpose: tensors may be
+/// released during static destruction.
+struct stream_registry {
+  std::mutex mutex;
+  std::vector<std::pair<int, cudaStream_t>> streams;
+};
+
+stream_registry& registry() noexcept {
+  static auto* r = new stream_registry; // NOLINT(cppcoreguidelines-owning-memory)
+  return *r;
+}
+
+/// Makes `s`, a stream of GPU `index`, wait for the work queued so far on every other replica
+/// stream of that GPU. A block of device memory may be in use on any of them (an NCCL call that
+/// another thread queued on a replica's stream, a result shared by replicas of one GPU, a tensor
+/// that a replica handed to the collective actor), whichever thread drops its last reference: its
+/// release is ordered on `s`, so it is reused only after all of them have passed this point. With
+/// one replica per GPU released on its own thread there is nothing to wait for.
+/// @pre the caller holds device_guard(index) when `s` is cudaStreamPerThread.
+void order_after_replicas(int index, cudaStream_t s) noexcept {
+  auto& reg = registry();
+  std::lock_guard lock(reg.mutex);
+  for (const auto& [device, other] : reg.streams) {
+    if (device != index || other == s)
+      continue;
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    // The wait takes the event's state now, so the event may be destroyed at once.
+    if (cudaEventRecord(e, other) != cudaSuccess || cudaStreamWaitEvent(s, e, 0) != cudaSuccess)
+      (void)cudaGetLastError();
+    (void)cudaEventDestroy(e);
+  }
+}
+
+/// Runs the bound replica's fence before this thread waits for its stream.
+void fence_bound() {
+  if (bound_fence != nullptr && *bound_fence)
+    (*bound_fence)();
+}
 
 cudaStream_t stream_now() noexcept {
   return bound_stream != nullptr ? bound_stream : cudaStreamPerThread;
@@ -103,21 +151,46 @@ replica_binding::replica_binding(int index) : device_(index) {
   stream_ = s;
   bound_stream = s;
   bound_device = index;
+  try {
+    auto& reg = registry();
+    std::lock_guard lock(reg.mutex);
+    reg.streams.emplace_back(index, s);
+  } catch (...) {
+    bound_stream = nullptr;
+    bound_device = -1;
+    cudaStreamDestroy(s);
+    throw;
+  }
 }
 
 replica_binding::~replica_binding() {
   if (bound_stream == static_cast<cudaStream_t>(stream_)) {
     bound_stream = nullptr;
     bound_device = -1;
+    bound_fence = nullptr;
   }
   if (stream_ != nullptr) {
+    {
+      auto& reg = registry();
+      std::lock_guard lock(reg.mutex);
+      std::erase(reg.streams,
+                 std::pair<int, cudaStream_t>{device_, static_cast<cudaStream_t>(stream_)});
+    }
     // Destroying a stream with queued work is allowed: CUDA releases it when the work is done.
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   }
 }
 
+void replica_binding::fence(std::function<void()> before_wait) {
+  fence_ = std::move(before_wait);
+  if (bound_stream == static_cast<cudaStream_t>(stream_))
+    bound_fence = &fence_;
+}
+
 void replica_binding::synchronize(std::chrono::milliseconds timeout,
                                   const std::string& what) const {
+  if (fence_)
+    fence_();
   try {
     wait_stream(static_cast<cudaStream_t>(stream_), timeout, what);
   } catch (const error& e) {
@@ -149,12 +222,26 @@ void* allocate(int index, size_t bytes, bool zeroed) {
 }
 
 void release(int index, void* pointer, size_t bytes) noexcept {
-  cuda::release(index, pointer, bytes > 0 ? bytes : 1, stream_for(index));
+  const auto s = stream_for(index);
+  try {
+    cuda::device_guard guard(index);
+    order_after_replicas(index, s);
+  } catch (...) { // NOLINT(bugprone-empty-catch): a GPU that is gone has nothing left to order
+  }
+  cuda::release(index, pointer, bytes > 0 ? bytes : 1, s);
+}
+
+void synchronize_stream(void* stream, int device, std::chrono::milliseconds timeout,
+                        const std::string& what) {
+  cuda::synchronize_for(static_cast<cudaStream_t>(stream), device, timeout, what);
 }
 
 void copy(void* dst, int dst_device, const void* src, int src_device, size_t bytes) {
   if (bytes == 0)
     return;
+  // The copy waits for the stream: what other threads queued on it must not have failed.
+  if (bound_stream != nullptr)
+    fence_bound();
   cuda::copy(dst, dst_device, src, src_device, bytes, stream_now(), host_wait);
 }
 
@@ -279,7 +366,15 @@ replica_binding::replica_binding(int index) : device_(index) {
 
 replica_binding::~replica_binding() = default;
 
+void replica_binding::fence(std::function<void()> before_wait) {
+  fence_ = std::move(before_wait);
+}
+
 void replica_binding::synchronize(std::chrono::milliseconds, const std::string&) const {}
+
+void synchronize_stream(void*, int device, std::chrono::milliseconds, const std::string& what) {
+  no_cuda(what + " on GPU:" + std::to_string(device));
+}
 
 void* current_stream() noexcept {
   return nullptr;

@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,14 +54,29 @@ public:
   /// The stream as an opaque handle (a cudaStream_t).
   void* stream() const noexcept { return stream_; }
 
-  /// Waits for the work queued on the stream (the end of a step), at most `timeout`.
-  /// @throws error(device_error) when queued work failed, error(step_timeout) naming `what`.
+  /// Runs the fence, then waits for the work queued on the stream (the end of a step), at most
+  /// `timeout`.
+  /// @throws what the fence throws; error(device_error) when queued work failed,
+  /// error(step_timeout) naming `what`.
   void synchronize(std::chrono::milliseconds timeout, const std::string& what) const;
+
+  /// Called on this thread before any copy on the stream that the thread then waits for (a host
+  /// read of a tensor, `to` another device): work that other threads queued on the stream (NCCL
+  /// calls) must be seen to have finished, not failed, first. Its exceptions reach the caller.
+  void fence(std::function<void()> before_wait);
 
 private:
   int device_ = -1;
   void* stream_ = nullptr;
+  std::function<void()> fence_;
 };
+
+/// Waits for the work queued on `stream` (an opaque cudaStream_t of GPU `device`, possibly
+/// another thread's), at most `timeout`.
+/// @throws error(device_error) when queued work failed, error(collective_timeout) naming `what`
+/// when `timeout` passes first, error(unsupported) in a build without CUDA.
+void synchronize_stream(void* stream, int device, std::chrono::milliseconds timeout,
+                        const std::string& what);
 
 /// The calling thread's current stream (opaque cudaStream_t; never null in a CUDA build).
 void* current_stream() noexcept;
@@ -71,7 +87,8 @@ void* current_stream() noexcept;
 void* allocate(int index, size_t bytes, bool zeroed);
 /// Gives memory back; later reuse waits for the work queued at the time of release on the stream
 /// this thread uses for GPU `index` (the replica's stream for its own GPU, else the per-thread
-/// default stream of `index`).
+/// default stream of `index`) and on every replica stream of that GPU, so that the thread which
+/// happens to drop the last reference never matters.
 void release(int index, void* pointer, size_t bytes) noexcept;
 
 /// A copy of `bytes` between host (`device` -1) and GPU memory, ordered on the current stream;

@@ -57,6 +57,8 @@ public:
   /// Runs one collective and blocks the replica's thread until its result or error (bounded by
   /// the collective's deadline). @throws consort::error.
   virtual nest collective(collective_request request) = 0;
+  /// Waits for the work queued on the replica's device so far. @throws consort::error.
+  virtual void synchronize() = 0;
 };
 
 } // namespace detail
@@ -107,6 +109,17 @@ public:
   /// of the same structure, dtypes and shapes (its contents are ignored except on the root).
   tensor broadcast(const tensor& value, int root_replica = 0, collective_options opts = {});
   nest broadcast(const nest& value, int root_replica = 0, collective_options opts = {});
+
+  /// Waits until the work queued so far on this replica's device has finished: its own copies
+  /// and kernels, and its collectives, which on GPU replicas return once they are queued on the
+  /// replica's stream (like torch.cuda.synchronize for the replica's stream). Reading a tensor on
+  /// the host, and the end of the step, wait the same way; call it to time GPU work or to hand
+  /// device pointers to a library that uses another stream. A CPU replica returns at once.
+  /// Bounded by the strategy's step deadline.
+  /// @throws error(step_timeout) when the work has not finished by then; the error of a
+  /// collective that failed on the GPU (collective_timeout, peer_lost, device_error), after which
+  /// every replica's collectives of that communicator fail the same way.
+  void synchronize();
 
 private:
   /// Builds the request (`fill` sets the kind's own field), runs it, labels the result.

@@ -5,16 +5,15 @@
 // group needs a GPU and calls GTEST_SKIP with unavailable_reason() when there is none.
 
 #include "device/cuda/runtime.hpp"
+#include "support/stream_blocker.hpp"
 
 #include <consort/error.hpp>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <numeric>
 #include <set>
 #include <string>
@@ -22,6 +21,7 @@
 
 namespace cuda = consort::cuda;
 using consort::errc;
+using consort::test::stream_blocker;
 using namespace std::chrono_literals;
 
 namespace {
@@ -51,39 +51,6 @@ consort::error error_of(F&& fn) {
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
-
-/// Blocks a stream with a host function until release() (or 30 s, so a failing test cannot hang):
-/// the stream's later work, and events recorded on it, stay pending meanwhile.
-class stream_blocker {
-public:
-  explicit stream_blocker(cudaStream_t stream) {
-    cuda::check(cudaLaunchHostFunc(stream, &stream_blocker::wait, this), "cudaLaunchHostFunc");
-  }
-  /// Releases the stream and waits until the host function has returned (it reads `this`).
-  ~stream_blocker() {
-    release();
-    std::unique_lock lock{mu_};
-    cv_.wait_for(lock, 30s, [this] { return done_; });
-  }
-  void release() {
-    std::lock_guard lock{mu_};
-    open_ = true;
-    cv_.notify_all();
-  }
-
-private:
-  static void wait(void* self) {
-    auto* blocker = static_cast<stream_blocker*>(self);
-    std::unique_lock lock{blocker->mu_};
-    blocker->cv_.wait_for(lock, 30s, [blocker] { return blocker->open_; });
-    blocker->done_ = true;
-    blocker->cv_.notify_all();
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-  bool done_ = false;
-};
 
 // -- without a GPU (and with indices that are not there)
 // --------------------------------------------

@@ -3,11 +3,13 @@
 // skips (reported as skipped by CTest) when this process sees none.
 
 #include "device/gpu.hpp"
+#include "support/stream_blocker.hpp"
 
 #include <consort/consort.hpp>
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -173,6 +175,45 @@ TEST(GpuStrategy, EveryCollectiveKindOfGpuReplicasRunsOnNccl) {
       expected.push_back(i);
   for (const auto& t : v.values())
     EXPECT_EQ(t.to_vector<int64_t>(), expected);
+}
+
+TEST(GpuStrategy, ACollectiveIsQueuedOnTheReplicasStreamWithoutWaitingForIt) {
+  REQUIRE_GPU();
+  // A replica that waited for its stream before the collective would time out here (the stream
+  // is held still until after the call returns).
+  strategy_options opts;
+  opts.collective_timeout = std::chrono::seconds(5);
+  mirrored_strategy gpus({"GPU:0"}, opts);
+  auto v = gpus.run([](replica_context& ctx) {
+    auto x = tensor::from<float>({1, 2, 3}, {3}, ctx.device());
+    auto stream = static_cast<cudaStream_t>(detail::gpu::current_stream());
+    test::stream_blocker blocker{stream};
+    auto sum = ctx.all_reduce(reduce_op::sum, x);
+    auto gathered = ctx.all_gather(x, 0);
+    // Both calls came back while the stream is still held: they are queued behind the blocker.
+    EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady);
+    blocker.release();
+    ctx.synchronize();
+    EXPECT_EQ(cudaStreamQuery(stream), cudaSuccess);
+    EXPECT_EQ(gathered.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+    return sum;
+  });
+  EXPECT_EQ(v.values().front().to_vector<float>(), (std::vector<float>{1, 2, 3}));
+}
+
+TEST(GpuStrategy, AHostReadWaitsForTheCollectivesQueuedBeforeIt) {
+  REQUIRE_GPU();
+  mirrored_strategy gpus({"GPU:0"});
+  auto v = gpus.run([](replica_context& ctx) {
+    auto x = tensor::from<int32_t>({5, -7}, {2}, ctx.device());
+    std::vector<int32_t> seen;
+    for (int i = 0; i < 50; ++i)
+      x = ctx.all_reduce(reduce_op::max, x);
+    seen = x.to_vector<int32_t>(); // no synchronize(): the read itself waits for the 50 calls
+    EXPECT_EQ(seen, (std::vector<int32_t>{5, -7}));
+    return x;
+  });
+  EXPECT_EQ(v.values().front().to_vector<int32_t>(), (std::vector<int32_t>{5, -7}));
 }
 
 TEST(GpuStrategy, IntegerMeanOfGpuReplicasIsFloat64AsOnTheHost) {

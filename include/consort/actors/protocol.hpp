@@ -59,6 +59,7 @@ namespace consort {
 
 namespace detail {
 class cross_worker;
+class replica_queue;
 } // namespace detail
 
 /// A step number, assigned by the strategy actor in submission order from 0.
@@ -99,6 +100,10 @@ struct collective_call {
   /// Peers the caller saw finished in this step before any collective was used (they sent no
   /// report of their own); the collective actor treats each as a `done` report.
   std::vector<step_report> finished_peers;
+  /// A GPU replica's stream and its queued work (null for a CPU replica or a harness). The
+  /// replica does not wait for its stream before calling: NCCL queues the call on that stream,
+  /// and a collective that takes another path calls make_ready() before reading the tensors.
+  std::shared_ptr<detail::replica_queue> gpu;
 };
 
 /// A reduction of already-computed per-replica values on the host (Strategy.reduce).
