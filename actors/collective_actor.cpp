@@ -471,6 +471,7 @@ bool hand_off_nccl(self_ptr self, slot& s) {
   detail::local_nccl::group_spec spec;
   spec.nranks = num_in_sync(st);
   spec.first_rank = st.cfg.replica_ids.front();
+  spec.first_id = st.cfg.nccl_unique_id;
   std::vector<int> devices;
   for (const auto& q : queues)
     devices.push_back(q->device());

@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 namespace consort::detail {
 
@@ -249,6 +250,10 @@ private:
 
 struct local_nccl::impl {
   std::shared_ptr<comm_set> set;
+  /// Whether a communicator was ever built (or tried): only the first may use spec.first_id,
+  /// because an id serves one communicator. Every worker builds at the same calls (the rebuild
+  /// flag of the descriptor round), so every worker decides alike.
+  bool built_before = false;
 
   bool usable(const std::vector<int>& wanted) const {
     if (!set || set->devices != wanted)
@@ -269,7 +274,11 @@ struct local_nccl::impl {
     set.reset();
     cuda::nccl::unique_id id;
     const int nranks = spec.nranks > 0 ? spec.nranks : static_cast<int>(wanted.size());
-    if (spec.share) {
+    const bool first = !std::exchange(built_before, true);
+    if (spec.share && first && !spec.first_id.empty()) {
+      // The chief's id from the membership view, which every worker received.
+      id = cuda::nccl::unique_id::from_bytes(spec.first_id);
+    } else if (spec.share) {
       // Worker 0 (whose first replica is rank 0) makes the id; every worker gets its bytes.
       std::vector<uint8_t> bytes(cuda::nccl::unique_id::byte_count, 0);
       if (spec.first_rank == 0)
@@ -283,6 +292,10 @@ struct local_nccl::impl {
         cuda::nccl::init_group(id, nranks, spec.first_rank, wanted, timeout), wanted);
   }
 };
+
+std::vector<uint8_t> make_nccl_unique_id() {
+  return cuda::nccl::unique_id::make().to_bytes();
+}
 
 local_nccl::local_nccl() : impl_(std::make_unique<impl>()) {}
 
@@ -391,6 +404,10 @@ std::vector<std::vector<tensor>> local_nccl::run(
 #else // !CONSORT_WITH_CUDA
 
 struct local_nccl::impl {};
+
+std::vector<uint8_t> make_nccl_unique_id() {
+  throw_error(errc::unsupported, "an NCCL unique id: this build of consort has no NCCL");
+}
 
 local_nccl::local_nccl() = default;
 

@@ -98,16 +98,24 @@ private:
 };
 
 /// Across workers the communicator spans every replica of every worker: `nranks` is the number
-/// of replicas in sync and this worker's replicas are ranks `first_rank`...; worker 0 makes the
-/// unique id and `share` broadcasts its bytes to every worker (a new id after a failure).
+/// of replicas in sync and this worker's replicas are ranks `first_rank`.... The first
+/// communicator uses `first_id`, the id the chief made and the membership view carried to every
+/// worker; when there is none, and for every communicator built after a failure (which needs a
+/// new id), worker 0 makes one and `share` broadcasts its bytes to every worker.
 struct nccl_group_spec {
   int nranks = 0; // 0: this process's replicas only
   int first_rank = 0;
+  std::vector<uint8_t> first_id;
   std::function<void(std::vector<uint8_t>&)> share;
   /// Rebuild the communicators even if this process's are healthy: another worker's failed, and
   /// every rank of a communicator must join the new one together.
   bool rebuild = false;
 };
+
+/// The bytes of a new NCCL unique id (ncclGetUniqueId, which also starts NCCL's bootstrap root
+/// in this process), for the chief's membership view.
+/// @throws error(unsupported) in a build without CUDA; error(device_error) with NCCL's text.
+std::vector<uint8_t> make_nccl_unique_id();
 
 class local_nccl {
 public:

@@ -8,8 +8,11 @@
 #include <consort/transport/tcp.hpp>
 
 #include "actors/cross_worker.hpp"
+#include "actors/gpu_collectives.hpp"
 #include "actors/runtime.hpp"
 
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
 
@@ -120,6 +123,14 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   mopts.address = (*ctx)->listen_address();
   for (const auto& name : devices)
     mopts.devices.push_back({name, parse_device(name).kind == device_kind::gpu, 0});
+  // The chief makes the NCCL unique id of the first communicator over every worker's GPU
+  // replicas, and the view carries it to every worker (docs/gpu.md).
+  bool gpus = false;
+  for (const auto& name : devices)
+    gpus = gpus || parse_device(name).kind == device_kind::gpu;
+  if (rank == 0 && gpus)
+    for (auto b : detail::make_nccl_unique_id())
+      mopts.nccl_unique_id.push_back(static_cast<std::byte>(b));
   mopts.secret = mw.secret.empty() ? env_or("CONSORT_CLUSTER_SECRET", "") : mw.secret;
   // A worker waits a little longer than the chief, so that past the deadline it receives the
   // chief's verdict (which tasks are missing) rather than only its own timeout.
@@ -166,6 +177,8 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   setup.worker_rank = rank;
   setup.num_workers = num_workers;
   setup.cross = std::move(cross);
+  for (auto b : view->nccl_unique_id)
+    setup.nccl_unique_id.push_back(static_cast<uint8_t>(b));
   setup.on_shutdown = [service] {
     service->leave("shutdown");
   };

@@ -131,6 +131,7 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
   ccfg.num_replicas_in_sync = d.in_sync;
   ccfg.default_timeout = opts.collective_timeout;
   ccfg.cross = d.mw.cross;
+  ccfg.nccl_unique_id = d.mw.nccl_unique_id;
   d.coll = spawn_collective(sys, ccfg);
   for (int i = 0; i < n; ++i) {
     replica_config rcfg;

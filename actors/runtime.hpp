@@ -11,6 +11,7 @@
 
 #include <caf/fwd.hpp>
 
+#include <cstdint>
 #include <functional>
 
 #include <memory>
@@ -30,6 +31,9 @@ struct multi_worker_setup {
   int num_workers = 1;
   /// The cross-worker phase of collectives (null with one worker).
   std::shared_ptr<cross_worker> cross;
+  /// The NCCL unique id that the chief put in the membership view (empty when the chief has no
+  /// GPU replicas): the id of the first communicator over every worker's GPU replicas.
+  std::vector<uint8_t> nccl_unique_id;
   /// Runs at shutdown once the cross-worker lanes have stopped: leaves the cluster.
   std::function<void()> on_shutdown;
 };

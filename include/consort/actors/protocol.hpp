@@ -359,6 +359,9 @@ struct collective_config {
   /// With several workers: runs the cross-worker phase of every call and host reduction once
   /// the local replicas are combined. Null for a single worker.
   std::shared_ptr<detail::cross_worker> cross;
+  /// With several workers: the NCCL unique id from the membership view, for the first
+  /// communicator over every worker's GPU replicas (empty: worker 0 makes one at the first call).
+  std::vector<uint8_t> nccl_unique_id;
 };
 
 /// Spawns a replica actor. `detached` gives it a thread of its own (always, outside tests: a
