@@ -433,12 +433,14 @@ std::vector<std::shared_ptr<detail::replica_queue>> queues_of(const slot& s) {
 
 /// Before a thread other than the replicas' reads the tensors of a call that does not run on
 /// NCCL: the GPU replicas' streams must have finished the work that made them (they call without
-/// waiting). Bounded by the call's deadline for each stream.
+/// waiting). The streams share the call's deadline; NCCL calls still queued on them are waited
+/// for by their own.
 void make_ready(const std::vector<std::shared_ptr<detail::replica_queue>>& queues,
                 std::chrono::milliseconds timeout, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (const auto& q : queues)
     if (q)
-      q->make_ready(timeout, "the inputs of " + what + " on GPU:" + std::to_string(q->device()));
+      q->make_ready(deadline, "the inputs of " + what + " on GPU:" + std::to_string(q->device()));
 }
 
 /// The descriptor flag of a worker whose NCCL communicators must be (re)built.

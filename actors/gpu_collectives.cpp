@@ -21,6 +21,59 @@ namespace consort::detail {
 
 // -- replica_queue -------------------------------------------------------------------------------
 
+namespace {
+
+using clock = queued_work::clock;
+
+std::string ms_text(clock::duration d) {
+  return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
+}
+
+/// Polls `work` until it has finished (and check() found no failure), or expires it at its
+/// deadline: its timeout after the stream was seen to reach it, and never later than its timeout
+/// plus `backlog` after it was queued. The first rounds only yield (NCCL's small calls finish in
+/// microseconds), then sleeps grow from 16 us to 1 ms, so that a long wait costs no core.
+void wait_for(queued_work& work, std::chrono::milliseconds backlog) {
+  const auto latest = work.issued() + work.timeout() + backlog;
+  std::optional<clock::time_point> reached;
+  int yields = 0;
+  auto sleep = std::chrono::microseconds{16};
+  for (;;) {
+    // Asked after finishing as well: an asynchronous NCCL error, or an abort after a failure
+    // elsewhere, also ends the work on the GPU, with a result that must not be used.
+    const bool done = work.finished();
+    work.check();
+    if (done)
+      return;
+    const auto now = clock::now();
+    if (!reached && work.started())
+      reached = now;
+    const auto deadline = reached ? std::min(*reached + work.timeout(), latest) : latest;
+    if (now >= deadline) {
+      if (reached && *reached + work.timeout() <= latest)
+        work.expire(work.what() + " did not finish within " + ms_text(work.timeout()) +
+                    " of the GPU reaching it; the NCCL communicators were aborted");
+      work.expire(
+          work.what() + " did not finish within " + ms_text(now - work.issued()) +
+          " of being queued (its timeout " + ms_text(work.timeout()) + " plus " + ms_text(backlog) +
+          " for the GPU work queued before it" +
+          (reached ? std::string{} : ", which had not finished: the GPU never reached the call") +
+          "); the NCCL communicators were aborted");
+    }
+    if (yields < 64) {
+      ++yields;
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(
+          std::min(sleep, std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) +
+                              std::chrono::microseconds{1}));
+      sleep = std::min(sleep * 2, std::chrono::microseconds{1000});
+    }
+  }
+}
+
+} // namespace
+
 void replica_queue::add(std::unique_ptr<queued_work> work) {
   std::lock_guard lock(mutex_);
   works_.push_back(std::move(work));
@@ -31,48 +84,47 @@ size_t replica_queue::size() const {
   return works_.size();
 }
 
+void replica_queue::clear_failure() {
+  std::lock_guard lock(mutex_);
+  failure_.reset();
+}
+
 void replica_queue::settle() {
-  std::vector<std::unique_ptr<queued_work>> works;
-  {
-    std::lock_guard lock(mutex_);
-    works.swap(works_);
-  }
-  for (auto& work : works) {
-    // Poll: the first rounds only yield (NCCL's small calls finish in microseconds), then sleep
-    // 16 us doubling up to 1 ms, so that a long wait costs no core.
-    int yields = 0;
-    auto sleep = std::chrono::microseconds{16};
-    for (;;) {
-      // Asked after finishing as well: an asynchronous NCCL error, or an abort after a failure
-      // elsewhere, also ends the work on the GPU, with a result that must not be used.
-      const bool done = work->finished();
-      work->check();
-      if (done)
-        break;
-      const auto now = queued_work::clock::now();
-      if (now >= work->deadline()) {
-        work->expire(work->what() + " did not finish on the GPU by its deadline (" +
-                     std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        now - work->deadline())
-                                        .count()) +
-                     " ms ago); the NCCL communicators were aborted");
-      }
-      if (yields < 64) {
-        ++yields;
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(
-            std::min(sleep, std::chrono::duration_cast<std::chrono::microseconds>(
-                                work->deadline() - now + std::chrono::microseconds{1})));
-        sleep = std::min(sleep * 2, std::chrono::microseconds{1000});
-      }
+  std::lock_guard turn(turn_);
+  for (;;) {
+    queued_work* work = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      if (failure_)
+        throw *failure_;
+      if (works_.empty())
+        return;
+      // Only the thread holding turn_ removes works, so the front stays put while it waits.
+      work = works_.front().get();
     }
+    std::vector<std::unique_ptr<queued_work>> gone;
+    try {
+      wait_for(*work, backlog_);
+    } catch (const error& e) {
+      {
+        // The rest shares the failure (its communicators were aborted): dropped, not waited for.
+        std::lock_guard lock(mutex_);
+        failure_.emplace(e);
+        gone.swap(works_);
+      }
+      throw;
+    }
+    std::lock_guard lock(mutex_);
+    gone.push_back(std::move(works_.front()));
+    works_.erase(works_.begin());
   }
 }
 
-void replica_queue::make_ready(std::chrono::milliseconds timeout, const std::string& what) {
+void replica_queue::make_ready(std::chrono::steady_clock::time_point deadline,
+                               const std::string& what) {
   settle();
-  gpu::synchronize_stream(stream_, device_, timeout, what);
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+  gpu::synchronize_stream(stream(), device_, std::max(left, std::chrono::milliseconds{1}), what);
 }
 
 namespace {
@@ -196,38 +248,30 @@ struct comm_set {
   }
 };
 
-/// One replica's part of an NCCL call: done when the event recorded after it on the replica's
-/// stream has fired, failed when its communicators failed.
+/// One replica's part of an NCCL call: started when the event recorded before it on the
+/// replica's stream has fired, done when the one after it has, failed when its communicators
+/// failed.
 class nccl_work final : public queued_work {
 public:
-  nccl_work(std::shared_ptr<comm_set> set, size_t rank, cudaEvent_t done, std::string what,
-            clock::time_point deadline)
-      : queued_work(std::move(what), deadline), set_(std::move(set)), rank_(rank), done_(done) {}
+  nccl_work(std::shared_ptr<comm_set> set, size_t rank, cudaEvent_t start, cudaEvent_t done,
+            std::string what, std::chrono::milliseconds timeout)
+      : queued_work(std::move(what), timeout), set_(std::move(set)), rank_(rank), start_(start),
+        done_(done) {}
 
   nccl_work(const nccl_work&) = delete;
   nccl_work& operator=(const nccl_work&) = delete;
 
   ~nccl_work() override {
-    // Recording the event again later is allowed even if this record has not fired (the work was
+    // Recording an event again later is allowed even if this record has not fired (the work was
     // abandoned after a failure): the new record replaces it.
     std::lock_guard lock(set_->mutex);
+    set_->give_event(rank_, start_);
     set_->give_event(rank_, done_);
   }
 
-  bool finished() override {
-    const auto status = cudaEventQuery(done_);
-    if (status == cudaSuccess)
-      return true;
-    (void)cudaGetLastError(); // cudaErrorNotReady, or the failure reported below
-    if (status == cudaErrorNotReady)
-      return false;
-    std::lock_guard lock(set_->mutex);
-    set_->fail_locked(
-        errc::device_error,
-        what() + " on NCCL: the stream of GPU:" + std::to_string(set_->devices[rank_]) +
-            " failed: " + cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")");
-    throw *set_->failure;
-  }
+  bool started() override { return fired(start_); }
+
+  bool finished() override { return fired(done_); }
 
   void check() override {
     std::lock_guard lock(set_->mutex);
@@ -241,10 +285,34 @@ public:
   }
 
 private:
+  /// Whether `e` has fired. @throws error(device_error), after failing the set, when the stream
+  /// failed.
+  bool fired(cudaEvent_t e) {
+    const auto status = cudaEventQuery(e);
+    if (status == cudaSuccess)
+      return true;
+    (void)cudaGetLastError(); // cudaErrorNotReady, or the failure reported below
+    if (status == cudaErrorNotReady)
+      return false;
+    std::lock_guard lock(set_->mutex);
+    set_->fail_locked(
+        errc::device_error,
+        what() + " on NCCL: the stream of GPU:" + std::to_string(set_->devices[rank_]) +
+            " failed: " + cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")");
+    throw *set_->failure;
+  }
+
   std::shared_ptr<comm_set> set_;
   size_t rank_ = 0;
+  cudaEvent_t start_ = nullptr;
   cudaEvent_t done_ = nullptr;
 };
+
+/// Serialises building communicators and issuing NCCL operations in this process.
+std::mutex& issue_mutex() {
+  static std::mutex m;
+  return m;
+}
 
 } // namespace
 
@@ -311,11 +379,14 @@ std::vector<std::vector<tensor>> local_nccl::run(
     const std::string& what, const group_spec& spec) {
   const size_t n = leaves.size();
   const size_t count = leaves.front().size();
-  const auto deadline = queued_work::clock::now() + timeout;
   std::vector<int> devices;
   for (const auto& q : queues)
     devices.push_back(q->device());
   auto& im = *impl_;
+  // NCCL: operations on independent communicators of the same GPU must not be issued from several
+  // threads at once. The collective actor and the step lane (and other strategies) may hold
+  // communicators of the same GPUs; they build and issue one at a time.
+  std::lock_guard issuing(issue_mutex());
   try {
     im.ensure(devices, timeout, spec);
   } catch (const error& e) {
@@ -337,12 +408,34 @@ std::vector<std::vector<tensor>> local_nccl::run(
       out[r].push_back(tensor::empty(in.dtype(), shape, in.device()));
     }
   }
-  std::vector<cudaEvent_t> events(n, nullptr);
   std::unique_lock lock(set->mutex);
+  // Events first: failing to make one is no failure of the communicators (they stay healthy).
+  std::vector<cudaEvent_t> starts(n, nullptr);
+  std::vector<cudaEvent_t> dones(n, nullptr);
+  auto give_back = [&] {
+    for (size_t r = 0; r < n; ++r) {
+      if (starts[r] != nullptr)
+        set->give_event(r, starts[r]);
+      if (dones[r] != nullptr)
+        set->give_event(r, dones[r]);
+    }
+  };
+  try {
+    for (size_t r = 0; r < n; ++r) {
+      starts[r] = set->take_event(r);
+      dones[r] = set->take_event(r);
+    }
+  } catch (const error& e) {
+    give_back();
+    throw_error(e.code(), what + " on NCCL: " + e.what());
+  }
   try {
     set->check_locked(what);
+    // Marks where each stream reaches the call: its deadline counts from there, not from the
+    // GPU work queued before it.
     for (size_t r = 0; r < n; ++r)
-      events[r] = set->take_event(r);
+      cuda::check(cudaEventRecord(starts[r], static_cast<cudaStream_t>(queues[r]->stream())),
+                  "cudaEventRecord", devices[r]);
     {
       cuda::nccl::group group;
       for (size_t i = 0; i < count; ++i) {
@@ -374,7 +467,7 @@ std::vector<std::vector<tensor>> local_nccl::run(
       group.end();
     }
     for (size_t r = 0; r < n; ++r)
-      cuda::check(cudaEventRecord(events[r], static_cast<cudaStream_t>(queues[r]->stream())),
+      cuda::check(cudaEventRecord(dones[r], static_cast<cudaStream_t>(queues[r]->stream())),
                   "cudaEventRecord", devices[r]);
   } catch (const std::exception& e) {
     // Aborted communicators are rebuilt by the next call; say which call failed.
@@ -384,9 +477,7 @@ std::vector<std::vector<tensor>> local_nccl::run(
     // A failure recorded before this call (check_locked threw it) keeps its own text.
     std::optional<error> earlier = set->failure;
     set->fail_locked(code, what + " on NCCL: " + e.what());
-    for (size_t r = 0; r < n; ++r)
-      if (events[r] != nullptr)
-        set->give_event(r, events[r]);
+    give_back();
     lock.unlock();
     // The outputs may be released now, even if an aborted operation still writes them: device
     // memory is reused only after every replica stream of its GPU has passed its release
@@ -397,7 +488,7 @@ std::vector<std::vector<tensor>> local_nccl::run(
   }
   lock.unlock();
   for (size_t r = 0; r < n; ++r)
-    queues[r]->add(std::make_unique<nccl_work>(set, r, events[r], what, deadline));
+    queues[r]->add(std::make_unique<nccl_work>(set, r, starts[r], dones[r], what, timeout));
   return out;
 }
 

@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,17 +34,21 @@ class queued_work {
 public:
   using clock = std::chrono::steady_clock;
 
-  queued_work(std::string what, clock::time_point deadline)
-      : what_(std::move(what)), deadline_(deadline) {}
+  /// `timeout`: how long the work may take once the stream has reached it.
+  queued_work(std::string what, std::chrono::milliseconds timeout)
+      : what_(std::move(what)), issued_(clock::now()), timeout_(timeout) {}
   virtual ~queued_work() = default;
   queued_work(const queued_work&) = delete;
   queued_work& operator=(const queued_work&) = delete;
 
   /// "all_reduce(SUM) #0 of step 3", for messages.
   const std::string& what() const noexcept { return what_; }
-  /// When the work must have finished.
-  clock::time_point deadline() const noexcept { return deadline_; }
+  /// When the work was queued.
+  clock::time_point issued() const noexcept { return issued_; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
+  /// Whether the stream has reached the work (the work queued before it is done).
+  virtual bool started() = 0;
   /// Whether the work has finished on the GPU (it may still have failed: check() says).
   /// @throws error(device_error) when its stream failed.
   virtual bool finished() = 0;
@@ -57,18 +62,25 @@ public:
 
 private:
   std::string what_;
-  clock::time_point deadline_;
+  clock::time_point issued_;
+  std::chrono::milliseconds timeout_;
 };
 
 /// A GPU replica's stream and the collective work other threads queued on it that the replica
 /// has not yet seen finish. The thread that issues NCCL adds; the replica's thread (or a thread
 /// about to read its tensors) settles. Thread-safe.
+///
+/// Deadlines: a work may take its timeout from the moment the stream is seen to have reached it
+/// (GPU work queued before a call is not the call's fault), and never longer than its timeout
+/// plus `backlog` from when it was queued.
 class replica_queue {
 public:
-  /// `stream`: the replica's cudaStream_t (opaque); `device`: its GPU.
-  replica_queue(void* stream, int device) : stream_(stream), device_(device) {}
+  /// `stream`: keeps the replica's cudaStream_t alive (opaque; its get() is the handle), also
+  /// for other threads that hold the queue after the replica is gone; `device`: its GPU.
+  replica_queue(std::shared_ptr<void> stream, int device, std::chrono::milliseconds backlog)
+      : stream_(std::move(stream)), device_(device), backlog_(backlog) {}
 
-  void* stream() const noexcept { return stream_; }
+  void* stream() const noexcept { return stream_.get(); }
   int device() const noexcept { return device_; }
 
   /// Adds work queued on stream() after everything added before.
@@ -77,24 +89,33 @@ public:
   /// Number of works not yet settled.
   size_t size() const;
 
-  /// Waits for every work added so far, in order, each until its own deadline, polling (yield,
-  /// then sleeps up to 1 ms) and asking each whether its communicators failed. Nothing is left
-  /// afterwards, also when it throws.
-  /// @throws the first failure: error(collective_timeout) naming the work and its deadline (its
+  /// Waits for every work added so far, in order, each until its deadline, polling (yield, then
+  /// sleeps up to 1 ms) and asking each whether its communicators failed. One caller at a time;
+  /// a work leaves the queue only once it has finished. After a failure the queue is empty and
+  /// every later settle() throws that failure again, until clear_failure() (a new step): a thread
+  /// that settles on the replica's behalf must not leave the replica unaware.
+  /// @throws the failure: error(collective_timeout) naming the work and its deadline (its
   /// communicators were aborted), or what check() or finished() threw.
   void settle();
 
-  /// settle(), then waits for the rest of the stream's work, at most `timeout`: for a thread that
+  /// Forgets the failure that settle() rethrows (the replica, when its next step starts).
+  void clear_failure();
+
+  /// settle(), then waits for the rest of the stream's work until `deadline`: for a thread that
   /// reads the replica's tensors next (a collective that does not run on NCCL).
   /// @throws as settle(); error(collective_timeout) naming `what` when the stream is still busy
   /// at the deadline, error(device_error) when its work failed, error(unsupported) without CUDA.
-  void make_ready(std::chrono::milliseconds timeout, const std::string& what);
+  void make_ready(std::chrono::steady_clock::time_point deadline, const std::string& what);
 
 private:
-  void* stream_ = nullptr;
+  std::shared_ptr<void> stream_;
   int device_ = -1;
-  mutable std::mutex mutex_;
+  std::chrono::milliseconds backlog_;
+  /// Held by the one settling thread.
+  std::mutex turn_;
+  mutable std::mutex mutex_; // guards works_ and failure_
   std::vector<std::unique_ptr<queued_work>> works_;
+  std::optional<error> failure_;
 };
 
 /// Across workers the communicator spans every replica of every worker: `nranks` is the number

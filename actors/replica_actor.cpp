@@ -87,7 +87,9 @@ struct replica_state : detail::replica_services {
     if (gpu || gpu_index < 0)
       return;
     gpu = std::make_unique<detail::gpu::replica_binding>(gpu_index);
-    queue = std::make_shared<detail::replica_queue>(gpu->stream(), gpu_index);
+    // GPU work queued before a collective may hold it up to the step's deadline.
+    queue =
+        std::make_shared<detail::replica_queue>(gpu->stream_owner(), gpu_index, cfg.step_timeout);
     gpu->fence([q = queue.get()] { q->settle(); });
   }
 };
@@ -118,6 +120,8 @@ void run_step(self_ptr self, step_message& msg) {
     if (!msg.fn)
       throw error(errc::invalid_argument, "the step message carries no step function");
     st.bind_gpu();
+    if (st.queue)
+      st.queue->clear_failure(); // reported in the step it happened in
     out = (*msg.fn)(ctx);
     // The step's results leave this thread: its GPU work, the collectives queued on its stream
     // included, must be done (each collective by its own deadline, the rest by the step's).

@@ -13,6 +13,7 @@
 #include <charconv>
 #include <chrono>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -60,23 +61,29 @@ stream_registry& registry() noexcept {
 /// that a replica handed to the collective actor), whichever thread drops its last reference: its
 /// release is ordered on `s`, so it is reused only after all of them have passed this point. With
 /// one replica per GPU released on its own thread there is nothing to wait for.
+/// Returns false when CUDA refused to order it (the block must then not be reused).
 /// @pre the caller holds device_guard(index) when `s` is cudaStreamPerThread.
-void order_after_replicas(int index, cudaStream_t s) noexcept {
+bool order_after_replicas(int index, cudaStream_t s) noexcept {
   auto& reg = registry();
   std::lock_guard lock(reg.mutex);
+  bool ordered = true;
   for (const auto& [device, other] : reg.streams) {
     if (device != index || other == s)
       continue;
     cudaEvent_t e = nullptr;
     if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
       (void)cudaGetLastError();
+      ordered = false;
       continue;
     }
     // The wait takes the event's state now, so the event may be destroyed at once.
-    if (cudaEventRecord(e, other) != cudaSuccess || cudaStreamWaitEvent(s, e, 0) != cudaSuccess)
+    if (cudaEventRecord(e, other) != cudaSuccess || cudaStreamWaitEvent(s, e, 0) != cudaSuccess) {
       (void)cudaGetLastError();
+      ordered = false;
+    }
     (void)cudaEventDestroy(e);
   }
+  return ordered;
 }
 
 /// Runs the bound replica's fence before this thread waits for its stream.
@@ -148,19 +155,29 @@ replica_binding::replica_binding(int index) : device_(index) {
   cudaStream_t s = nullptr;
   cuda::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
               index);
-  stream_ = s;
-  bound_stream = s;
-  bound_device = index;
   try {
     auto& reg = registry();
     std::lock_guard lock(reg.mutex);
     reg.streams.emplace_back(index, s);
   } catch (...) {
-    bound_stream = nullptr;
-    bound_device = -1;
     cudaStreamDestroy(s);
     throw;
   }
+  // The last owner (this binding, or a thread still holding the replica's queue) unregisters
+  // the stream and destroys it; destroying a stream with queued work is allowed (CUDA releases
+  // it when the work is done).
+  owner_ = std::shared_ptr<void>(s, [index](void* p) {
+    auto stream = static_cast<cudaStream_t>(p);
+    {
+      auto& reg = registry();
+      std::lock_guard lock(reg.mutex);
+      std::erase(reg.streams, std::pair<int, cudaStream_t>{index, stream});
+    }
+    cudaStreamDestroy(stream);
+  });
+  stream_ = s;
+  bound_stream = s;
+  bound_device = index;
 }
 
 replica_binding::~replica_binding() {
@@ -168,16 +185,6 @@ replica_binding::~replica_binding() {
     bound_stream = nullptr;
     bound_device = -1;
     bound_fence = nullptr;
-  }
-  if (stream_ != nullptr) {
-    {
-      auto& reg = registry();
-      std::lock_guard lock(reg.mutex);
-      std::erase(reg.streams,
-                 std::pair<int, cudaStream_t>{device_, static_cast<cudaStream_t>(stream_)});
-    }
-    // Destroying a stream with queued work is allowed: CUDA releases it when the work is done.
-    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   }
 }
 
@@ -223,12 +230,16 @@ void* allocate(int index, size_t bytes, bool zeroed) {
 
 void release(int index, void* pointer, size_t bytes) noexcept {
   const auto s = stream_for(index);
+  bool ordered = false;
   try {
     cuda::device_guard guard(index);
-    order_after_replicas(index, s);
-  } catch (...) { // NOLINT(bugprone-empty-catch): a GPU that is gone has nothing left to order
+    ordered = order_after_replicas(index, s);
+  } catch (...) { // NOLINT(bugprone-empty-catch): ordered stays false
   }
-  cuda::release(index, pointer, bytes > 0 ? bytes : 1, s);
+  // A block whose release could not be ordered after every stream that may use it is leaked
+  // rather than handed to another tensor (CUDA failing here means the GPU is in trouble anyway).
+  if (ordered)
+    cuda::release(index, pointer, bytes > 0 ? bytes : 1, s);
 }
 
 void synchronize_stream(void* stream, int device, std::chrono::milliseconds timeout,

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,6 +54,10 @@ public:
   int device() const noexcept { return device_; }
   /// The stream as an opaque handle (a cudaStream_t).
   void* stream() const noexcept { return stream_; }
+  /// Shares ownership of the stream (its get() is the handle): it is destroyed when the binding
+  /// and every holder of this are gone, so another thread may still queue work on it or wait
+  /// for it after the replica has stopped.
+  std::shared_ptr<void> stream_owner() const noexcept { return owner_; }
 
   /// Runs the fence, then waits for the work queued on the stream (the end of a step), at most
   /// `timeout`.
@@ -68,6 +73,7 @@ public:
 private:
   int device_ = -1;
   void* stream_ = nullptr;
+  std::shared_ptr<void> owner_;
   std::function<void()> fence_;
 };
 

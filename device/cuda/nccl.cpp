@@ -501,7 +501,7 @@ communicator::~communicator() {
   if (failed_ || async_state(comm_) != ncclSuccess)
     (void)ncclCommAbort(comm_);
   else
-    (void)ncclCommDestroy(comm_); // non-blocking: ncclSuccess or ncclInProgress, never a wait
+    (void)ncclCommDestroy(comm_); // waits for this rank's queued operations (even non-blocking)
   comm_ = nullptr;
 }
 
@@ -812,7 +812,10 @@ void communicator::check() {
 
 void communicator::abort() noexcept {
   if (comm_ != nullptr && !aborted_)
-    (void)ncclCommAbort(comm_); // non-blocking: NCCL frees the communicator in the background
+    // Blocks even for a non-blocking communicator: NCCL sets the abort flag (a running kernel of
+    // this communicator exits), then reclaims the communicator, which waits for the work queued
+    // before its operations on the streams it was used on; a kernel that never ends keeps it here.
+    (void)ncclCommAbort(comm_);
   comm_ = nullptr;
   aborted_ = true;
 }

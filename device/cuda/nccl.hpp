@@ -170,7 +170,8 @@ void wait(const std::vector<std::pair<communicator*, cudaStream_t>>& work,
 /// dead: aborted() is true and every operation throws error(collective_aborted).
 ///
 /// The destructor destroys a healthy communicator (ncclCommDestroy) and aborts one that saw an
-/// error (ncclCommAbort); with non-blocking communicators neither waits for peers. Move-only.
+/// error (ncclCommAbort); neither waits for peers, and both wait for this rank's operations
+/// (abort stops a running one first), even for non-blocking communicators. Move-only.
 ///
 /// Thread safety: not thread-safe. One thread at a time may use a communicator (NCCL's own rule
 /// for a communicator); it must not be moved or destroyed while a `group` that used it is open.
@@ -273,7 +274,9 @@ public:
   void check();
 
   /// Aborts the communicator (ncclCommAbort): operations still running on the GPU are stopped,
-  /// and the peers' operations with this rank will fail or time out. Idempotent; never throws.
+  /// and the peers' operations with this rank will fail or time out. Returns once NCCL has
+  /// reclaimed it, which waits for the GPU work queued before its operations on their streams.
+  /// Idempotent; never throws.
   void abort() noexcept;
 
 private:
