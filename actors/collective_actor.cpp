@@ -874,7 +874,8 @@ void on_call(self_ptr self, collective_call& call, reply_to reply) {
     return;
   // Everyone is here: compute once, answer all.
   try {
-    make_ready(queues_of(s), s.timeout, s.what);
+    if (std::any_of(s.calls.begin(), s.calls.end(), [](const auto& c) { return c && c->gpu; }))
+      make_ready(queues_of(s), s.timeout, s.what);
     auto result = compute(s);
     for (auto& r : s.replies)
       r.deliver(result);

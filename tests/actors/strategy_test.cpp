@@ -315,5 +315,20 @@ TEST(StrategyTest, ALoneReplicasCollectivesKeepTheirResultsAndErrors) {
   });
 }
 
+TEST(StrategyTest, SynchronizeOnCpuReplicasReturnsAndCollectivesAfterItStillMatch) {
+  // ctx.synchronize() waits for a replica's device work; CPU replicas have none queued, and the
+  // call must not count as a collective (the replicas' next collectives still pair up).
+  mirrored_strategy s(cpus(3));
+  auto v = s.run([](replica_context& ctx) {
+    if (ctx.replica_id_in_sync_group() == 1)
+      ctx.synchronize();
+    auto sum = ctx.all_reduce("SUM", tensor::scalar<int64_t>(ctx.replica_id_in_sync_group()));
+    ctx.synchronize();
+    return sum;
+  });
+  for (const auto& t : v.values())
+    EXPECT_EQ(t.item<int64_t>(), 3);
+}
+
 } // namespace
 } // namespace consort
