@@ -127,18 +127,30 @@ uint64_t fnv1a(const std::string& s) noexcept {
   return h;
 }
 
-cross_worker::cross_worker(transport::context_ptr ctx, int devices_per_worker)
+cross_worker::cross_worker(transport::context_ptr ctx, int devices_per_worker,
+                           std::chrono::milliseconds close_timeout)
     : ctx_(std::move(ctx)), rank_(ctx_->rank()), size_(ctx_->size()),
-      devices_per_worker_(devices_per_worker) {
+      devices_per_worker_(devices_per_worker), close_timeout_(close_timeout) {
   for (auto& ls : lanes_)
     ls.thread = std::thread([this, &ls] { serve(ls); });
 }
 
 cross_worker::~cross_worker() {
-  stop();
+  (void)stop();
 }
 
-void cross_worker::stop() {
+caf::error cross_worker::stop() {
+  caf::error closed;
+  bool whole;
+  {
+    std::lock_guard<std::mutex> guard{lost_mtx_};
+    whole = lost_.empty() && !stopped_;
+    stopped_ = true;
+  }
+  // A clean end first: the peers may still be reading this worker's part of the last call.
+  if (whole)
+    closed = ctx_->close(worker_name(rank_) + " left: its strategy was shut down",
+                         clock::now() + close_timeout_);
   abort("the strategy was shut down");
   for (auto& ls : lanes_) {
     {
@@ -150,6 +162,7 @@ void cross_worker::stop() {
   for (auto& ls : lanes_)
     if (ls.thread.joinable())
       ls.thread.join();
+  return closed;
 }
 
 void cross_worker::serve(lane_state& ls) {
@@ -261,7 +274,7 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
       auto code = static_cast<errc>(d.error_code);
       // A timeout or a lost peer elsewhere keeps its code; any other failure of a peer's
       // replicas aborts the call here.
-      if (code != errc::collective_timeout && code != errc::peer_lost)
+      if (code != errc::collective_timeout && code != errc::peer_lost && code != errc::peer_left)
         code = errc::collective_aborted;
       return make_caf_error(code, call.what + " failed on " + worker_name(w) + ": " + text_of(d));
     }

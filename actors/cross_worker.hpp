@@ -96,15 +96,19 @@ public:
   enum class lane : uint8_t { step = 0, host = 1 };
 
   /// @pre ctx->size() > 1
-  cross_worker(transport::context_ptr ctx, int devices_per_worker);
+  cross_worker(transport::context_ptr ctx, int devices_per_worker,
+               std::chrono::milliseconds close_timeout = std::chrono::seconds(10));
 
   /// `stop()`.
   ~cross_worker();
 
-  /// Aborts the context (pending calls fail with peer_lost), runs the jobs still queued (they
-  /// fail at once) and joins the lane threads; later posts run inline and fail at once.
-  /// Idempotent. Must not be called from a lane thread.
-  void stop();
+  /// Leaves the group: while it is whole, closes the context cleanly (every send started is
+  /// finished and every peer is told, so the last collective reaches every worker; at most
+  /// `close_timeout`), then aborts it (pending calls fail), runs the jobs still queued (they fail
+  /// at once) and joins the lane threads; later posts run inline and fail at once. Returns the
+  /// clean close's error, if any (a peer that did not close its side in time). Idempotent. Must
+  /// not be called from a lane thread.
+  caf::error stop();
 
   cross_worker(const cross_worker&) = delete;
   cross_worker& operator=(const cross_worker&) = delete;
@@ -147,8 +151,10 @@ private:
   int rank_;
   int size_;
   int devices_per_worker_;
+  std::chrono::milliseconds close_timeout_;
   mutable std::mutex lost_mtx_;
-  std::string lost_;
+  std::string lost_;     // guarded by lost_mtx_
+  bool stopped_ = false; // guarded by lost_mtx_
   lane_state lanes_[2];
 };
 

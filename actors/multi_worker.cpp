@@ -74,6 +74,11 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
     resolver = resolve_cluster();
   joined->resolver = resolver;
   detail::validated(opts);
+  if (mw.close_timeout.count() < 0)
+    throw_error(errc::invalid_argument,
+                "multi_worker_options::close_timeout is " +
+                    std::to_string(mw.close_timeout.count()) +
+                    " ms; expected 0 (do not wait for the other workers at shutdown) or more");
   auto devices = detail::canonical_devices(worker_devices(mw));
   auto num_workers = resolver->num_workers();
   if (resolver->is_local() || num_workers <= 1) {
@@ -146,7 +151,8 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
     fail(svc.error(), "joining the cluster as " + to_string(me));
   std::shared_ptr<membership::service> service = std::move(*svc);
 
-  auto cross = std::make_shared<detail::cross_worker>(*ctx, static_cast<int>(devices.size()));
+  auto cross = std::make_shared<detail::cross_worker>(*ctx, static_cast<int>(devices.size()),
+                                                      mw.close_timeout);
   // A loss fails the cross-worker phase at once; the lanes and the service outlive no one here:
   // the runtime stops the service's callbacks (leave) before it stops the lanes.
   std::weak_ptr<detail::cross_worker> weak = cross;
@@ -179,7 +185,9 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   setup.cross = std::move(cross);
   for (auto b : view->nccl_unique_id)
     setup.nccl_unique_id.push_back(static_cast<uint8_t>(b));
-  setup.on_shutdown = [service] {
+  setup.on_shutdown = [service, log](const caf::error& closed) {
+    if (closed)
+      log(to_consort_error(closed, "leaving the other workers").what());
     service->leave("shutdown");
   };
   joined->rt = std::make_unique<detail::runtime>(devices, opts, std::move(setup));

@@ -213,13 +213,16 @@ void runtime::shutdown() {
   for (auto& weak : outstanding)
     if (auto state = weak.lock())
       state->fail(reason);
-  // This worker leaves the cluster cleanly (the others do not report it lost), then the
-  // cross-worker lanes stop (aborting the group), so that no replica waits on another worker and
-  // no lane thread outlives the actor system it answers through.
-  if (d.mw.on_shutdown)
-    d.mw.on_shutdown();
+  // The cross-worker lanes stop first, with a clean end of the mesh: every send this worker
+  // started reaches its peer, and every peer is told that it leaves, so that the last collective
+  // completes on every worker (and a later one fails there with peer_left, not a hang). Then no
+  // replica waits on another worker and no lane thread outlives the actor system it answers
+  // through. Then this worker leaves the cluster (the others do not report it lost).
+  caf::error closed;
   if (d.mw.cross)
-    d.mw.cross->stop();
+    closed = d.mw.cross->stop();
+  if (d.mw.on_shutdown)
+    d.mw.on_shutdown(closed);
   auto exit = caf::exit_reason::user_shutdown;
   caf::anon_send_exit(d.strat, exit);
   for (auto& r : d.replicas)

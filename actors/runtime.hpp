@@ -34,8 +34,9 @@ struct multi_worker_setup {
   /// The NCCL unique id that the chief put in the membership view (empty when the chief has no
   /// GPU replicas): the id of the first communicator over every worker's GPU replicas.
   std::vector<uint8_t> nccl_unique_id;
-  /// Runs at shutdown once the cross-worker lanes have stopped: leaves the cluster.
-  std::function<void()> on_shutdown;
+  /// Runs at shutdown once the cross-worker lanes have stopped (`closed`: the error of their
+  /// clean close, if any): leaves the cluster.
+  std::function<void(const caf::error& closed)> on_shutdown;
 };
 
 /// Checks a device list and returns it in canonical spelling ("cpu:0" -> "CPU:0").

@@ -40,6 +40,8 @@ const char* to_string(errc code) noexcept {
     return "wait_timeout";
   case errc::device_error:
     return "device_error";
+  case errc::peer_left:
+    return "peer_left";
   }
   // A value outside the enumeration (e.g. one deserialised from a newer peer).
   return "unknown_errc";

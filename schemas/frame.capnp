@@ -61,4 +61,24 @@ struct FrameHeader {
 
   payloadBytes @3 :UInt64;
   # The number of raw payload bytes that follow the header.
+
+  kind @4 :FrameKind;
+  # What the frame is: a message (the default, so older writers' frames are data), or one of the
+  # control frames that end a connection. A control frame's payload is at most 1024 bytes.
+}
+
+# The kinds of frames of a pair.
+enum FrameKind {
+  data @0;
+  # A message: `tag` and the payload are the caller's.
+
+  goodbye @1;
+  # The sender leaves the group cleanly: every message it sent precedes this frame, it sends
+  # nothing after it, and it half-closes the connection. The payload is the reason (UTF-8). The
+  # receiver fails the receives that no message can match any more, and closes its side.
+
+  abort @2;
+  # The sender aborts the group: the payload is one byte (the consort::errc of the cause) then
+  # the reason (UTF-8). The receiver fails every pending and later operation of the pair with that
+  # code and reason, instead of a bare "the peer closed the connection".
 }

@@ -52,6 +52,10 @@ enum class errc : uint8_t {
   /// A device call failed: a CUDA runtime or NCCL error (a GPU that is not there is
   /// unknown_device). The message names the call, the device and the library's own error text.
   device_error,
+  /// A worker left the group cleanly (its strategy shut down) while this call still needed it:
+  /// the call was never started there. The message names the worker and its reason. Calls it
+  /// completed before leaving are complete on every worker; later calls need a new group.
+  peer_left,
 };
 
 /// Returns the enumerator name of `code`, e.g. "collective_timeout".

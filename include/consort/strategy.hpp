@@ -283,6 +283,13 @@ struct multi_worker_options {
   /// close); this bounds a partition or a hung host.
   std::chrono::milliseconds peer_timeout{std::chrono::seconds(5)};
 
+  /// The longest `shutdown` (and the destructor) waits for a clean end with the other workers:
+  /// every send it started is finished, each worker is told that this one leaves, and this one
+  /// reads on until each has closed its side (docs/multi_worker.md, "The end of a run"). A peer
+  /// that does not close its side in time (hung, stopped) is cut off; one that crashed costs
+  /// nothing.
+  std::chrono::milliseconds close_timeout{std::chrono::seconds(10)};
+
   /// Shared secret of the cluster: a worker that cannot prove it knows it is refused. Empty:
   /// CONSORT_CLUSTER_SECRET when set, else no authentication.
   std::string secret;

@@ -9,6 +9,13 @@
 //                                            every worker fails with peer_lost within the bound
 //   mw_job join-fails TIMEOUT_MS TEXT        constructing the strategy must fail with an error
 //                                            whose message contains TEXT (missing task, refusal)
+//   mw_job leave-early LEAVER                after 3 all-reduces LEAVER shuts its strategy down;
+//                                            the others' 4th all-reduce, which it never starts,
+//                                            must fail at once with peer_left naming it
+//   mw_job clean-end ITERS ELEMENTS          ITERS all-reduces of ELEMENTS float32 values, each
+//                                            result checked, then return from main: the last
+//                                            all-reduce must reach every worker (issue: a worker
+//                                            that left first dropped its peers' last bytes)
 //
 // Values are small integers (stored as floats where needed), so sums are exact in any order and
 // results can be compared bit for bit.
@@ -310,6 +317,71 @@ int join_fails(int timeout_ms, const std::string& text) {
   }
 }
 
+int leave_early(int leaver) {
+  multi_worker_mirrored_strategy mw;
+  me = "worker " + std::to_string(mw.worker_rank());
+  const int rank = mw.worker_rank();
+  const int n = mw.num_replicas_in_sync();
+  for (int i = 0; i < 3; ++i) {
+    auto out = mw.run([](replica_context& ctx) { return ctx.all_reduce("SUM", dense(1)); });
+    std::vector<float> want(6);
+    for (int k = 0; k < 6; ++k)
+      want[static_cast<size_t>(k)] = static_cast<float>(n * (10 + k)); // n replicas of dense(1)
+    check_equal(out.values().front(), tensor::from<float>(want, {2, 3}),
+                "all_reduce " + std::to_string(i));
+  }
+  if (rank == leaver) {
+    mw.shutdown();
+    std::cout << me << ": left after 3 all-reduces" << std::endl;
+    return failures == 0 ? 0 : 1;
+  }
+  auto start = clock_type::now();
+  try {
+    mw.run([](replica_context& ctx) {
+      std::vector<float> v(1 << 18, 1.0f);
+      return ctx.all_reduce("SUM", tensor::from<float>(v));
+    });
+    std::cout << me << ": the all-reduce succeeded without worker " << leaver << std::endl;
+    return 1;
+  } catch (const error& e) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start);
+    std::cout << me << ": " << to_string(e.code()) << " after " << ms.count() << " ms: " << e.what()
+              << std::endl;
+    auto named = "rank " + std::to_string(leaver) + " left the group";
+    bool ok = e.code() == errc::peer_left &&
+              std::string{e.what()}.find(named) != std::string::npos &&
+              ms < std::chrono::milliseconds(4000);
+    if (!ok)
+      std::cout << me << ": expected peer_left naming \"" << named << "\" within 4 s" << std::endl;
+    return ok && failures == 0 ? 0 : 1;
+  }
+}
+
+int clean_end(int iters, long elements) {
+  multi_worker_mirrored_strategy mw;
+  me = "worker " + std::to_string(mw.worker_rank());
+  const int n = mw.num_replicas_in_sync();
+  for (int i = 0; i < iters; ++i) {
+    // Replica r adds r + 1 + i % 3 in every element: small integers, exact in any order.
+    auto out = mw.run([i, elements](replica_context& ctx) {
+      std::vector<float> v(static_cast<size_t>(elements),
+                           static_cast<float>(ctx.replica_id_in_sync_group() + 1 + i % 3));
+      return ctx.all_reduce("SUM", tensor::from<float>(v));
+    });
+    const float want = static_cast<float>(n * (n + 1) / 2 + n * (i % 3));
+    for (const auto& component : out.values()) {
+      auto got = component.to_vector<float>();
+      bool ok = got.size() == static_cast<size_t>(elements);
+      for (float x : got)
+        ok = ok && x == want;
+      check(ok, "all_reduce " + std::to_string(i) + " of " + std::to_string(iters));
+    }
+  }
+  std::cout << me << ": " << checks - failures << " of " << checks
+            << " checks passed; leaving with the strategy's destructor" << std::endl;
+  return failures == 0 ? 0 : 1;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -323,12 +395,17 @@ int main(int argc, char** argv) {
       return loss_scenario(std::atoi(argv[2]), true);
     if (scenario == "join-fails" && argc > 3)
       return join_fails(std::atoi(argv[2]), argv[3]);
+    if (scenario == "leave-early" && argc > 2)
+      return leave_early(std::atoi(argv[2]));
+    if (scenario == "clean-end" && argc > 3)
+      return clean_end(std::atoi(argv[2]), std::atol(argv[3]));
   } catch (const std::exception& e) {
     std::cout << me << ": " << e.what() << std::endl;
     return 1;
   }
   std::cerr << "usage: mw_job collectives | kill VICTIM_RANK | partition VICTIM_RANK | "
-               "join-fails TIMEOUT_MS TEXT"
+               "join-fails TIMEOUT_MS TEXT | "
+               "leave-early LEAVER | clean-end ITERS ELEMENTS"
             << std::endl;
   return 2;
 }

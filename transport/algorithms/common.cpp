@@ -28,7 +28,7 @@ caf::error step_failed(context& ctx, const algorithm_options& opts, const char* 
       << " failed: " << detail;
   auto text = out.str();
   if (opts.abort_on_failure)
-    ctx.abort(text);
+    ctx.abort(text, code);
   return make_caf_error(code, std::move(text));
 }
 

@@ -171,15 +171,22 @@ struct channel {
 struct endpoint {
   /// Set once by `abort`, before it sweeps the channels; read under a channel's mutex by posts.
   std::atomic<bool> aborted{false};
-  /// Guards `why`.
+  /// Guards `why` and `code`.
   std::mutex why_mtx;
   std::string why;
+  /// What the peers' operations fail with: peer_lost (abort), peer_left (close).
+  errc code = errc::peer_lost;
   /// Copies in flight that read or write this rank's buffers; `abort` waits for zero.
   std::atomic<int> copying{0};
 
   std::string reason() {
     std::lock_guard<std::mutex> guard{why_mtx};
     return why;
+  }
+
+  errc reason_code() {
+    std::lock_guard<std::mutex> guard{why_mtx};
+    return code;
   }
 };
 
@@ -241,13 +248,14 @@ public:
 
   /// Fails every pending operation that involves `rank` and every later one, then waits until
   /// no copy touches `rank`'s buffers.
-  void abort(int rank, const std::string& why) {
+  void abort(int rank, const std::string& why, errc code = errc::peer_lost) {
     auto& ep = at(rank);
     {
       std::lock_guard<std::mutex> guard{ep.why_mtx};
       if (ep.aborted.load())
         return;
       ep.why = why;
+      ep.code = code;
       ep.aborted.store(true);
     }
     std::vector<op_ptr> victims;
@@ -270,16 +278,47 @@ public:
       ep.copying.wait(n);
   }
 
+  /// Leaves cleanly (context::close): waits until `until` for the sends `rank` posted to be
+  /// received (a send here completes only when it is), then fails what is left: the peers'
+  /// operations with `rank` with peer_left, its own with shutdown.
+  caf::error leave(int rank, const std::string& why, deadline until) {
+    std::vector<op_ptr> sends;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank)
+        continue;
+      auto& ch = between(rank, peer);
+      std::lock_guard<std::mutex> guard{ch.mtx};
+      for (auto& [tag, ops] : ch.sends)
+        sends.insert(sends.end(), ops.begin(), ops.end());
+    }
+    size_t late = 0;
+    for (auto& op : sends)
+      if (op->wait(until))
+        ++late;
+    abort(rank, why, errc::peer_left);
+    if (late == 0)
+      return {};
+    return make_caf_error(errc::collective_timeout,
+                          "rank " + std::to_string(rank) + " left the group (" + why + "), but " +
+                              std::to_string(late) +
+                              " of its sends were not received before the deadline");
+  }
+
 private:
-  /// Fails `op` because `lost` (its own rank or its peer) was aborted.
+  /// Fails `op` because `lost` (its own rank or its peer) was aborted or left.
   void fail_lost(const op_ptr& op, int lost) {
+    auto code = at(lost).reason_code();
+    bool left = code == errc::peer_left;
     std::string text = op->describe() + " failed: ";
-    if (lost == op->self)
-      text += "this context was aborted: ";
-    else
-      text += "rank " + std::to_string(lost) + " was lost: ";
+    if (lost == op->self) {
+      text += left ? "this rank left the group: " : "this context was aborted: ";
+      if (left)
+        code = errc::shutdown;
+    } else {
+      text += "rank " + std::to_string(lost) + (left ? " left the group: " : " was lost: ");
+    }
     text += at(lost).reason();
-    op->complete(make_caf_error(errc::peer_lost, std::move(text)));
+    op->complete(make_caf_error(code, std::move(text)));
   }
 
   /// Copies the message of `send` into the buffer of `recv` and completes both.
@@ -373,7 +412,13 @@ public:
     return *pairs_[static_cast<size_t>(peer)];
   }
 
-  void abort(const std::string& why) override { grp_->abort(rank_, why); }
+  void abort(const std::string& why, errc code = errc::peer_lost) override {
+    grp_->abort(rank_, why, code);
+  }
+
+  caf::error close(const std::string& reason, deadline until) override {
+    return grp_->leave(rank_, reason, until);
+  }
 
 private:
   group_ptr grp_;

@@ -84,7 +84,8 @@ public:
   int rank() const noexcept override { return opts_.rank; }
   int size() const noexcept override { return opts_.size; }
   transport::pair& to(int peer) override;
-  void abort(const std::string& why) override;
+  void abort(const std::string& why, errc code = errc::peer_lost) override;
+  caf::error close(const std::string& reason, deadline until) override;
 
   // -- tcp::context ----------------------------------------------------------------------------
 
@@ -157,6 +158,7 @@ private:
   std::atomic<bool> closing_{false};
   std::atomic<bool> mesh_done_{false}; // connect returned: no more retries
   std::atomic<bool> connect_called_{false};
+  std::atomic<bool> close_called_{false};
 
   std::mutex mesh_mu_;
   std::condition_variable mesh_cv_;     // guarded by mesh_mu_
@@ -179,6 +181,7 @@ context_impl::context_impl(const mesh_options& opts)
   env_->max_payload_bytes = opts.max_payload_bytes;
   env_->max_stash_bytes = opts.max_stash_bytes;
   env_->log = opts.log;
+  env_->before_read = opts.hooks.before_read;
   pairs_.resize(static_cast<std::size_t>(opts.size));
   for (int peer = 0; peer < opts.size; ++peer)
     if (peer != opts.rank)
@@ -289,7 +292,7 @@ transport::pair& context_impl::to(int peer) {
   return *pairs_[peer];
 }
 
-void context_impl::abort(const std::string& why) {
+void context_impl::abort(const std::string& why, errc code) {
   {
     std::lock_guard lock(mesh_mu_);
     if (!aborted_)
@@ -298,12 +301,70 @@ void context_impl::abort(const std::string& why) {
   mesh_cv_.notify_all();
   for (auto& pair : pairs_)
     if (pair) {
-      pair->fail("rank " + std::to_string(opts_.rank) + " aborted its transport context: " + why,
-                 pair_impl::log_mode::never);
+      // The peer is told the code and the reason (an abort frame), then the connection ends.
+      pair->abort("rank " + std::to_string(opts_.rank) + " aborted its transport context: " + why,
+                  code);
       // Fail the operations being read or written right here, not on the I/O thread.
       pair->pump_rx();
       pair->pump_tx();
     }
+}
+
+caf::error context_impl::close(const std::string& reason, deadline until) {
+  if (close_called_.exchange(true))
+    return {};
+  // No more connections: a pair that is not open now never will be.
+  mesh_done_.store(true);
+  {
+    std::lock_guard lock(mesh_mu_);
+    if (!aborted_)
+      aborted_ = "rank " + std::to_string(opts_.rank) + " left the group: " + reason;
+  }
+  mesh_cv_.notify_all();
+  const auto n = pairs_.size();
+  // 1. Refuse new operations; remember the last send queued on each pair.
+  std::vector<std::shared_ptr<send_op>> last(n);
+  for (std::size_t peer = 0; peer < n; ++peer) {
+    auto& pair = pairs_[peer];
+    if (!pair)
+      continue;
+    if (!pair->is_open())
+      pair->fail("rank " + std::to_string(opts_.rank) + " left the group (" + reason +
+                     ") before this connection was formed",
+                 pair_impl::log_mode::never, errc::shutdown);
+    last[peer] = pair->begin_close(reason);
+  }
+  // 2. Finish every send started before: in order, so the last one done means all are. A pair
+  // that fails meanwhile has nothing left to finish.
+  for (std::size_t peer = 0; peer < n; ++peer)
+    if (last[peer])
+      (void)last[peer]->wait(until);
+  // 3. Say goodbye after the last message, then half-close.
+  std::vector<std::shared_ptr<send_op>> goodbyes(n);
+  for (std::size_t peer = 0; peer < n; ++peer)
+    if (pairs_[peer])
+      goodbyes[peer] = pairs_[peer]->send_goodbye(reason);
+  for (std::size_t peer = 0; peer < n; ++peer)
+    if (goodbyes[peer] && !goodbyes[peer]->wait(until))
+      pairs_[peer]->shut_write();
+  if (opts_.hooks.after_goodbye)
+    opts_.hooks.after_goodbye();
+  // 4. Read on until each peer closed its side: then it has read everything we sent. Closing
+  // earlier, with bytes unread on either side, can make the kernel reset the connection and
+  // drop what is still queued for the peer.
+  std::vector<int> late;
+  for (std::size_t peer = 0; peer < n; ++peer)
+    if (pairs_[peer] && !pairs_[peer]->broken() && !pairs_[peer]->wait_peer_closed(until))
+      late.push_back(static_cast<int>(peer));
+  if (late.empty())
+    return {};
+  std::ostringstream out;
+  out << "rank " << opts_.rank << " left the group (" << reason << "), but";
+  for (auto peer : late)
+    out << " " << pairs_[peer]->describe();
+  out << " did not close " << (late.size() == 1 ? "its side" : "their sides")
+      << " before the deadline; the connections are closed anyway";
+  return make_caf_error(errc::collective_timeout, out.str());
 }
 
 // -- the mesh ------------------------------------------------------------------------------------

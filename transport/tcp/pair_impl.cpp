@@ -116,22 +116,33 @@ caf::error recv_op::timeout_error() const {
                     : std::to_string(got) + " of " + n_bytes(into_.size()) + " received"));
 }
 
-void recv_op::fail(const std::string& why) {
-  complete(make_caf_error(errc::peer_lost, "recv of tag " + std::to_string(tag_) + " (" +
-                                               n_bytes(into_.size()) + ") from " +
-                                               pair_->describe() + " failed after " +
-                                               std::to_string(received.load()) + " of " +
-                                               n_bytes(into_.size()) + ": " + why));
+void recv_op::fail(const std::string& why, errc code) {
+  complete(make_caf_error(code, "recv of tag " + std::to_string(tag_) + " (" +
+                                    n_bytes(into_.size()) + ") from " + pair_->describe() +
+                                    " failed after " + std::to_string(received.load()) + " of " +
+                                    n_bytes(into_.size()) + ": " + why));
 }
 
 send_op::send_op(std::shared_ptr<pair_impl> pair, uint64_t tag, std::vector<const_bytes> parts,
-                 uint64_t payload_bytes)
+                 uint64_t payload_bytes, wire::frame_kind kind)
     : op_base(std::move(pair)), tag_(tag), payload_bytes_(payload_bytes), parts_(std::move(parts)) {
   wire::header h;
   h.sender_rank = static_cast<uint32_t>(pair_->env().rank);
   h.tag = tag;
   h.payload_bytes = payload_bytes;
+  h.kind = kind;
   head_len_ = wire::encode_header(h, head_);
+}
+
+std::shared_ptr<send_op> send_op::control(std::shared_ptr<pair_impl> pair, wire::frame_kind kind,
+                                          std::string payload) {
+  payload.resize(std::min(payload.size(), wire::max_control_bytes));
+  auto bytes = payload.size();
+  auto op = std::make_shared<send_op>(std::move(pair), 0, std::vector<const_bytes>{}, bytes, kind);
+  op->owned_ = std::move(payload);
+  // Pointed at after the move: a short string's bytes live inside the string object.
+  op->parts_.push_back({reinterpret_cast<const std::byte*>(op->owned_.data()), bytes});
+  return op;
 }
 
 void send_op::drive() {
@@ -147,12 +158,11 @@ caf::error send_op::timeout_error() const {
           n_bytes(total_bytes()) + " (header included) written");
 }
 
-void send_op::fail(const std::string& why) {
-  complete(make_caf_error(errc::peer_lost,
-                          "send of tag " + std::to_string(tag_) + " (" + n_bytes(payload_bytes_) +
-                              ") to " + pair_->describe() + " failed after " +
-                              std::to_string(written_.load()) + " of " + n_bytes(total_bytes()) +
-                              " (header included) were written: " + why));
+void send_op::fail(const std::string& why, errc code) {
+  complete(make_caf_error(
+      code, "send of tag " + std::to_string(tag_) + " (" + n_bytes(payload_bytes_) + ") to " +
+                pair_->describe() + " failed after " + std::to_string(written_.load()) + " of " +
+                n_bytes(total_bytes()) + " (header included) were written: " + why));
 }
 
 // -- the stash -----------------------------------------------------------------------------------
@@ -188,9 +198,20 @@ std::string pair_impl::describe() const {
   return out;
 }
 
-std::string pair_impl::failure_text() const {
+std::pair<std::string, errc> pair_impl::failure() const {
   std::lock_guard lock(match_mu_);
-  return failure_;
+  return {failure_, failure_code_};
+}
+
+caf::error pair_impl::left_error(const std::string& what) const {
+  std::string reason;
+  {
+    std::lock_guard lock(match_mu_);
+    reason = left_reason_;
+  }
+  return make_caf_error(errc::peer_left,
+                        what + " failed: rank " + std::to_string(peer_) + " left the group (" +
+                            reason + ") and sent nothing more; it never started this operation");
 }
 
 // -- transport::pair -----------------------------------------------------------------------------
@@ -207,8 +228,24 @@ operation_ptr pair_impl::send(uint64_t tag, std::vector<const_bytes> parts) {
                                     std::to_string(env_->max_payload_bytes) + ")"));
     return op;
   }
+  if (closing_.load(std::memory_order_acquire)) {
+    op->fail("this rank is leaving the group", errc::shutdown);
+    return op;
+  }
+  if (peer_left_.load(std::memory_order_acquire)) {
+    op->complete(left_error("send of tag " + std::to_string(tag) + " (" + n_bytes(total) + ") to " +
+                            describe()));
+    return op;
+  }
   if (failed_.load(std::memory_order_acquire)) {
-    op->fail(failure_text());
+    std::string why;
+    errc code;
+    {
+      std::lock_guard lock(match_mu_);
+      why = failure_;
+      code = failure_code_;
+    }
+    op->fail(why, code);
     return op;
   }
   {
@@ -225,11 +262,20 @@ operation_ptr pair_impl::recv(uint64_t tag, mutable_bytes into) {
   auto op = std::make_shared<recv_op>(shared_from_this(), tag, into);
   std::shared_ptr<stash_entry> early;
   bool failed = false;
+  bool left = false;
   bool ready = false; // `early` is complete: copy it here (else the reader hands it over)
+  std::string why;
+  errc code = errc::peer_lost;
   {
     std::lock_guard lock(match_mu_);
-    if (failed_.load(std::memory_order_relaxed)) {
+    if (closing_.load(std::memory_order_relaxed)) {
       failed = true;
+      why = "this rank is leaving the group";
+      code = errc::shutdown;
+    } else if (failed_.load(std::memory_order_relaxed)) {
+      failed = true;
+      why = failure_;
+      code = failure_code_;
     } else if (auto it = stash_.find(tag); it != stash_.end()) {
       early = std::move(it->second.front());
       it->second.pop_front();
@@ -240,12 +286,17 @@ operation_ptr pair_impl::recv(uint64_t tag, mutable_bytes into) {
       ready = early->complete;
       if (!ready && early->size == into.size())
         early->waiter = op;
+    } else if (peer_left_.load(std::memory_order_relaxed)) {
+      left = true; // the peer sent everything it will send before its goodbye: no match comes
     } else {
       posted_[tag].push_back(op);
     }
   }
   if (failed) {
-    op->fail(failure_text());
+    op->fail(why, code);
+  } else if (left) {
+    op->complete(left_error("recv of tag " + std::to_string(tag) + " (" + n_bytes(into.size()) +
+                            ") from " + describe()));
   } else if (early && early->size != into.size()) {
     op->complete(make_caf_error(errc::invalid_argument,
                                 "recv of tag " + std::to_string(tag) + " from " + describe() +
@@ -285,13 +336,22 @@ void pair_impl::open(boost::asio::ip::tcp::socket socket, std::string address) {
   pump_tx();
 }
 
-void pair_impl::fail(const std::string& why, log_mode log) {
+void pair_impl::fail(const std::string& why_in, log_mode log, errc code) {
   std::vector<std::shared_ptr<recv_op>> posted;
+  std::string why = why_in;
   {
     std::lock_guard lock(match_mu_);
     if (failed_.load(std::memory_order_relaxed))
       return;
+    if (peer_left_.load(std::memory_order_relaxed)) {
+      // After a goodbye nothing more was due from the peer: whatever ends the pair now, what
+      // still waits on it waits because the peer left.
+      why = "rank " + std::to_string(peer_) + " left the group: " + left_reason_;
+      code = errc::peer_left;
+      log = log_mode::never;
+    }
     failure_ = why;
+    failure_code_ = code;
     failed_.store(true, std::memory_order_release);
     if (log == log_mode::if_busy) {
       bool busy = !posted_.empty();
@@ -311,7 +371,9 @@ void pair_impl::fail(const std::string& why, log_mode log) {
   if (auto fd = fd_.load(std::memory_order_acquire); fd >= 0)
     ::shutdown(fd, SHUT_RDWR); // the peer learns at once; the descriptor stays ours until teardown
   for (auto& op : posted)
-    op->fail(why);
+    op->fail(why, code);
+  { std::lock_guard lock(end_mu_); }
+  end_cv_.notify_all();
   // The receive being read into and the queued sends are failed by the next pump of their
   // direction; the caller may hold one of them, so make sure the I/O thread runs both.
   rx_kick_.store(true);
@@ -368,6 +430,8 @@ void pair_impl::pump_rx_locked() {
       abandon_incoming();
       return;
     }
+    if (rx_eof_.load(std::memory_order_acquire))
+      return;
     int fd = fd_.load(std::memory_order_acquire);
     if (fd < 0)
       return;
@@ -396,6 +460,8 @@ void pair_impl::pump_rx_locked() {
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = n_iov;
+    if (env_->before_read)
+      env_->before_read(peer_);
     auto n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
     if (n > 0) {
       auto got = static_cast<std::size_t>(n);
@@ -413,6 +479,11 @@ void pair_impl::pump_rx_locked() {
       continue;
     }
     if (n == 0) {
+      if (peer_left_.load(std::memory_order_acquire) || closing_.load(std::memory_order_acquire)) {
+        // The end of a clean close (either side's): nothing more is due on this connection.
+        peer_closed();
+        return;
+      }
       auto buffered = stage_end_ - stage_begin_;
       std::string why;
       if (phase_ == rx_phase::prefix && buffered == 0) {
@@ -478,6 +549,8 @@ bool pair_impl::consume_staged() {
       if (why.empty() && h.payload_bytes > env_->max_payload_bytes)
         why = "a payload of " + n_bytes(h.payload_bytes) + " exceeds max_payload_bytes (" +
               std::to_string(env_->max_payload_bytes) + ")";
+      if (why.empty() && peer_left_.load(std::memory_order_relaxed))
+        why = "a frame after the peer's goodbye";
       if (!why.empty()) {
         malformed(why);
         return false;
@@ -514,6 +587,14 @@ bool pair_impl::begin_message(const wire::header& h) {
   in_got_ = 0;
   in_sink_ = sink::drop;
   in_dst_ = nullptr;
+  if (h.kind != wire::frame_kind::data) {
+    // Bounded by decode_header (max_control_bytes).
+    in_sink_ = sink::control;
+    in_dst_ = control_.data();
+    return true;
+  }
+  if (closing_.load(std::memory_order_acquire))
+    return true; // this rank is leaving: the message is read and dropped
   std::shared_ptr<recv_op> mismatched;
   std::size_t held = 0;
   bool over = false;
@@ -571,6 +652,15 @@ void pair_impl::finish_message() {
   auto kind = in_sink_;
   in_sink_ = sink::drop;
   in_dst_ = nullptr;
+  if (kind == sink::control) {
+    std::string payload(reinterpret_cast<const char*>(control_.data()),
+                        static_cast<std::size_t>(in_.payload_bytes));
+    if (in_.kind == wire::frame_kind::goodbye)
+      on_goodbye(payload);
+    else
+      on_abort(payload);
+    return;
+  }
   if (kind == sink::op) {
     auto op = std::move(in_op_);
     op->received.store(in_.payload_bytes, std::memory_order_relaxed);
@@ -595,9 +685,9 @@ void pair_impl::finish_message() {
 void pair_impl::abandon_incoming() {
   if (!in_op_ && !in_stash_)
     return;
-  auto why = failure_text();
+  auto [why, code] = failure();
   if (in_op_) {
-    in_op_->fail(why);
+    in_op_->fail(why, code);
     in_op_.reset();
   }
   if (in_stash_) {
@@ -607,7 +697,7 @@ void pair_impl::abandon_incoming() {
       waiter = std::move(in_stash_->waiter);
     }
     if (waiter)
-      waiter->fail(why);
+      waiter->fail(why, code);
     in_stash_.reset();
   }
   in_sink_ = sink::drop;
@@ -616,6 +706,135 @@ void pair_impl::abandon_incoming() {
 
 void pair_impl::malformed(const std::string& what) {
   fail("malformed frame: " + what, log_mode::always);
+}
+
+void pair_impl::on_goodbye(const std::string& reason) {
+  std::vector<std::shared_ptr<recv_op>> posted;
+  {
+    std::lock_guard lock(match_mu_);
+    if (failed_.load(std::memory_order_relaxed))
+      return;
+    left_reason_ = reason.empty() ? std::string{"no reason given"} : reason;
+    peer_left_.store(true, std::memory_order_release);
+    // Every message the peer sent came before its goodbye: a receive still posted has none.
+    // Early messages stay in the stash for the receives that will claim them.
+    for (auto& [tag, ops] : posted_)
+      for (auto& op : ops)
+        posted.push_back(std::move(op));
+    posted_.clear();
+  }
+  if (!posted.empty())
+    env_->log_line(describe() + " left the group (" + reason + ") while " +
+                   std::to_string(posted.size()) + " receive(s) from it were pending");
+  for (auto& op : posted)
+    op->complete(left_error("recv of tag " + std::to_string(op->tag()) + " (" +
+                            n_bytes(op->into().size()) + ") from " + describe()));
+  // Fail what is queued for the peer and half-close our side (on this thread if the writing
+  // pump is free, else by its holder before it leaves).
+  pump_tx();
+}
+
+void pair_impl::on_abort(const std::string& payload) {
+  auto code = errc::peer_lost;
+  std::string reason = payload;
+  if (!payload.empty()) {
+    auto carried = static_cast<uint8_t>(payload[0]);
+    // Only the codes that describe a broken group travel; anything else reads as a loss.
+    for (auto known : {errc::peer_lost, errc::peer_left, errc::collective_timeout,
+                       errc::collective_aborted, errc::collective_mismatch, errc::shutdown})
+      if (carried == static_cast<uint8_t>(known))
+        code = known;
+    reason = payload.substr(1);
+  }
+  fail("rank " + std::to_string(peer_) + " aborted the group: " + reason, log_mode::if_busy, code);
+}
+
+void pair_impl::peer_closed() {
+  {
+    std::lock_guard lock(end_mu_);
+    rx_eof_.store(true, std::memory_order_release);
+  }
+  end_cv_.notify_all();
+}
+
+void pair_impl::abort(const std::string& why, errc code) {
+  if (!failed_.load(std::memory_order_acquire) && !closing_.load(std::memory_order_acquire) &&
+      !peer_left_.load(std::memory_order_acquire)) {
+    // Between frames only: nothing queued, or the front message not begun (it fails anyway).
+    std::lock_guard tx_lock(tx_mu_);
+    int fd = fd_.load(std::memory_order_acquire);
+    bool boundary;
+    {
+      std::lock_guard lock(txq_mu_);
+      boundary = txq_.empty() || txq_.front()->written_.load(std::memory_order_relaxed) == 0;
+    }
+    if (fd >= 0 && boundary && !write_shut_) {
+      std::string payload(1, static_cast<char>(code));
+      payload += why;
+      payload.resize(std::min(payload.size(), wire::max_control_bytes));
+      wire::header h;
+      h.sender_rank = static_cast<uint32_t>(env_->rank);
+      h.payload_bytes = payload.size();
+      h.kind = wire::frame_kind::abort;
+      std::array<std::byte, wire::max_head_bytes> head{};
+      auto head_len = wire::encode_header(h, head);
+      iovec iov[2] = {{head.data(), head_len}, {payload.data(), payload.size()}};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = 2;
+      // Best effort, never blocking: a full socket buffer means a peer that does not read.
+      (void)::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+  }
+  fail(why, log_mode::never, code);
+}
+
+std::shared_ptr<send_op> pair_impl::begin_close(const std::string& why) {
+  std::vector<std::shared_ptr<recv_op>> posted;
+  {
+    std::lock_guard lock(match_mu_);
+    closing_.store(true, std::memory_order_release);
+    for (auto& [tag, ops] : posted_)
+      for (auto& op : ops)
+        posted.push_back(std::move(op));
+    posted_.clear();
+  }
+  for (auto& op : posted)
+    op->fail("this rank left the group (" + why + ") before the message arrived", errc::shutdown);
+  std::lock_guard lock(txq_mu_);
+  return txq_.empty() ? nullptr : txq_.back();
+}
+
+std::shared_ptr<send_op> pair_impl::send_goodbye(const std::string& reason) {
+  if (failed_.load(std::memory_order_acquire) || fd_.load(std::memory_order_acquire) < 0 ||
+      peer_left_.load(std::memory_order_acquire))
+    return nullptr;
+  auto op = send_op::control(shared_from_this(), wire::frame_kind::goodbye, reason);
+  {
+    std::lock_guard lock(txq_mu_);
+    txq_.push_back(op);
+  }
+  pump_tx();
+  return op;
+}
+
+void pair_impl::shut_write() {
+  std::lock_guard lock(tx_mu_);
+  if (write_shut_)
+    return;
+  write_shut_ = true;
+  if (int fd = fd_.load(std::memory_order_acquire); fd >= 0)
+    ::shutdown(fd, SHUT_WR);
+}
+
+bool pair_impl::wait_peer_closed(deadline until) {
+  auto ended = [this] {
+    return rx_eof_.load(std::memory_order_acquire) || failed_.load(std::memory_order_acquire);
+  };
+  // The I/O thread reads (and drops) what still arrives, up to the peer's end of file.
+  pump_rx();
+  std::unique_lock lock(end_mu_);
+  return end_cv_.wait_until(lock, until, ended);
 }
 
 // -- send ----------------------------------------------------------------------------------------
@@ -639,9 +858,27 @@ bool pair_impl::pump_tx_locked() {
         queued.swap(txq_);
       }
       if (!queued.empty()) {
-        auto why = failure_text();
+        auto [why, code] = failure();
         for (auto& op : queued)
-          op->fail(why);
+          op->fail(why, code);
+      }
+      return false;
+    }
+    if (peer_left_.load(std::memory_order_acquire)) {
+      // The peer reads nothing more after its goodbye: what is queued was for calls it never
+      // started. Fail it and end our side, so that the leaver's close sees our end of file.
+      std::deque<std::shared_ptr<send_op>> queued;
+      {
+        std::lock_guard lock(txq_mu_);
+        queued.swap(txq_);
+      }
+      for (auto& op : queued)
+        op->complete(left_error("send of tag " + std::to_string(op->tag()) + " (" +
+                                n_bytes(op->payload_bytes()) + ") to " + describe()));
+      if (!write_shut_) {
+        write_shut_ = true;
+        if (int fd = fd_.load(std::memory_order_acquire); fd >= 0)
+          ::shutdown(fd, SHUT_WR);
       }
       return false;
     }
@@ -725,7 +962,8 @@ void pair_impl::request_write_wait() {
 // -- the I/O thread's waits ----------------------------------------------------------------------
 
 void pair_impl::arm_read() {
-  if (failed_.load(std::memory_order_acquire) || !socket_)
+  if (failed_.load(std::memory_order_acquire) || rx_eof_.load(std::memory_order_acquire) ||
+      !socket_)
     return;
   socket_->async_wait(boost::asio::socket_base::wait_read,
                       [this, self = shared_from_this()](const boost::system::error_code& ec) {

@@ -20,6 +20,16 @@
 // tag gets the payload read straight into its buffer. With none posted, the payload goes to the
 // stash (bounded per context) until a receive claims it.
 //
+// The end of a connection (pair.hpp, context::close). A rank that leaves finishes its queued
+// sends, sends a goodbye frame, half-closes (SHUT_WR) and reads on until the peer's end of file;
+// only then is the socket closed. Closing a socket whose peer has not read everything can make
+// the kernel reset the connection and drop bytes still queued in it, which is how the last
+// collective before an exit was lost. A peer that receives the goodbye fails only what can no
+// longer be matched (posted receives, later receives without a stashed message: peer_left),
+// keeps delivering what arrived before the goodbye, and half-closes its own side at once, so the
+// leaver's close returns after one round trip. An abort frame carries an error code and reason
+// to the peer before a connection is cut.
+//
 // Lock order: rx_mu_ -> tx_mu_ -> match_mu_ -> txq_mu_ -> an operation's mutex -> address_mu_.
 // Pumps only ever try-lock rx_mu_ and tx_mu_ (see above), and hold one of them at a time.
 
@@ -67,6 +77,8 @@ struct pair_env {
   std::size_t max_payload_bytes = 0;
   std::size_t max_stash_bytes = 0;
   std::function<void(const std::string&)> log;
+  /// Test hook (mesh_options::before_read): called before each read from a peer's socket.
+  std::function<void(int peer)> before_read;
   /// Payload bytes held by the stashes of all pairs of the context.
   std::atomic<std::size_t> stash_bytes{0};
 
@@ -118,8 +130,8 @@ public:
   /// Payload bytes written so far (for error messages).
   std::atomic<uint64_t> received{0};
 
-  /// Fails this receive because its pair failed with `why`.
-  void fail(const std::string& why);
+  /// Fails this receive because its pair failed with `why` (peer_lost unless `code` says else).
+  void fail(const std::string& why, errc code = errc::peer_lost);
 
 protected:
   void drive() override;
@@ -135,15 +147,19 @@ private:
 class send_op final : public op_base {
 public:
   send_op(std::shared_ptr<pair_impl> pair, uint64_t tag, std::vector<const_bytes> parts,
-          uint64_t payload_bytes);
+          uint64_t payload_bytes, wire::frame_kind kind = wire::frame_kind::data);
+
+  /// A control frame (goodbye, abort) whose payload the operation owns.
+  static std::shared_ptr<send_op> control(std::shared_ptr<pair_impl> pair, wire::frame_kind kind,
+                                          std::string payload);
 
   uint64_t tag() const noexcept { return tag_; }
   uint64_t payload_bytes() const noexcept { return payload_bytes_; }
   /// Head plus payload bytes.
   uint64_t total_bytes() const noexcept { return head_len_ + payload_bytes_; }
 
-  /// Fails this send because its pair failed with `why`.
-  void fail(const std::string& why);
+  /// Fails this send because its pair failed with `why` (peer_lost unless `code` says else).
+  void fail(const std::string& why, errc code = errc::peer_lost);
 
 protected:
   void drive() override;
@@ -156,6 +172,8 @@ private:
   std::array<std::byte, wire::max_head_bytes> head_{};
   std::size_t head_len_ = 0;
   std::vector<const_bytes> parts_;
+  /// The payload of a control frame (parts_ points into it).
+  std::string owned_;
   /// Bytes of head + payload written (written by the tx pump, read for error messages).
   std::atomic<uint64_t> written_{0};
 };
@@ -188,11 +206,34 @@ public:
   /// How `fail` logs.
   enum class log_mode { never, always, if_busy };
 
-  /// Fails every pending and later operation with `peer_lost` and `why`, shuts the socket down
+  /// Fails every pending and later operation with `code` and `why`, shuts the socket down
   /// (the peer sees the connection end) and logs `why`: always, never, or (`if_busy`) only when
-  /// operations were pending (a peer that closes an idle connection is shutting down). Any
-  /// thread.
-  void fail(const std::string& why, log_mode log);
+  /// operations were pending (a peer that closes an idle connection is shutting down). Once the
+  /// peer said goodbye, the code is peer_left and the reason its goodbye. Any thread.
+  void fail(const std::string& why, log_mode log, errc code = errc::peer_lost);
+
+  /// Tells the peer, in an abort frame, that this rank aborts the group with `code` and `why`,
+  /// when the stream is between frames (else the peer only sees the connection end), then
+  /// `fail`s the pair. Any thread but the pumps'.
+  void abort(const std::string& why, errc code);
+
+  // -- the clean end (context::close; any thread but the pumps', one at a time) ----------------
+
+  /// Refuses new sends and fails posted receives with `shutdown`; returns the last queued send
+  /// (null if none), whose completion means that every send started before has been written.
+  std::shared_ptr<send_op> begin_close(const std::string& why);
+
+  /// Queues the goodbye frame with `reason`; null when the pair failed or never opened.
+  std::shared_ptr<send_op> send_goodbye(const std::string& reason);
+
+  /// Half-closes the socket (SHUT_WR): the peer reads everything sent so far, then end of file.
+  void shut_write();
+
+  /// Waits until the peer's end of file (or a failure) was read, or `until`; true when seen.
+  bool wait_peer_closed(deadline until);
+
+  /// Whether the pair failed (or never opened); such a pair has nothing left to close.
+  bool broken() const noexcept { return failed_.load(std::memory_order_acquire); }
 
   /// Fails the pair (unless it already failed) and releases the socket, after the I/O thread
   /// has stopped. Operations that outlive the context then find a failed, closed pair.
@@ -220,7 +261,7 @@ private:
   struct stash_entry;
 
   enum class rx_phase { prefix, header, payload };
-  enum class sink { op, stash, drop };
+  enum class sink { op, stash, drop, control };
 
   // rx side, rx_mu_ held
   void pump_rx_locked();
@@ -229,6 +270,10 @@ private:
   void finish_message();
   void abandon_incoming();
   void malformed(const std::string& what);
+  void on_goodbye(const std::string& reason);
+  void on_abort(const std::string& payload);
+  void peer_closed();
+  caf::error left_error(const std::string& what) const;
 
   // tx side, tx_mu_ held; returns true when bytes remain that the socket would not take
   bool pump_tx_locked();
@@ -237,7 +282,7 @@ private:
   // I/O thread
   void arm_read();
   void on_write_request();
-  std::string failure_text() const;
+  std::pair<std::string, errc> failure() const;
 
   std::shared_ptr<pair_env> env_;
   boost::asio::io_context* io_; // valid until teardown
@@ -255,7 +300,21 @@ private:
 
   // -- failure ------------------------------------------------------------------------------
   std::atomic<bool> failed_{false};
-  std::string failure_; // guarded by match_mu_; set once, before failed_
+  std::string failure_;                 // guarded by match_mu_; set once, before failed_
+  errc failure_code_ = errc::peer_lost; // guarded by match_mu_; set with failure_
+
+  // -- the end ------------------------------------------------------------------------------
+  /// This side is leaving (begin_close): sends are refused, arriving data is dropped.
+  std::atomic<bool> closing_{false};
+  /// The peer said goodbye: it sends nothing more (left_reason_ guarded by match_mu_).
+  std::atomic<bool> peer_left_{false};
+  std::string left_reason_;
+  /// The peer's end of file was read after a goodbye (either way): reading is over.
+  std::atomic<bool> rx_eof_{false};
+  /// Our side is half-closed (under tx_mu_).
+  bool write_shut_ = false;
+  std::mutex end_mu_;
+  std::condition_variable end_cv_; // guarded by end_mu_: rx_eof_ or failed_ became true
 
   // -- receive ------------------------------------------------------------------------------
   std::mutex rx_mu_; // the reading pump; try-locked
@@ -273,6 +332,7 @@ private:
   std::byte* in_dst_ = nullptr;           // guarded by rx_mu_
   std::shared_ptr<recv_op> in_op_;        // guarded by rx_mu_
   std::shared_ptr<stash_entry> in_stash_; // guarded by rx_mu_
+  std::array<std::byte, wire::max_control_bytes> control_{}; // guarded by rx_mu_
 
   mutable std::mutex match_mu_;
   /// Posted receives without a message yet, oldest first, per tag.

@@ -89,6 +89,7 @@ std::size_t encode_header(const header& h, std::span<std::byte, max_head_bytes> 
   root.setSenderRank(h.sender_rank);
   root.setTag(h.tag);
   root.setPayloadBytes(h.payload_bytes);
+  root.setKind(static_cast<schemas::FrameKind>(h.kind));
   return write_flat(builder, out.data(), out.size());
 }
 
@@ -124,6 +125,13 @@ std::string decode_header(std::span<const std::byte> body, header& out) {
     out.sender_rank = root.getSenderRank();
     out.tag = root.getTag();
     out.payload_bytes = root.getPayloadBytes();
+    auto kind = static_cast<uint16_t>(root.getKind());
+    if (kind > static_cast<uint16_t>(frame_kind::abort))
+      return "unknown frame kind " + std::to_string(kind);
+    out.kind = static_cast<frame_kind>(kind);
+    if (out.kind != frame_kind::data && out.payload_bytes > max_control_bytes)
+      return "a control frame with a payload of " + std::to_string(out.payload_bytes) +
+             " bytes (at most " + std::to_string(max_control_bytes) + ")";
     return {};
   });
 }

@@ -38,12 +38,19 @@ struct hello {
   uint64_t epoch = 0;
 };
 
+/// schemas::FrameKind: a message, or a control frame that ends the connection.
+enum class frame_kind : uint16_t { data = 0, goodbye = 1, abort = 2 };
+
+/// The largest payload of a control frame (goodbye, abort): a reason, not data.
+inline constexpr std::size_t max_control_bytes = 1024;
+
 /// The fields of schemas::FrameHeader.
 struct header {
   uint16_t version = protocol_version;
   uint32_t sender_rank = 0;
   uint64_t tag = 0;
   uint64_t payload_bytes = 0;
+  frame_kind kind = frame_kind::data;
 };
 
 /// Writes the prefix and the encoded `h` to `out`; returns the bytes written.
@@ -57,7 +64,8 @@ std::vector<std::byte> encode_hello(const hello& h);
 std::string decode_length(std::span<const std::byte, prefix_bytes> prefix, uint32_t& length);
 
 /// Decodes a header of `body.size()` (a length accepted by decode_length); returns an empty
-/// string on success, else what was wrong. Does not check the field values.
+/// string on success, else what was wrong. Checks that the kind is known and that a control
+/// frame's payload is at most max_control_bytes; does not check the other field values.
 std::string decode_header(std::span<const std::byte> body, header& out);
 
 /// Decodes a hello, like decode_header.

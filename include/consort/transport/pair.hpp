@@ -81,9 +81,25 @@ public:
   /// The pair to `peer`. @pre 0 <= peer < size() and peer != rank()
   virtual pair& to(int peer) = 0;
 
-  /// Fails every pending and later operation of this context with `peer_lost` naming `why`
-  /// (membership calls it when a worker is lost, so nothing waits for a dead peer).
-  virtual void abort(const std::string& why) = 0;
+  /// Fails every pending and later operation of this context with `code` naming `why`
+  /// (membership calls it when a worker is lost, so nothing waits for a dead peer; an algorithm
+  /// that failed calls it so that no peer waits for this rank). Peers learn the code and the
+  /// reason where the transport can tell them (TCP: an abort frame), so that their operations
+  /// fail with the cause rather than with "the peer closed the connection". Overrides keep the
+  /// default argument.
+  virtual void abort(const std::string& why, errc code = errc::peer_lost) = 0;
+
+  /// Leaves the group cleanly, the end of a rank's life in the group (DESIGN.md §5):
+  /// 1. new operations are refused (`shutdown`), pending receives fail with `shutdown`;
+  /// 2. every send already posted is finished: its bytes reach the peer;
+  /// 3. each peer is told that this rank leaves (with `reason`), then the connection is
+  ///    half-closed, and this rank reads on until the peer has closed its side.
+  /// A peer that is told fails only what this rank can no longer give it: its receives that no
+  /// message from this rank matches fail with `peer_left` naming this rank and `reason`; messages
+  /// that arrived before the goodbye are still delivered. Returns once every peer has closed its
+  /// side, or failed; `collective_timeout` naming the peers that had not when `until` passed (the
+  /// connections are then closed anyway). Idempotent: a second call returns at once.
+  virtual caf::error close(const std::string& reason, deadline until) = 0;
 };
 
 using context_ptr = std::shared_ptr<context>;
