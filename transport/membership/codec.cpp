@@ -122,12 +122,17 @@ struct encoder {
 
 // -- decoding ------------------------------------------------------------------------------------
 
-/// Copies a text field of at most max_field_bytes; returns why not.
+/// Copies a text field of at most max_field_bytes and no NUL byte; returns why not.
 std::string copy_text(capnp::Text::Reader text, const char* what, std::string& out) {
   if (text.size() > max_field_bytes)
     return std::string("the ") + what + " is " + std::to_string(text.size()) +
            " bytes long, over the limit of " + std::to_string(max_field_bytes);
-  out.assign(text.cStr(), text.size());
+  // Cap'n Proto text ends at its NUL; one inside would make this copy differ from what any C
+  // string use of it (and our own encoder, which takes std::string::c_str()) sees.
+  if (const void* nul = std::memchr(text.begin(), '\0', text.size()))
+    return std::string("the ") + what + " has a NUL byte at offset " +
+           std::to_string(static_cast<const char*>(nul) - text.begin());
+  out.assign(text.begin(), text.size());
   return {};
 }
 
