@@ -23,10 +23,12 @@ namespace {
 
 constexpr std::size_t word_bytes = sizeof(capnp::word);
 
-/// Reader limits: about one traversal of the frame (plus room for the root), nesting 16.
-capnp::ReaderOptions reader_options(std::size_t max_message_bytes) {
+/// Reader limits: one traversal of the frame itself, nesting 16. The limit follows the frame's
+/// length, not max_message_bytes: Cap'n Proto charges a list of zero-sized structs one word per
+/// element, so a limit above the frame's words would let a tiny frame announce huge lists.
+capnp::ReaderOptions reader_options(std::size_t frame_bytes) {
   capnp::ReaderOptions opts;
-  opts.traversalLimitInWords = max_message_bytes / word_bytes + 64;
+  opts.traversalLimitInWords = frame_bytes / word_bytes;
   opts.nestingLimit = 16;
   return opts;
 }
@@ -122,27 +124,54 @@ struct encoder {
 
 // -- decoding ------------------------------------------------------------------------------------
 
-/// Copies a text field of at most max_field_bytes; returns why not.
-std::string copy_text(capnp::Text::Reader text, const char* what, std::string& out) {
+/// The memory a message being decoded may still take: max_decoded_ratio times its frame, charged
+/// before each list, text or data field is copied.
+struct budget {
+  std::size_t left = 0;
+  std::size_t frame_bytes = 0;
+
+  /// Takes `count` items of `size` bytes for `what`; returns why not.
+  std::string take(std::size_t count, std::size_t size, const std::string& what) {
+    if (count > left / size)
+      return what + " would take " + std::to_string(count * size) +
+             " bytes decoded, over the limit of " + std::to_string(max_decoded_ratio) +
+             " times the frame's " + std::to_string(frame_bytes) + " bytes";
+    left -= count * size;
+    return {};
+  }
+};
+
+/// Copies a text field of at most max_field_bytes and no NUL byte; returns why not.
+std::string copy_text(capnp::Text::Reader text, const char* what, budget& b, std::string& out) {
   if (text.size() > max_field_bytes)
     return std::string("the ") + what + " is " + std::to_string(text.size()) +
            " bytes long, over the limit of " + std::to_string(max_field_bytes);
-  out.assign(text.cStr(), text.size());
+  // Cap'n Proto text ends at its NUL; one inside would make this copy differ from what any C
+  // string use of it (and our own encoder, which takes std::string::c_str()) sees.
+  if (const void* nul = std::memchr(text.begin(), '\0', text.size()))
+    return std::string("the ") + what + " has a NUL byte at offset " +
+           std::to_string(static_cast<const char*>(nul) - text.begin());
+  if (auto why = b.take(text.size(), 1, std::string("the ") + what); !why.empty())
+    return why;
+  out.assign(text.begin(), text.size());
   return {};
 }
 
 /// Copies a data field of at most max_field_bytes; returns why not.
-std::string copy_data(capnp::Data::Reader data, const char* what, std::vector<std::byte>& out) {
+std::string copy_data(capnp::Data::Reader data, const char* what, budget& b,
+                      std::vector<std::byte>& out) {
   if (data.size() > max_field_bytes)
     return std::string("the ") + what + " is " + std::to_string(data.size()) +
            " bytes long, over the limit of " + std::to_string(max_field_bytes);
+  if (auto why = b.take(data.size(), 1, std::string("the ") + what); !why.empty())
+    return why;
   auto* p = reinterpret_cast<const std::byte*>(data.begin());
   out.assign(p, p + data.size());
   return {};
 }
 
-std::string copy_task(schemas::Task::Reader task, consort::task_id& out) {
-  if (auto why = copy_text(task.getType(), "task type", out.type); !why.empty())
+std::string copy_task(schemas::Task::Reader task, budget& b, consort::task_id& out) {
+  if (auto why = copy_text(task.getType(), "task type", b, out.type); !why.empty())
     return why;
   auto index = task.getIndex();
   if (index > static_cast<uint32_t>(std::numeric_limits<int>::max()))
@@ -151,16 +180,20 @@ std::string copy_task(schemas::Task::Reader task, consort::task_id& out) {
   return {};
 }
 
-std::string copy_devices(capnp::List<schemas::Device>::Reader devices,
+std::string copy_devices(capnp::List<schemas::Device>::Reader devices, budget& b,
                          std::vector<device_info>& out) {
   if (devices.size() > max_devices)
     return "the list of " + std::to_string(devices.size()) + " devices is over the limit of " +
            std::to_string(max_devices);
+  if (auto why = b.take(devices.size(), sizeof(device_info),
+                        "the list of " + std::to_string(devices.size()) + " devices");
+      !why.empty())
+    return why;
   out.clear();
   out.reserve(devices.size());
   for (auto d : devices) {
     device_info info;
-    if (auto why = copy_text(d.getName(), "device name", info.name); !why.empty())
+    if (auto why = copy_text(d.getName(), "device name", b, info.name); !why.empty())
       return why;
     info.gpu = d.getKind() == schemas::Device::Kind::GPU;
     info.memory_bytes = d.getMemoryBytes();
@@ -169,22 +202,22 @@ std::string copy_devices(capnp::List<schemas::Device>::Reader devices,
   return {};
 }
 
-std::string read_message(schemas::MembershipMessage::Reader root, message& out) {
+std::string read_message(schemas::MembershipMessage::Reader root, budget& b, message& out) {
   switch (root.which()) {
   case schemas::MembershipMessage::JOIN: {
     auto in = root.getJoin();
     join m;
     std::string why;
-    if (why = copy_task(in.getTask(), m.task); !why.empty())
+    if (why = copy_task(in.getTask(), b, m.task); !why.empty())
       return why;
-    if (why = copy_text(in.getAddress(), "address", m.address); !why.empty())
+    if (why = copy_text(in.getAddress(), "address", b, m.address); !why.empty())
       return why;
-    if (why = copy_devices(in.getDevices(), m.devices); !why.empty())
+    if (why = copy_devices(in.getDevices(), b, m.devices); !why.empty())
       return why;
     m.version = in.getProtocolVersion();
-    if (why = copy_data(in.getNonce(), "nonce", m.nonce); !why.empty())
+    if (why = copy_data(in.getNonce(), "nonce", b, m.nonce); !why.empty())
       return why;
-    if (why = copy_data(in.getAuthProof(), "authentication proof", m.auth_proof); !why.empty())
+    if (why = copy_data(in.getAuthProof(), "authentication proof", b, m.auth_proof); !why.empty())
       return why;
     m.pid = in.getPid();
     out = std::move(m);
@@ -194,9 +227,9 @@ std::string read_message(schemas::MembershipMessage::Reader root, message& out) 
     auto in = root.getRefusal();
     refusal m;
     std::string why;
-    if (why = copy_task(in.getTask(), m.task); !why.empty())
+    if (why = copy_task(in.getTask(), b, m.task); !why.empty())
       return why;
-    if (why = copy_text(in.getReason(), "reason", m.reason); !why.empty())
+    if (why = copy_text(in.getReason(), "reason", b, m.reason); !why.empty())
       return why;
     out = std::move(m);
     return {};
@@ -210,6 +243,10 @@ std::string read_message(schemas::MembershipMessage::Reader root, message& out) 
     if (members.size() > max_members)
       return "the view lists " + std::to_string(members.size()) + " members, over the limit of " +
              std::to_string(max_members);
+    if (auto why = b.take(members.size(), sizeof(member),
+                          "the view's " + std::to_string(members.size()) + " members");
+        !why.empty())
+      return why;
     m.view.members.reserve(members.size());
     std::string why;
     for (auto src : members) {
@@ -218,18 +255,18 @@ std::string read_message(schemas::MembershipMessage::Reader root, message& out) 
       if (rank > static_cast<uint32_t>(std::numeric_limits<int>::max()))
         return "a member's rank " + std::to_string(rank) + " is out of range";
       dst.rank = static_cast<int>(rank);
-      if (why = copy_task(src.getTask(), dst.task); !why.empty())
+      if (why = copy_task(src.getTask(), b, dst.task); !why.empty())
         return why;
-      if (why = copy_text(src.getAddress(), "member address", dst.address); !why.empty())
+      if (why = copy_text(src.getAddress(), "member address", b, dst.address); !why.empty())
         return why;
-      if (why = copy_devices(src.getDevices(), dst.devices); !why.empty())
+      if (why = copy_devices(src.getDevices(), b, dst.devices); !why.empty())
         return why;
       m.view.members.push_back(std::move(dst));
     }
-    if (why = copy_data(in.getNcclUniqueId(), "NCCL unique id", m.view.nccl_unique_id);
+    if (why = copy_data(in.getNcclUniqueId(), "NCCL unique id", b, m.view.nccl_unique_id);
         !why.empty())
       return why;
-    if (why = copy_data(in.getAuthProof(), "authentication proof", m.auth_proof); !why.empty())
+    if (why = copy_data(in.getAuthProof(), "authentication proof", b, m.auth_proof); !why.empty())
       return why;
     out = std::move(m);
     return {};
@@ -244,7 +281,7 @@ std::string read_message(schemas::MembershipMessage::Reader root, message& out) 
     leave m;
     m.epoch = in.getEpoch();
     m.rank = in.getRank();
-    if (auto why = copy_text(in.getReason(), "reason", m.reason); !why.empty())
+    if (auto why = copy_text(in.getReason(), "reason", b, m.reason); !why.empty())
       return why;
     out = std::move(m);
     return {};
@@ -253,12 +290,16 @@ std::string read_message(schemas::MembershipMessage::Reader root, message& out) 
     auto in = root.getAbort();
     abort m;
     m.epoch = in.getEpoch();
-    if (auto why = copy_text(in.getCause(), "cause", m.cause); !why.empty())
+    if (auto why = copy_text(in.getCause(), "cause", b, m.cause); !why.empty())
       return why;
     auto ranks = in.getLostRanks();
     if (ranks.size() > max_members)
       return "the abort lists " + std::to_string(ranks.size()) + " lost ranks, over the limit of " +
              std::to_string(max_members);
+    if (auto why = b.take(ranks.size(), sizeof(uint32_t),
+                          "the abort's " + std::to_string(ranks.size()) + " lost ranks");
+        !why.empty())
+      return why;
     m.lost_ranks.reserve(ranks.size());
     for (auto r : ranks)
       m.lost_ranks.push_back(r);
@@ -267,7 +308,7 @@ std::string read_message(schemas::MembershipMessage::Reader root, message& out) 
   }
   case schemas::MembershipMessage::CHALLENGE: {
     challenge m;
-    if (auto why = copy_data(root.getChallenge().getNonce(), "nonce", m.nonce); !why.empty())
+    if (auto why = copy_data(root.getChallenge().getNonce(), "nonce", b, m.nonce); !why.empty())
       return why;
     out = std::move(m);
     return {};
@@ -319,12 +360,13 @@ std::string decode(std::span<const std::byte> body, std::size_t max_message_byte
   std::memcpy(words.data(), body.data(), body.size());
   try {
     capnp::FlatArrayMessageReader reader(kj::arrayPtr(words.data(), words.size()),
-                                         reader_options(max_message_bytes));
+                                         reader_options(body.size()));
     if (reader.getEnd() != words.data() + words.size())
       return "the frame has " +
              std::to_string((words.data() + words.size() - reader.getEnd()) * word_bytes) +
              " trailing bytes after its Cap'n Proto message";
-    return read_message(reader.getRoot<schemas::MembershipMessage>(), out);
+    budget b{max_decoded_ratio * body.size(), body.size()};
+    return read_message(reader.getRoot<schemas::MembershipMessage>(), b, out);
   } catch (const kj::Exception& e) {
     return "not a valid Cap'n Proto message: " + std::string(e.getDescription().cStr());
   } catch (const std::exception& e) {

@@ -6,9 +6,10 @@
 //   u32 little-endian length L | L bytes: Cap'n Proto flat array of one MembershipMessage
 //
 // Every decode bounds what it reads: L is checked against the frame limit before anything is
-// allocated, the message is read with a traversal limit of about L/8 words and a nesting limit
-// of 16, and every list and text is checked against the limits below before it is copied. A
-// malformed frame gives a reason (for the log and the error) rather than an exception.
+// allocated, the message is read with a traversal limit of L/8 words (the frame's own words) and
+// a nesting limit of 16, and every list and text is checked against the limits below before it
+// is copied. A malformed frame gives a reason (for the log and the error) rather than an
+// exception.
 
 #include <consort/cluster.hpp>
 #include <consort/transport/membership.hpp>
@@ -40,6 +41,11 @@ inline constexpr std::size_t max_devices = 4096;
 
 /// The longest text or data field a reader accepts, in bytes.
 inline constexpr std::size_t max_field_bytes = 4096;
+
+/// A decoded message holds at most this many times its frame's length in memory (its lists,
+/// texts and data), so that a small frame cannot make a reader allocate a large structure. Our
+/// own encoder's frames need less than half of it.
+inline constexpr std::size_t max_decoded_ratio = 4;
 
 /// schemas::Join.
 struct join {
