@@ -14,7 +14,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
+#include <set>
 
 namespace consort {
 
@@ -60,6 +62,43 @@ std::string host_of(const std::string& address) {
   if (colon == std::string::npos || colon == 0)
     throw_error(errc::invalid_argument, "task address \"" + address + "\" is not \"host:port\"");
   return address.substr(0, colon);
+}
+
+/// Whether `host` (as host_of returns it) names this machine's loopback interface.
+bool is_loopback_host(std::string host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || host.starts_with("127.") ||
+         host == "ip6-localhost";
+}
+
+/// Logs one warning when the cluster's tasks are on more than one host, or on a host other than
+/// loopback, and there is no secret: then anything that reaches a port of the job can join it or
+/// connect to a mesh.
+void warn_if_unauthenticated(const cluster_spec& spec, const std::string& secret,
+                             const std::function<void(const std::string&)>& log) {
+  if (!secret.empty())
+    return;
+  std::set<std::string> hosts;
+  bool remote = false;
+  for (const auto& [job, tasks] : spec.as_dict())
+    for (const auto& [index, address] : tasks) {
+      auto colon = address.rfind(':');
+      auto host = colon == std::string::npos ? address : address.substr(0, colon);
+      hosts.insert(host);
+      remote = remote || !is_loopback_host(host);
+    }
+  if (hosts.size() <= 1 && !remote)
+    return;
+  std::string names;
+  for (const auto& h : hosts)
+    names += (names.empty() ? "" : ", ") + h;
+  log("warning: the cluster spans hosts (" + names +
+      ") but has no shared secret: connections are not authenticated, so anything that can reach "
+      "the chief's membership port or a worker's collective port can join or send frames into "
+      "a collective. Set multi_worker_options::secret or CONSORT_CLUSTER_SECRET to the same "
+      "value on every task (tools/consort-launch generates one); see docs/multi_worker.md, "
+      "\"Authentication\"");
 }
 
 [[noreturn]] void fail(const caf::error& err, const std::string& what) {
@@ -108,6 +147,10 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
       std::cerr << "consort: " << line << std::endl;
     };
 
+  // One secret authenticates both the membership connections and the mesh.
+  auto secret = mw.secret.empty() ? env_or("CONSORT_CLUSTER_SECRET", "") : mw.secret;
+  warn_if_unauthenticated(spec, secret, log);
+
   // The mesh listens on this task's host, on a port the kernel chooses; the view carries it.
   transport::tcp::mesh_options mesh;
   mesh.rank = rank;
@@ -115,6 +158,7 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   mesh.listen_address = host_of(own_address) + ":0";
   mesh.group_id = detail::fnv1a(chief_address + "/" + std::to_string(num_workers));
   mesh.epoch = 1;
+  mesh.secret = secret;
   mesh.connect_timeout = mw.rendezvous_timeout;
   mesh.log = log;
   auto ctx = transport::tcp::listen(mesh);
@@ -136,7 +180,7 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   if (rank == 0 && gpus)
     for (auto b : detail::make_nccl_unique_id())
       mopts.nccl_unique_id.push_back(static_cast<std::byte>(b));
-  mopts.secret = mw.secret.empty() ? env_or("CONSORT_CLUSTER_SECRET", "") : mw.secret;
+  mopts.secret = secret;
   // A worker waits a little longer than the chief, so that past the deadline it receives the
   // chief's verdict (which tasks are missing) rather than only its own timeout.
   mopts.rendezvous_timeout =

@@ -4,9 +4,10 @@
 #
 #   u32 little-endian length L | L bytes: a Cap'n Proto message (flat array) | payload bytes
 #
-# The first frame each way on a new connection carries a `Hello` and no payload; every later frame
-# carries a `FrameHeader` followed by exactly `payloadBytes` raw bytes (tensor bytes are never
-# copied into a Cap'n Proto message). Readers bound L and `payloadBytes` before allocating, read
+# The first frame each way on a new connection carries a `Hello` and no payload; with a shared
+# secret, the connecting side then sends one `Auth` frame. Every later frame carries a
+# `FrameHeader` followed by exactly `payloadBytes` raw bytes (tensor bytes are never copied into a
+# Cap'n Proto message). Readers bound L and `payloadBytes` before allocating, read
 # headers with small traversal and nesting limits, and close the connection on anything malformed.
 #
 # Field numbers are never reused or renumbered: add fields at the end and bump `protocolVersion`
@@ -21,7 +22,15 @@ $Cxx.namespace("consort::schemas");
 const protocolVersion :UInt16 = 1;
 
 # The handshake: the connecting rank sends its Hello first, the accepting rank validates it and
-# answers with its own; the pair is usable only when both have validated the other's.
+# answers with its own; the pair is usable only when both have validated the other's. With a
+# shared secret (transport/tcp/context.cpp, docs/multi_worker.md "Authentication"):
+#
+#   connector -> acceptor  Hello{rank c, ..., nonce Nc}
+#   acceptor -> connector  Hello{rank a, ..., nonce Na, authProof HMAC(secret, "consort-mesh-v1|
+#                          acceptor", group, epoch, size, c, a, Nc, Na)}
+#   connector -> acceptor  Auth{proof HMAC(secret, "consort-mesh-v1|connector", same fields)}
+#
+# Without a secret both nonces and proofs are empty and there is no Auth frame.
 struct Hello {
   version @0 :UInt16;
   # protocolVersion of the sender.
@@ -40,12 +49,26 @@ struct Hello {
   # The membership epoch the group was formed in: a rank of an older view is refused.
 
   nonce @5 :Data;
-  # Fresh random bytes of the sender, the challenge for the peer's `authProof` (reserved: empty
-  # until groups are authenticated).
+  # Fresh random bytes of the sender (32; 16 to 64 accepted), the challenge for the peer's proof.
+  # Empty when the sender has no shared secret.
 
   authProof @6 :Data;
-  # HMAC-SHA256 of the group's shared secret over the peer's nonce and this Hello's identity fields
-  # (reserved: empty until groups are authenticated).
+  # The acceptor's HMAC-SHA256 proof of the shared secret (see above); empty in the connector's
+  # Hello, and without a secret.
+}
+
+# The connector's proof of the shared secret, the frame after the Hellos (only with a secret).
+struct Auth {
+  version @0 :UInt16;
+  # protocolVersion of the sender.
+
+  proof @1 :Data;
+  # HMAC-SHA256 of the shared secret over "consort-mesh-v1|connector" and the fields of the
+  # acceptor's proof; empty when `refusal` is set.
+
+  refusal @2 :Text;
+  # Why the connector sends no proof: the acceptor's own proof did not verify (so the connector
+  # will not prove anything to it). For the acceptor's log; at most 256 bytes.
 }
 
 # The header of one message of a pair.

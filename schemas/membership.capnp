@@ -51,8 +51,9 @@ struct Join {
   # Fresh random bytes of the worker, the challenge for the chief's proof (View.authProof).
 
   authProof @5 :Data;
-  # HMAC-SHA256 of the cluster's shared secret over the chief's nonce (Challenge.nonce), the task
-  # type, the task index (u32 little-endian) and the address; empty when the worker has no secret.
+  # HMAC-SHA256 of the cluster's shared secret over the label "consort-membership-v1|join", the
+  # chief's nonce (Challenge.nonce), this Join's nonce, the task type and index, and the address
+  # (transport/membership/service.cpp `join_proof`); empty when the worker has no secret.
 
   pid @6 :UInt32;
   # The worker's process id, for logs.
@@ -96,8 +97,10 @@ struct View {
   # The chief's challenge for later proofs (reserved).
 
   authProof @5 :Data;
-  # HMAC-SHA256 of the cluster's shared secret over the receiving worker's Join.nonce and the
-  # epoch (u64 little-endian): the chief proves it knows the secret too. Empty without a secret.
+  # HMAC-SHA256 of the cluster's shared secret over the label "consort-membership-v1|view", the
+  # nonces of the receiving worker's connection (Challenge.nonce, Join.nonce), its task, the epoch
+  # and the group id (service.cpp `view_proof`): the chief proves it knows the secret too. Empty
+  # without a secret.
 }
 
 # A member's liveness signal, sent periodically to the chief (and by the chief to members).

@@ -11,6 +11,7 @@ packages=(
   nlohmann-json3-dev # TF_CONFIG parsing in cluster/ (header-only, build time only)
   libcapnp-dev      # Cap'n Proto 0.9: membership and frame-header schemas (needs pkg-config)
   capnproto         # the capnp schema compiler
+  libssl-dev        # OpenSSL 3 libcrypto: HMAC-SHA256 and nonces of authenticated connections
   clang-format      # the format check of tools/test.sh
   iproute2          # `ip netns` for the multi-worker test on distinct addresses (tests/multiworker)
 )

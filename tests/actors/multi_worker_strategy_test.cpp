@@ -10,8 +10,13 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
+#include <algorithm>
+#include <cstdlib>
 #include <future>
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 using namespace consort;
 using namespace std::chrono_literals;
@@ -123,4 +128,57 @@ TEST(MultiWorkerStrategyTest, TwoWorkersOnTwoThreadsOverTcp) {
   EXPECT_EQ(theirs.first, want);
   EXPECT_EQ(mine.second, tensor::scalar<int32_t>(3));
   EXPECT_EQ(theirs.second, tensor::scalar<int32_t>(3));
+}
+
+/// The log lines of a worker whose chief never starts (worker:1 of `spec`, 300 ms), with `secret`.
+std::vector<std::string> start_up_log(const cluster_spec& spec, const std::string& secret) {
+  ::unsetenv("CONSORT_CLUSTER_SECRET"); // only the option counts here
+  auto mw = quiet(std::make_shared<simple_cluster_resolver>(spec, "worker", 1));
+  auto lines = std::make_shared<std::vector<std::string>>();
+  mw.log = [lines](const std::string& line) {
+    lines->push_back(line);
+  };
+  mw.secret = secret;
+  mw.rendezvous_timeout = 300ms;
+  EXPECT_THROW(multi_worker_mirrored_strategy({}, mw), error);
+  return *lines;
+}
+
+int warnings_in(const std::vector<std::string>& lines) {
+  return static_cast<int>(std::count_if(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.find("has no shared secret") != std::string::npos;
+  }));
+}
+
+TEST(MultiWorkerStrategyTest, AClusterAcrossHostsWithoutASecretWarnsOnceAtStartUp) {
+  auto port = free_port();
+  auto two_hosts = cluster_spec::dense(
+      {{"worker", {"127.0.0.1:" + std::to_string(port), "127.0.0.2:" + std::to_string(port)}}});
+  auto lines = start_up_log(two_hosts, "");
+  ASSERT_EQ(warnings_in(lines), 1);
+  auto warning = *std::find_if(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.find("has no shared secret") != std::string::npos;
+  });
+  EXPECT_NE(warning.find("the cluster spans hosts (127.0.0.1, 127.0.0.2)"), std::string::npos)
+      << warning;
+  EXPECT_NE(warning.find("CONSORT_CLUSTER_SECRET"), std::string::npos) << warning;
+  // With a secret, or on one loopback host, there is nothing to warn about.
+  EXPECT_EQ(warnings_in(start_up_log(two_hosts, "s3cret")), 0);
+  EXPECT_EQ(warnings_in(start_up_log(two_workers(port, 1)->cluster_spec(), "")), 0);
+}
+
+TEST(MultiWorkerStrategyTest, TwoWorkersWithASecretAuthenticateMembershipAndMesh) {
+  auto port = free_port();
+  auto work = [port](int index) {
+    auto mw = quiet(two_workers(port, index));
+    mw.secret = "the secret of this job";
+    multi_worker_mirrored_strategy strategy({}, mw);
+    auto v = strategy.run(
+        [](replica_context& ctx) { return ctx.all_reduce("SUM", tensor::scalar<float>(1.0f)); });
+    return strategy.reduce("SUM", v, std::nullopt);
+  };
+  auto other = std::async(std::launch::async, work, 1);
+  // Each of the 2 replicas (one per worker) gets 2; the reduce sums them.
+  EXPECT_EQ(work(0), tensor::scalar<float>(4.0f));
+  EXPECT_EQ(other.get(), tensor::scalar<float>(4.0f));
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tests of tools/consort-launch: per-worker TF_CONFIG and environment, prefixed output, failure
-# propagation (the others are stopped, the status is passed on), the job timeout, usage errors.
+# propagation (the others are stopped, the status is passed on), the job timeout, usage errors,
+# the cluster secret (generated per launch, or the caller's).
 # Usage: launch_test.sh <path to consort-launch>
 set -uo pipefail
 launch=$1
@@ -17,6 +18,7 @@ cat > "$tmp/job.sh" <<'JOB'
 echo "$$" > "$PIDS/$CONSORT_LAUNCH_RANK"
 echo "rank=$CONSORT_LAUNCH_RANK size=$CONSORT_LAUNCH_SIZE devices=$CONSORT_DEVICES_PER_WORKER"
 echo "tf=$TF_CONFIG"
+echo "secret=${CONSORT_CLUSTER_SECRET:-}"
 echo "to stderr" >&2
 if [ "${FAIL_RANK:-none}" = "$CONSORT_LAUNCH_RANK" ]; then
   # Fail only once every peer is up, so that stopping them is what the test observes.
@@ -77,6 +79,22 @@ check "zero workers says what was expected" grep -qF "needs a worker count >= 1,
 out=$("$launch" -n 2 2>&1); rc=$?
 check "a missing command is a usage error" [ "$rc" -eq 2 ]
 check "a missing command says where it goes" grep -qF "put it after --" <<<"$out"
+
+# 6. Without CONSORT_CLUSTER_SECRET, every worker of a launch gets the same fresh 64-hex-digit
+#    secret, another one per launch; a caller's secret is passed through unchanged.
+secrets_of() { sed -n 's/^\[[^]]*\] secret=//p' <<<"$1" | sort -u; }
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$(env -u CONSORT_CLUSTER_SECRET "$launch" -n 3 --port 7400 -- "$tmp/job.sh" 2>&1)
+first=$(secrets_of "$out")
+check "every worker gets one generated secret" [ "$(wc -l <<<"$first")" -eq 1 ]
+check "the generated secret is 32 random bytes in hex" grep -qxE '[0-9a-f]{64}' <<<"$first"
+check "the launcher does not print the secret" bash -c "! grep -v '\] secret=' <<<\"\$1\" | grep -qF \"\$2\"" _ "$out" "$first"
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$(env -u CONSORT_CLUSTER_SECRET "$launch" -n 2 --port 7500 -- "$tmp/job.sh" 2>&1)
+check "each launch generates another secret" [ "$(secrets_of "$out")" != "$first" ]
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$(CONSORT_CLUSTER_SECRET=given "$launch" -n 2 --port 7600 -- "$tmp/job.sh" 2>&1)
+check "a given secret is passed to every worker" [ "$(secrets_of "$out")" = "given" ]
 
 [ "$failures" -eq 0 ] && echo "launch_test: all checks passed" || echo "launch_test: $failures check(s) failed"
 exit "$failures"

@@ -729,7 +729,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "truncated hello: the connection ended after 2 of 4 bytes"},
         bad_hello{"TruncatedBody",
                   [](raw_peer& p) {
-                    auto hello = wire::encode_hello(wire::hello{1, 1, 2, test_group, 0});
+                    auto hello = wire::encode_hello(wire::hello{1, 1, 2, test_group, 0, {}, {}});
                     hello.resize(hello.size() - 5);
                     p.write(hello);
                   },

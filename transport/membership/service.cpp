@@ -10,9 +10,16 @@
 // The first must be a valid Join within `handshake_timeout`; the chief checks it and either
 // refuses it (Refusal with the reason, then a graceful close) or records the worker as joined.
 // When every task has joined and `rendezvous()` was called, the chief sends each worker the view
-// (with its proof of the secret for that worker's nonce). A worker connects to the chief
+// (with its proof of the secret for that worker's connection). A worker connects to the chief
 // (retrying refused, reset or timed-out attempts with back-off until its rendezvous deadline),
 // answers the Challenge with its Join and waits for the View, a Refusal or an Abort.
+//
+// Authentication (with a shared secret; docs/multi_worker.md): mutual challenge-response. The
+// chief's Challenge carries its nonce Nc; the worker's Join carries its nonce Nw and
+// HMAC(secret, "consort-membership-v1|join", Nc, Nw, task, address); the View sent to that worker
+// carries HMAC(secret, "consort-membership-v1|view", Nc, Nw, task, epoch, group id). Both nonces
+// are fresh per connection, so a recorded Join or View proves nothing on another connection, and
+// the two labels keep one side's proof from being reflected as the other's.
 //
 // Deadlines. One periodic tick (at most 50 ms apart) enforces all of them: handshakes, connection
 // attempts, the rendezvous, heartbeats sent and expected, writes that do not complete, and the
@@ -23,8 +30,8 @@
 // until the peer closes too or the linger passes: the last message is never lost to a reset.
 
 #include "transport/address.hpp"
+#include "transport/auth.hpp"
 #include "transport/membership/codec.hpp"
-#include "transport/membership/sha256.hpp"
 
 #include <consort/error.hpp>
 #include <consort/transport/membership.hpp>
@@ -52,11 +59,9 @@
 #include <exception>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <thread>
 
-#include <sys/random.h>
 #include <unistd.h>
 
 namespace consort {
@@ -87,9 +92,10 @@ constexpr milliseconds max_backoff{200};
 /// The longest period of the tick that enforces every deadline.
 constexpr milliseconds max_tick{50};
 
-/// The bytes of every nonce this service makes (at least 16 are required of a peer's).
-constexpr std::size_t nonce_bytes = 32;
-constexpr std::size_t min_nonce_bytes = 16;
+using auth::max_nonce_bytes;
+using auth::min_nonce_bytes;
+using auth::nonce_bytes;
+using auth::random_bytes;
 
 /// The longest a graceful close (leave, refusal) waits for the peer to close its side.
 constexpr milliseconds max_linger{2000};
@@ -106,58 +112,38 @@ std::string reason_of(const error_code& ec) {
   return ec.message();
 }
 
-/// `n` bytes from the kernel's random source (getrandom), or from std::random_device if that
-/// fails.
-std::vector<std::byte> random_bytes(std::size_t n) {
-  std::vector<std::byte> out(n);
-  std::size_t got = 0;
-  while (got < n) {
-    auto r = ::getrandom(out.data() + got, n - got, 0);
-    if (r <= 0)
-      break;
-    got += static_cast<std::size_t>(r);
-  }
-  if (got < n) {
-    std::random_device rd;
-    for (; got < n; ++got)
-      out[got] = static_cast<std::byte>(rd() & 0xffu);
-  }
-  return out;
-}
-
-void append(std::vector<std::byte>& out, std::string_view text) {
-  auto* p = reinterpret_cast<const std::byte*>(text.data());
-  out.insert(out.end(), p, p + text.size());
-}
-
-void append_le(std::vector<std::byte>& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i)
-    out.push_back(static_cast<std::byte>((v >> (8 * i)) & 0xffu));
-}
-
-std::vector<std::byte> secret_bytes(const std::string& secret) {
-  std::vector<std::byte> out;
-  append(out, secret);
-  return out;
-}
-
-/// The worker's proof: HMAC(secret, chief nonce || task type || task index (u32 LE) || address).
-std::vector<std::byte> join_proof(const std::string& secret, const std::vector<std::byte>& nonce,
+/// The worker's proof of the secret in its Join. It binds the role (the label), both nonces (the
+/// chief's challenge makes it fresh; the worker's own ties the view's proof to this connection),
+/// and the identity the worker claims: its task (hence its rank) and its collective address.
+std::vector<std::byte> join_proof(const std::string& secret,
+                                  const std::vector<std::byte>& chief_nonce,
+                                  const std::vector<std::byte>& worker_nonce,
                                   const consort::task_id& task, const std::string& address) {
-  std::vector<std::byte> message(nonce);
-  append(message, task.type);
-  append_le(message, static_cast<uint32_t>(task.index), 4);
-  append(message, address);
-  auto mac = detail::hmac_sha256(secret_bytes(secret), message);
+  auto mac = auth::transcript("consort-membership-v1|join")
+                 .bytes(chief_nonce)
+                 .bytes(worker_nonce)
+                 .text(task.type)
+                 .u32(static_cast<uint32_t>(task.index))
+                 .text(address)
+                 .sign(secret);
   return {mac.begin(), mac.end()};
 }
 
-/// The chief's proof: HMAC(secret, worker nonce || epoch (u64 LE)).
-std::vector<std::byte> view_proof(const std::string& secret, const std::vector<std::byte>& nonce,
-                                  uint64_t epoch) {
-  std::vector<std::byte> message(nonce);
-  append_le(message, epoch, 8);
-  auto mac = detail::hmac_sha256(secret_bytes(secret), message);
+/// The chief's proof of the secret in the view it sends a worker: the other role's label, both
+/// nonces of that worker's connection, the worker's task, and the epoch and group id of the view
+/// (the group id the mesh handshakes then bind).
+std::vector<std::byte> view_proof(const std::string& secret,
+                                  const std::vector<std::byte>& chief_nonce,
+                                  const std::vector<std::byte>& worker_nonce,
+                                  const consort::task_id& task, uint64_t epoch, uint64_t group_id) {
+  auto mac = auth::transcript("consort-membership-v1|view")
+                 .bytes(chief_nonce)
+                 .bytes(worker_nonce)
+                 .text(task.type)
+                 .u32(static_cast<uint32_t>(task.index))
+                 .u64(epoch)
+                 .u64(group_id)
+                 .sign(secret);
   return {mac.begin(), mac.end()};
 }
 
@@ -371,7 +357,8 @@ private:
   std::string last_error_; // worker: why the last attempt to reach the chief failed
   bool warned_ = false;    // worker: a failed attempt was logged
   milliseconds backoff_{first_backoff};
-  std::vector<std::byte> my_nonce_; // worker: the nonce of its Join
+  std::vector<std::byte> my_nonce_;    // worker: the nonce of its Join
+  std::vector<std::byte> chief_nonce_; // worker: the nonce of the chief's Challenge
 
   std::atomic<bool> suspended_{false};
   std::atomic<bool> stopped_{false};
@@ -857,16 +844,18 @@ void service::impl::on_message(const conn_ptr& c, codec::message& m) {
     if (!ch)
       return failed(c, std::string("protocol error: expected a Challenge, got a ") +
                            codec::kind_of(m) + " message");
-    if (ch->nonce.size() < min_nonce_bytes)
+    if (ch->nonce.size() < min_nonce_bytes || ch->nonce.size() > max_nonce_bytes)
       return failed(c, "protocol error: its challenge has " + std::to_string(ch->nonce.size()) +
-                           " bytes of nonce, expected at least " + std::to_string(min_nonce_bytes));
+                           " bytes of nonce, expected " + std::to_string(min_nonce_bytes) + " to " +
+                           std::to_string(max_nonce_bytes));
     codec::join j;
     j.task = opts_.tasks[opts_.rank];
     j.address = opts_.address;
     j.devices = opts_.devices;
     j.nonce = my_nonce_ = random_bytes(nonce_bytes);
+    chief_nonce_ = ch->nonce;
     if (!opts_.secret.empty())
-      j.auth_proof = join_proof(opts_.secret, ch->nonce, j.task, j.address);
+      j.auth_proof = join_proof(opts_.secret, chief_nonce_, my_nonce_, j.task, j.address);
     j.pid = static_cast<uint32_t>(::getpid());
     c->state = phase::joined;
     last_error_ = "joined the chief at " + c->remote + ", but no view arrived";
@@ -1038,22 +1027,23 @@ std::string service::impl::check_join(const codec::join& j, const std::vector<st
   if (rendezvous_failed_)
     return "the rendezvous of this cluster has failed already (" + failure_ + ")";
   auto who = to_string(j.task);
+  // The nonce first: the proof covers it.
+  if (j.nonce.size() < min_nonce_bytes || j.nonce.size() > max_nonce_bytes)
+    return "its Join has " + std::to_string(j.nonce.size()) + " bytes of nonce, expected " +
+           std::to_string(min_nonce_bytes) + " to " + std::to_string(max_nonce_bytes);
   if (!opts_.secret.empty()) {
     if (j.auth_proof.empty())
       return "authentication failed: " + who +
              " presented no proof of the shared secret, which this cluster requires (set the "
              "same secret on every task)";
-    if (!detail::constant_time_equal(join_proof(opts_.secret, nonce, j.task, j.address),
-                                     j.auth_proof))
-      return "authentication failed: the shared secret does not match";
+    if (!auth::equal(join_proof(opts_.secret, nonce, j.nonce, j.task, j.address), j.auth_proof))
+      return "authentication failed: the shared secret does not match (or the Join was not "
+             "made for this connection's challenge: a replay)";
   } else if (!j.auth_proof.empty()) {
     return "authentication failed: " + who +
            " presented a proof of a shared secret, but this chief has none (set the same "
            "secret on every task, or none on all)";
   }
-  if (j.nonce.size() < min_nonce_bytes)
-    return "its Join has " + std::to_string(j.nonce.size()) +
-           " bytes of nonce, expected at least " + std::to_string(min_nonce_bytes);
   auto it = std::find(opts_.tasks.begin(), opts_.tasks.end(), j.task);
   if (it == opts_.tasks.end()) {
     std::vector<std::string> names;
@@ -1164,7 +1154,8 @@ void service::impl::maybe_form_view() {
     c->last_rx = now;
     codec::view_message m{v, {}};
     if (!opts_.secret.empty())
-      m.auth_proof = view_proof(opts_.secret, c->join.nonce, v.epoch);
+      m.auth_proof =
+          view_proof(opts_.secret, c->nonce, c->join.nonce, c->join.task, v.epoch, v.group_id);
     send(c, m);
   }
   log_line("formed the view of epoch " + std::to_string(v.epoch) + ": " +
@@ -1278,8 +1269,9 @@ void service::impl::on_view(const conn_ptr& c, codec::view_message& m) {
   auto& v = m.view;
   std::string why;
   if (!opts_.secret.empty()) {
-    auto expected = view_proof(opts_.secret, my_nonce_, v.epoch);
-    if (!detail::constant_time_equal(expected, m.auth_proof))
+    auto expected = view_proof(opts_.secret, chief_nonce_, my_nonce_, opts_.tasks[opts_.rank],
+                               v.epoch, v.group_id);
+    if (!auth::equal(expected, m.auth_proof))
       why = "it did not prove the shared secret (the view's proof does not match): it is not "
             "the chief of this cluster, or its secret differs";
   } else if (!m.auth_proof.empty()) {

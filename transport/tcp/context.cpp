@@ -8,7 +8,14 @@
 // The mesh. Rank i connects to every rank j < i and accepts every rank j > i. The connecting side
 // sends its hello first; the accepting side checks it (version, group, epoch, size, rank, not yet
 // connected) and answers with its own, which the connecting side checks in turn. Only then does a
-// pair take the socket. Refused, reset or timed-out connection attempts are retried with back-off
+// pair take the socket. With a shared secret (`mesh_options::secret`) the handshake is a mutual
+// challenge-response (schemas/frame.capnp, docs/multi_worker.md "Authentication"): the connector's
+// hello carries its nonce Nc; the acceptor's reply carries its nonce Na and its proof, an
+// HMAC-SHA256 over the role "acceptor", the group, epoch, size, both ranks and both nonces; the
+// connector checks it, then sends an Auth frame with its own proof (role "connector", same
+// fields), which the acceptor checks before the pair takes the socket. The connector proves
+// nothing to an acceptor whose proof failed: it sends a refusal instead, so that both sides log
+// why. Refused, reset or timed-out connection attempts are retried with back-off
 // until the mesh deadline, since peers start at different times. Every accepted connection must
 // present a valid hello within `handshake_timeout`; anything else (garbage, a truncated or
 // oversized frame, another group) is logged with the remote address and closed, and the context
@@ -16,6 +23,7 @@
 // a stray or hostile client always meets a handshake that refuses it with a logged reason.
 
 #include "transport/address.hpp"
+#include "transport/auth.hpp"
 #include "transport/tcp/pair_impl.hpp"
 #include "transport/tcp/wire.hpp"
 
@@ -107,12 +115,16 @@ private:
     bool outbound = false; // we connected
     bool finished = false;
     bool timed_out = false;
+    bool claimed = false;              // this handshake set claimed_[peer]
+    std::vector<std::byte> my_nonce;   // with a secret: the nonce of our hello
+    std::vector<std::byte> peer_nonce; // with a secret: the nonce of the peer's hello
     std::array<std::byte, wire::prefix_bytes> prefix{};
     std::vector<std::byte> body;
     std::vector<std::byte> out;
   };
   using handshake_ptr = std::shared_ptr<handshake>;
   using hello_handler = std::function<void(const std::string& error, const wire::hello& hello)>;
+  using frame_handler = std::function<void(const std::string& error)>;
 
   // -- I/O thread ------------------------------------------------------------------------------
 
@@ -123,12 +135,22 @@ private:
   void on_connected(const handshake_ptr& hs, std::chrono::milliseconds backoff);
   void attempt_failed(const handshake_ptr& hs, const std::string& why,
                       std::chrono::milliseconds backoff);
+  void read_frame(const handshake_ptr& hs, const char* what, frame_handler then);
   void read_hello(const handshake_ptr& hs, hello_handler then);
+  void reply_hello(const handshake_ptr& hs, const wire::hello& h);
+  void read_auth(const handshake_ptr& hs);
+  void on_reply_hello(const handshake_ptr& hs, const wire::hello& h,
+                      std::chrono::milliseconds backoff);
+  void mesh_refused(const handshake_ptr& hs, const std::string& text);
   void arm_timer(const handshake_ptr& hs, deadline until);
   void finish(const handshake_ptr& hs);
   void refuse(const handshake_ptr& hs, const std::string& why);
   void connected(const handshake_ptr& hs);
   std::string check_hello(const wire::hello& h) const;
+  std::string check_auth_mode(const wire::hello& h, const char* peer) const;
+  auth::transcript mesh_transcript(const char* role, int connector, int acceptor,
+                                   const std::vector<std::byte>& connector_nonce,
+                                   const std::vector<std::byte>& acceptor_nonce) const;
   void apply_socket_options(asio_tcp::socket& socket);
   std::string timeout_text(const handshake_ptr& hs, const char* what) const;
 
@@ -452,7 +474,40 @@ std::string context_impl::check_hello(const wire::hello& h) const {
   if (h.rank >= static_cast<uint32_t>(opts_.size))
     return "its hello names rank " + std::to_string(h.rank) + ", outside [0, " +
            std::to_string(opts_.size) + ")";
+  if (!h.nonce.empty() &&
+      (h.nonce.size() < auth::min_nonce_bytes || h.nonce.size() > auth::max_nonce_bytes))
+    return "its hello has a nonce of " + std::to_string(h.nonce.size()) + " bytes, expected " +
+           std::to_string(auth::min_nonce_bytes) + " to " + std::to_string(auth::max_nonce_bytes);
   return {};
+}
+
+std::string context_impl::check_auth_mode(const wire::hello& h, const char* peer) const {
+  // A nonce in a hello says that its sender has a secret: both sides must agree on having one.
+  if (opts_.secret.empty() && !h.nonce.empty())
+    return std::string("authentication failed: ") + peer + " " + std::to_string(h.rank) +
+           " has a shared secret (its hello carries a nonce) but this rank has none (set the same "
+           "secret on every rank, or none on all)";
+  if (!opts_.secret.empty() && h.nonce.empty())
+    return std::string("authentication failed: ") + peer + " " + std::to_string(h.rank) +
+           " has no shared secret (its hello carries no nonce), which this rank requires (set "
+           "the same secret on every rank)";
+  return {};
+}
+
+auth::transcript context_impl::mesh_transcript(const char* role, int connector, int acceptor,
+                                               const std::vector<std::byte>& connector_nonce,
+                                               const std::vector<std::byte>& acceptor_nonce) const {
+  // Every field that identifies this connection: a proof made for another role, group, epoch,
+  // pair of ranks or pair of nonces does not verify here.
+  auth::transcript t(std::string("consort-mesh-v1|") + role);
+  t.u64(opts_.group_id)
+      .u64(opts_.epoch)
+      .u32(static_cast<uint32_t>(opts_.size))
+      .u32(static_cast<uint32_t>(connector))
+      .u32(static_cast<uint32_t>(acceptor))
+      .bytes(connector_nonce)
+      .bytes(acceptor_nonce);
+  return t;
 }
 
 void context_impl::apply_socket_options(asio_tcp::socket& socket) {
@@ -491,41 +546,82 @@ std::string context_impl::timeout_text(const handshake_ptr& hs, const char* what
          ")";
 }
 
-void context_impl::read_hello(const handshake_ptr& hs, hello_handler then) {
-  auto on_error = [this, hs](const error_code& ec, std::size_t got, std::size_t want,
-                             const char* part) {
+void context_impl::read_frame(const handshake_ptr& hs, const char* what, frame_handler then) {
+  auto on_error = [this, hs, what](const error_code& ec, std::size_t got, std::size_t want,
+                                   const char* part) {
     if (hs->timed_out)
-      return timeout_text(hs, ("waiting for the hello's " + std::string(part)).c_str());
+      return timeout_text(hs, ("waiting for the " + std::string(what) + "'s " + part).c_str());
     if (ec == asio::error::eof)
-      return "truncated hello: the connection ended after " + std::to_string(got) + " of " +
-             std::to_string(want) + " bytes of its " + part;
-    return "read of the hello's " + std::string(part) + " failed after " + std::to_string(got) +
-           " of " + std::to_string(want) + " bytes: " + ec.message();
+      return "truncated " + std::string(what) + ": the connection ended after " +
+             std::to_string(got) + " of " + std::to_string(want) + " bytes of its " + part;
+    return "read of the " + std::string(what) + "'s " + part + " failed after " +
+           std::to_string(got) + " of " + std::to_string(want) + " bytes: " + ec.message();
   };
-  asio::async_read(
-      hs->socket, asio::buffer(hs->prefix),
-      [this, hs, then = std::move(then), on_error](const error_code& ec, std::size_t n) mutable {
-        if (closing_)
-          return;
-        if (ec)
-          return then(on_error(ec, n, wire::prefix_bytes, "length prefix"), {});
-        uint32_t length = 0;
-        if (auto why = wire::decode_length(hs->prefix, length); !why.empty())
-          return then("malformed hello: " + why, {});
-        hs->body.resize(length); // bounded by decode_length
-        asio::async_read(
-            hs->socket, asio::buffer(hs->body),
-            [this, hs, then = std::move(then), on_error](const error_code& ec, std::size_t n) {
-              if (closing_)
-                return;
-              if (ec)
-                return then(on_error(ec, n, hs->body.size(), "header"), {});
-              wire::hello h;
-              if (auto why = wire::decode_hello(hs->body, h); !why.empty())
-                return then("malformed hello: " + why, {});
-              then({}, h);
-            });
-      });
+  asio::async_read(hs->socket, asio::buffer(hs->prefix),
+                   [this, hs, what, then = std::move(then), on_error](const error_code& ec,
+                                                                      std::size_t n) mutable {
+                     if (closing_)
+                       return;
+                     if (ec)
+                       return then(on_error(ec, n, wire::prefix_bytes, "length prefix"));
+                     uint32_t length = 0;
+                     if (auto why = wire::decode_length(hs->prefix, length); !why.empty())
+                       return then("malformed " + std::string(what) + ": " + why);
+                     hs->body.resize(length); // bounded by decode_length
+                     asio::async_read(hs->socket, asio::buffer(hs->body),
+                                      [this, hs, then = std::move(then),
+                                       on_error](const error_code& ec, std::size_t n) {
+                                        if (closing_)
+                                          return;
+                                        if (ec)
+                                          return then(on_error(ec, n, hs->body.size(), "header"));
+                                        then({});
+                                      });
+                   });
+}
+
+void context_impl::read_hello(const handshake_ptr& hs, hello_handler then) {
+  read_frame(hs, "hello", [hs, then = std::move(then)](const std::string& error) {
+    if (!error.empty())
+      return then(error, {});
+    wire::hello h;
+    if (auto why = wire::decode_hello(hs->body, h); !why.empty())
+      return then("malformed hello: " + why, {});
+    then({}, h);
+  });
+}
+
+void context_impl::read_auth(const handshake_ptr& hs) {
+  read_frame(hs, "authentication frame", [this, hs](const std::string& error) {
+    if (!error.empty())
+      return refuse(hs, "no valid authentication frame after the hellos: " + error);
+    wire::auth a;
+    if (auto why = wire::decode_auth(hs->body, a); !why.empty())
+      return refuse(hs, "malformed authentication frame: " + why);
+    auto rank = std::to_string(hs->peer);
+    if (a.version != wire::protocol_version)
+      return refuse(hs, "its authentication frame has protocol version " +
+                            std::to_string(a.version) + ", expected " +
+                            std::to_string(wire::protocol_version));
+    if (!a.refusal.empty()) {
+      // Text from a peer that proved nothing: printable ASCII only in our log (bounded by wire).
+      for (auto& c : a.refusal)
+        if (c < 0x20 || c > 0x7e)
+          c = '?';
+      return refuse(hs, "authentication failed: rank " + rank +
+                            " did not accept this rank's proof of the shared secret (it says: " +
+                            a.refusal + ")");
+    }
+    auto t = mesh_transcript("connector", hs->peer, opts_.rank, hs->peer_nonce, hs->my_nonce);
+    if (!t.verify(opts_.secret, a.proof))
+      return refuse(hs, "authentication failed: the proof of rank " + rank +
+                            " does not match the shared secret (a different secret, or a "
+                            "handshake replayed from another connection)");
+    if (claimed_[hs->peer])
+      return refuse(hs, "its hello is of rank " + rank + ", which is already connected");
+    claimed_[hs->peer] = hs->claimed = true;
+    connected(hs);
+  });
 }
 
 // -- accepting -----------------------------------------------------------------------------------
@@ -580,29 +676,55 @@ void context_impl::on_accepted(const handshake_ptr& hs) {
       else if (rank < opts_.rank)
         why = "its hello is of rank " + std::to_string(rank) + ", which this rank connects to (" +
               "only higher ranks connect to rank " + std::to_string(opts_.rank) + ")";
-      else if (claimed_[rank])
+      else if (opts_.secret.empty() && claimed_[rank])
+        // With a secret this is checked after the peer proved it: a client that cannot prove it
+        // learns nothing of which ranks are connected, and cannot hold a rank's place.
         why = "its hello is of rank " + std::to_string(rank) + ", which is already connected";
     }
     if (!why.empty())
       return refuse(hs, why);
     hs->peer = static_cast<int>(h.rank);
-    claimed_[hs->peer] = true;
-    hs->out = wire::encode_hello(my_hello());
-    asio::async_write(
-        hs->socket, asio::buffer(hs->out), [this, hs](const error_code& ec, std::size_t n) {
-          if (closing_)
-            return;
-          if (ec) {
-            claimed_[hs->peer] = false;
-            return refuse(hs, hs->timed_out
-                                  ? timeout_text(hs, "writing the reply hello")
-                                  : "writing the reply hello failed after " + std::to_string(n) +
-                                        " of " + std::to_string(hs->out.size()) +
-                                        " bytes: " + ec.message());
-          }
-          connected(hs);
-        });
+    reply_hello(hs, h);
   });
+}
+
+void context_impl::reply_hello(const handshake_ptr& hs, const wire::hello& h) {
+  auto reply = my_hello();
+  // A mismatch of having a secret is answered with our hello before the refusal, so that the
+  // connector can tell why (our hello has a nonce exactly when we have a secret).
+  auto refusal = check_auth_mode(h, "rank");
+  if (!opts_.secret.empty()) {
+    reply.nonce = hs->my_nonce = auth::random_bytes(auth::nonce_bytes);
+    if (refusal.empty()) {
+      hs->peer_nonce = h.nonce;
+      auto proof = mesh_transcript("acceptor", hs->peer, opts_.rank, hs->peer_nonce, hs->my_nonce)
+                       .sign(opts_.secret);
+      reply.auth_proof.assign(proof.begin(), proof.end());
+    }
+  } else if (refusal.empty()) {
+    // Without a secret the hello is all there is: the rank is taken now.
+    claimed_[hs->peer] = hs->claimed = true;
+  }
+  hs->out = wire::encode_hello(reply);
+  asio::async_write(
+      hs->socket, asio::buffer(hs->out), [this, hs, refusal](const error_code& ec, std::size_t n) {
+        if (closing_)
+          return;
+        if (ec) {
+          if (hs->claimed)
+            claimed_[hs->peer] = false;
+          return refuse(hs, hs->timed_out
+                                ? timeout_text(hs, "writing the reply hello")
+                                : "writing the reply hello failed after " + std::to_string(n) +
+                                      " of " + std::to_string(hs->out.size()) +
+                                      " bytes: " + ec.message());
+        }
+        if (!refusal.empty())
+          return refuse(hs, refusal);
+        if (opts_.secret.empty())
+          return connected(hs);
+        read_auth(hs);
+      });
 }
 
 void context_impl::refuse(const handshake_ptr& hs, const std::string& why) {
@@ -671,7 +793,10 @@ void context_impl::connect_next_endpoint(const handshake_ptr& hs,
 }
 
 void context_impl::on_connected(const handshake_ptr& hs, std::chrono::milliseconds backoff) {
-  hs->out = wire::encode_hello(my_hello());
+  auto hello = my_hello();
+  if (!opts_.secret.empty())
+    hello.nonce = hs->my_nonce = auth::random_bytes(auth::nonce_bytes);
+  hs->out = wire::encode_hello(hello);
   asio::async_write(
       hs->socket, asio::buffer(hs->out), [this, hs, backoff](const error_code& ec, std::size_t n) {
         if (closing_)
@@ -688,30 +813,78 @@ void context_impl::on_connected(const handshake_ptr& hs, std::chrono::millisecon
           // peer may be a previous incarnation on its way out); a wrong hello is not.
           if (!error.empty())
             return attempt_failed(hs, "no valid hello in reply: " + error, backoff);
-          auto why = check_hello(h);
-          if (why.empty() && static_cast<int>(h.rank) != hs->peer)
-            why = "its hello is of rank " + std::to_string(h.rank) + ", expected rank " +
-                  std::to_string(hs->peer);
-          if (!why.empty()) {
-            finish(hs);
-            error_code ignored;
-            hs->socket.close(ignored);
-            auto text = "the peer at " + hs->address + " is not rank " + std::to_string(hs->peer) +
-                        " of this group: " + why;
-            env_->log_line(text);
-            {
-              std::lock_guard lock(mesh_mu_);
-              if (!mesh_failure_)
-                mesh_failure_ =
-                    make_caf_error(errc::peer_lost, "rank " + std::to_string(opts_.rank) +
-                                                        " cannot form its mesh: " + text);
-            }
-            mesh_cv_.notify_all();
-            return;
-          }
-          connected(hs);
+          on_reply_hello(hs, h, backoff);
         });
       });
+}
+
+void context_impl::on_reply_hello(const handshake_ptr& hs, const wire::hello& h,
+                                  std::chrono::milliseconds backoff) {
+  auto peer = std::to_string(hs->peer);
+  auto why = check_hello(h);
+  if (why.empty() && static_cast<int>(h.rank) != hs->peer)
+    why = "its hello is of rank " + std::to_string(h.rank) + ", expected rank " + peer;
+  if (!why.empty())
+    return mesh_refused(hs, "the peer at " + hs->address + " is not rank " + peer +
+                                " of this group: " + why);
+  if (auto mode = check_auth_mode(h, "rank"); !mode.empty())
+    return mesh_refused(hs, "rank " + peer + " at " + hs->address + " was refused: " + mode);
+  if (opts_.secret.empty())
+    return connected(hs);
+  auto t = mesh_transcript("acceptor", opts_.rank, hs->peer, hs->my_nonce, h.nonce);
+  if (!t.verify(opts_.secret, h.auth_proof)) {
+    // Prove nothing to a peer that has not proven itself: say why instead, then close.
+    auto text = "rank " + peer + " at " + hs->address +
+                " was refused: authentication failed: its proof of the shared secret does not "
+                "match (a different secret, or it is not rank " +
+                peer + " of this group)";
+    wire::auth a;
+    a.refusal = "rank " + std::to_string(opts_.rank) +
+                " found that your proof does not match its shared secret (are the secrets the "
+                "same?)";
+    hs->out = wire::encode_auth(a);
+    asio::async_write(hs->socket, asio::buffer(hs->out),
+                      [this, hs, text](const error_code&, std::size_t) {
+                        if (!closing_)
+                          mesh_refused(hs, text);
+                      });
+    return;
+  }
+  wire::auth a;
+  auto proof =
+      mesh_transcript("connector", opts_.rank, hs->peer, hs->my_nonce, h.nonce).sign(opts_.secret);
+  a.proof.assign(proof.begin(), proof.end());
+  hs->out = wire::encode_auth(a);
+  asio::async_write(
+      hs->socket, asio::buffer(hs->out), [this, hs, backoff](const error_code& ec, std::size_t n) {
+        if (closing_)
+          return;
+        if (ec)
+          return attempt_failed(hs,
+                                hs->timed_out ? timeout_text(hs, "writing the authentication frame")
+                                              : "writing the authentication frame failed after " +
+                                                    std::to_string(n) + " of " +
+                                                    std::to_string(hs->out.size()) +
+                                                    " bytes: " + ec.message(),
+                                backoff);
+        connected(hs);
+      });
+}
+
+void context_impl::mesh_refused(const handshake_ptr& hs, const std::string& text) {
+  if (hs->finished)
+    return;
+  finish(hs);
+  error_code ignored;
+  hs->socket.close(ignored);
+  env_->log_line(text);
+  {
+    std::lock_guard lock(mesh_mu_);
+    if (!mesh_failure_)
+      mesh_failure_ = make_caf_error(errc::peer_lost, "rank " + std::to_string(opts_.rank) +
+                                                          " cannot form its mesh: " + text);
+  }
+  mesh_cv_.notify_all();
 }
 
 void context_impl::attempt_failed(const handshake_ptr& hs, const std::string& why,

@@ -78,6 +78,20 @@ std::string read_flat(std::span<const std::byte> body, Read&& read) {
   }
 }
 
+/// Copies a Data field of at most max_data_bytes into `out`; returns why not, or "".
+std::string copy_data(capnp::Data::Reader in, const char* what, std::vector<std::byte>& out) {
+  if (in.size() > max_data_bytes)
+    return std::string("its ") + what + " has " + std::to_string(in.size()) + " bytes, at most " +
+           std::to_string(max_data_bytes) + " are allowed";
+  auto* p = reinterpret_cast<const std::byte*>(in.begin());
+  out.assign(p, p + in.size());
+  return {};
+}
+
+capnp::Data::Reader data_of(const std::vector<std::byte>& bytes) {
+  return {reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()};
+}
+
 } // namespace
 
 std::size_t encode_header(const header& h, std::span<std::byte, max_head_bytes> out) {
@@ -101,6 +115,10 @@ std::vector<std::byte> encode_hello(const hello& h) {
   root.setSize(h.size);
   root.setGroupId(h.group_id);
   root.setEpoch(h.epoch);
+  if (!h.nonce.empty())
+    root.setNonce(data_of(h.nonce));
+  if (!h.auth_proof.empty())
+    root.setAuthProof(data_of(h.auth_proof));
   std::vector<std::byte> out(prefix_bytes + max_header_bytes);
   out.resize(write_flat(builder, out.data(), out.size()));
   return out;
@@ -144,6 +162,38 @@ std::string decode_hello(std::span<const std::byte> body, hello& out) {
     out.size = root.getSize();
     out.group_id = root.getGroupId();
     out.epoch = root.getEpoch();
+    if (auto why = copy_data(root.getNonce(), "nonce", out.nonce); !why.empty())
+      return why;
+    return copy_data(root.getAuthProof(), "authentication proof", out.auth_proof);
+  });
+}
+
+std::vector<std::byte> encode_auth(const auth& a) {
+  capnp::MallocMessageBuilder builder;
+  auto root = builder.initRoot<schemas::Auth>();
+  root.setVersion(a.version);
+  if (!a.proof.empty())
+    root.setProof(data_of(a.proof));
+  if (!a.refusal.empty()) {
+    auto text = a.refusal.substr(0, max_refusal_bytes);
+    root.setRefusal(capnp::Text::Reader(text.data(), text.size()));
+  }
+  std::vector<std::byte> out(prefix_bytes + max_header_bytes);
+  out.resize(write_flat(builder, out.data(), out.size()));
+  return out;
+}
+
+std::string decode_auth(std::span<const std::byte> body, auth& out) {
+  return read_flat(body, [&](capnp::MessageReader& reader) -> std::string {
+    auto root = reader.getRoot<schemas::Auth>();
+    out.version = root.getVersion();
+    if (auto why = copy_data(root.getProof(), "proof", out.proof); !why.empty())
+      return why;
+    auto refusal = root.getRefusal();
+    if (refusal.size() > max_refusal_bytes)
+      return "its refusal has " + std::to_string(refusal.size()) + " bytes, at most " +
+             std::to_string(max_refusal_bytes) + " are allowed";
+    out.refusal.assign(refusal.cStr(), refusal.size());
     return {};
   });
 }

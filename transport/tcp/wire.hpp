@@ -3,7 +3,8 @@
 // The TCP transport's frame format (schemas/frame.capnp) behind plain structs, so that only
 // wire.cpp sees Cap'n Proto:
 //
-//   u32 little-endian length L | L bytes: Cap'n Proto flat array (Hello or FrameHeader) | payload
+//   u32 little-endian length L | L bytes: Cap'n Proto flat array (Hello, Auth or FrameHeader) |
+//   payload
 //
 // Every decode bounds what it reads: L is checked before anything is read into a fixed buffer,
 // the message is read with a small traversal and nesting limit, and a malformed frame gives a
@@ -26,6 +27,12 @@ inline constexpr std::size_t prefix_bytes = 4;
 /// The largest header (hello or frame header) a reader accepts; a longer one is malformed.
 inline constexpr std::size_t max_header_bytes = 512;
 
+/// The longest nonce or proof a decoded Hello or Auth may carry; a longer one is malformed.
+inline constexpr std::size_t max_data_bytes = 64;
+
+/// The longest refusal text of an Auth; encode_auth truncates longer ones, decode rejects them.
+inline constexpr std::size_t max_refusal_bytes = 256;
+
 /// Room for the prefix and an encoded FrameHeader (4 + 40 bytes today).
 inline constexpr std::size_t max_head_bytes = 64;
 
@@ -36,6 +43,15 @@ struct hello {
   uint32_t size = 0;
   uint64_t group_id = 0;
   uint64_t epoch = 0;
+  std::vector<std::byte> nonce;      // at most max_data_bytes
+  std::vector<std::byte> auth_proof; // at most max_data_bytes
+};
+
+/// The fields of schemas::Auth, the connector's proof of the shared secret.
+struct auth {
+  uint16_t version = protocol_version;
+  std::vector<std::byte> proof; // at most max_data_bytes
+  std::string refusal;          // at most max_refusal_bytes
 };
 
 /// schemas::FrameKind: a message, or a control frame that ends the connection.
@@ -68,7 +84,13 @@ std::string decode_length(std::span<const std::byte, prefix_bytes> prefix, uint3
 /// frame's payload is at most max_control_bytes; does not check the other field values.
 std::string decode_header(std::span<const std::byte> body, header& out);
 
-/// Decodes a hello, like decode_header.
+/// Decodes a hello, like decode_header; a nonce or proof longer than max_data_bytes is malformed.
 std::string decode_hello(std::span<const std::byte> body, hello& out);
+
+/// The prefix and the encoded `a` (its refusal truncated to max_refusal_bytes).
+std::vector<std::byte> encode_auth(const auth& a);
+
+/// Decodes an Auth, like decode_hello; a refusal longer than max_refusal_bytes is malformed.
+std::string decode_auth(std::span<const std::byte> body, auth& out);
 
 } // namespace consort::transport::tcp::wire

@@ -127,8 +127,9 @@ struct options {
   std::vector<device_info> devices;
 
   /// The cluster's shared secret; empty: no authentication. When set, a worker proves it with an
-  /// HMAC-SHA256 over the chief's challenge, and the chief proves it back in the view; a worker
-  /// that cannot prove it is refused. Both sides must agree on having a secret.
+  /// HMAC-SHA256 over the chief's challenge and its own nonce, and the chief proves it back in the
+  /// view over both nonces, the epoch and the group id; a worker that cannot prove it is refused,
+  /// and a view without a valid proof is rejected. Both sides must agree on having a secret.
   std::string secret;
 
   /// Chief: every task must have joined within this, counted from `rendezvous()`. Worker: the

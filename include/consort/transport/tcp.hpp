@@ -54,6 +54,16 @@ struct mesh_options {
   /// The membership epoch of the group, checked in the handshake like `group_id`.
   uint64_t epoch = 0;
 
+  /// The group's shared secret; empty: connections are not authenticated (any client that knows
+  /// the group id, epoch and size can take a free rank). When set, every connection is a mutual
+  /// challenge-response: each side proves it knows the secret with an HMAC-SHA256 over fresh
+  /// nonces of both sides, the group id, epoch, size, both ranks and its role, so a recorded
+  /// handshake does not verify on another connection, in another group or epoch, or reflected.
+  /// Every rank must have the same secret (or none); a mismatch fails `connect` on the connecting
+  /// side with `peer_lost` and is logged by the accepting side. Frames after the handshake are
+  /// neither encrypted nor authenticated (docs/multi_worker.md, "Authentication").
+  std::string secret;
+
   /// How long `connect` (and `connect_mesh`) may take to form the whole mesh, counted from the
   /// call. Peers may start at different times: refused connects are retried until then.
   std::chrono::milliseconds connect_timeout{30000};
@@ -114,11 +124,12 @@ public:
 
   /// Forms the mesh: connects to every lower rank at `addresses[peer]` (retrying refused
   /// connections), accepts every higher rank, and checks each peer's hello (version, group, epoch,
-  /// size, rank). Returns when every pair is connected or fails. Errors: `invalid_argument` (bad
-  /// address list), `collective_timeout` (the mesh was not complete within
-  /// `mesh_options::connect_timeout`; the message names the ranks missing and their last error),
-  /// `peer_lost` (a peer answered with a hello that does not fit this group, or `abort`).
-  /// Operations may be posted on pairs before it returns: they proceed once their pair connects.
+  /// size, rank) and, with a secret, its proof of the secret. Returns when every pair is connected
+  /// or fails. Errors: `invalid_argument` (bad address list), `collective_timeout` (the mesh was
+  /// not complete within `mesh_options::connect_timeout`; the message names the ranks missing and
+  /// their last error), `peer_lost` (a peer answered with a hello that does not fit this group,
+  /// failed authentication against `mesh_options::secret`, or `abort`). Operations may be posted on
+  /// pairs before it returns: they proceed once their pair connects.
   /// @pre called once, with `addresses.size() == size()`
   virtual caf::error connect(const std::vector<std::string>& addresses) = 0;
 };
