@@ -79,8 +79,16 @@ struct reply_to {
   }
 };
 
+/// The deadlines of the calls still pending, earliest first, with their (step, seq). One delayed
+/// message is armed at a time, for the earliest: a delayed message per call would stay in CAF's
+/// clock for the whole timeout (30 s) after its call completed, which the soak measured as
+/// memory growing with the call rate (about 190 bytes a call).
+using deadline_map = std::multimap<steady_clock::time_point, std::pair<step_id, uint32_t>>;
+
 /// One (step, seq): the arrivals so far and, once known, its failure.
 struct slot {
+  /// Its entry in collective_state::deadlines while it has one.
+  std::optional<deadline_map::iterator> deadline;
   step_id step = 0;
   uint32_t seq = 0;
   /// With several workers: the call went to the cross-worker lane (complete, or failed here).
@@ -106,6 +114,9 @@ struct collective_state {
   collective_config cfg;
   std::unordered_map<int, size_t> position; // replica id -> local position
   std::map<step_id, step_entry> steps;
+  deadline_map deadlines;
+  /// When the armed deadline tick fires; max() when none is armed.
+  steady_clock::time_point armed_for = steady_clock::time_point::max();
   /// Callers of cross-worker phases that wait on response promises, by cross_outcome key.
   std::map<uint64_t, std::vector<caf::typed_response_promise<nest>>> awaiting;
   uint64_t next_key = 1;
@@ -127,7 +138,42 @@ void hand_off_failure(self_ptr self, slot& s);
 
 /// Fails every promise still waiting in `s` with `err`; later arrivals get `err` too. With
 /// several workers, the other workers learn of the failure through the cross-worker lane.
+/// Forgets the deadline of `s` (it completed, failed or is being erased).
+void drop_deadline(collective_state& st, slot& s) {
+  if (s.deadline) {
+    st.deadlines.erase(*s.deadline);
+    s.deadline.reset();
+  }
+}
+
+/// Erases the slot (step, seq) and its deadline.
+void erase_slot(collective_state& st, step_id step, uint32_t seq) {
+  auto step_it = st.steps.find(step);
+  if (step_it == st.steps.end())
+    return;
+  auto slot_it = step_it->second.slots.find(seq);
+  if (slot_it == step_it->second.slots.end())
+    return;
+  drop_deadline(st, slot_it->second);
+  step_it->second.slots.erase(slot_it);
+}
+
+/// Arms the deadline tick for the earliest deadline, unless one fires by then.
+void arm_deadline(self_ptr self) {
+  auto& st = self->state;
+  if (st.deadlines.empty())
+    return;
+  auto first = st.deadlines.begin()->first;
+  if (first >= st.armed_for)
+    return;
+  st.armed_for = first;
+  // Rounded up, so that the tick never fires before the deadline it was armed for.
+  auto delay = ceil<milliseconds>(std::max(first - self->clock().now(), steady_clock::duration{0}));
+  self->delayed_send(self, delay, deadline_atom_v, step_id{0}, uint32_t{0});
+}
+
 void fail_slot(self_ptr self, slot& s, const caf::error& err) {
+  drop_deadline(self->state, s);
   s.failure = err;
   for (size_t i = 0; i < s.replies.size(); ++i) {
     if (s.calls[i] && s.replies[i].pending())
@@ -761,9 +807,7 @@ bool try_nccl(self_ptr self, slot& s) {
     const auto& structure = s.calls.front()->request.value;
     for (size_t r = 0; r < s.replies.size(); ++r)
       s.replies[r].deliver(pack_as(structure, out[r]));
-    auto step = s.step;
-    auto seq = s.seq;
-    st.steps[step].slots.erase(seq);
+    erase_slot(st, s.step, s.seq);
   } catch (const std::exception& e) {
     fail_slot(self, s, error_of(e));
   }
@@ -820,7 +864,10 @@ void on_call(self_ptr self, collective_call& call, reply_to reply) {
       auto problem = check_arguments(call, leaves, num_in_sync(st), &axis);
       if (problem.empty()) {
         s.sig.axis = axis;
-        self->delayed_send(self, s.timeout, deadline_atom_v, call.step, call.seq);
+        // The actor's clock: the test scheduler's is virtual (trigger_timeouts moves it).
+        s.deadline =
+            st.deadlines.emplace(self->clock().now() + s.timeout, std::pair{call.step, call.seq});
+        arm_deadline(self);
       } else {
         s.failure = make_caf_error(errc::invalid_argument, problem);
       }
@@ -865,7 +912,7 @@ void on_call(self_ptr self, collective_call& call, reply_to reply) {
     auto step = s.step;
     auto seq = s.seq;
     hand_off(self, s);
-    st.steps[step].slots.erase(seq);
+    erase_slot(st, step, seq);
     return;
   }
   // GPU replicas on distinct GPUs: NCCL, each replica getting its result on its own GPU.
@@ -879,9 +926,7 @@ void on_call(self_ptr self, collective_call& call, reply_to reply) {
     auto result = compute(s);
     for (auto& r : s.replies)
       r.deliver(result);
-    auto step = s.calls.front()->step;
-    auto seq = s.calls.front()->seq;
-    st.steps[step].slots.erase(seq);
+    erase_slot(st, s.calls.front()->step, s.calls.front()->seq);
   } catch (const std::exception& e) {
     fail_slot(self, s, error_of(e));
   }
@@ -904,8 +949,33 @@ void on_report(self_ptr self, step_report& report) {
   }
   auto step = report.step;
   entry.reports[pos_it->second] = std::move(report);
-  if (++entry.reported == st.position.size())
+  if (++entry.reported == st.position.size()) {
+    for (auto& [seq, s] : entry.slots)
+      drop_deadline(st, s);
     st.steps.erase(step);
+  }
+}
+
+void on_deadline(self_ptr self, step_id step, uint32_t seq);
+
+/// The deadline tick: every call whose deadline has passed times out, then the tick is armed
+/// for the next.
+void on_deadline_tick(self_ptr self) {
+  auto& st = self->state;
+  st.armed_for = steady_clock::time_point::max();
+  auto now = self->clock().now();
+  while (!st.deadlines.empty() && st.deadlines.begin()->first <= now) {
+    auto [step, seq] = st.deadlines.begin()->second;
+    auto step_it = st.steps.find(step);
+    if (step_it != st.steps.end()) {
+      auto slot_it = step_it->second.slots.find(seq);
+      if (slot_it != step_it->second.slots.end())
+        slot_it->second.deadline.reset();
+    }
+    st.deadlines.erase(st.deadlines.begin());
+    on_deadline(self, step, seq);
+  }
+  arm_deadline(self);
 }
 
 void on_deadline(self_ptr self, step_id step, uint32_t seq) {
@@ -995,7 +1065,7 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
           on_call(self, call, std::move(reply));
         },
         [self](done_atom, step_report& report) { on_report(self, report); },
-        [self](deadline_atom, step_id step, uint32_t seq) { on_deadline(self, step, seq); },
+        [self](deadline_atom, step_id, uint32_t) { on_deadline_tick(self); },
         [self](reduce_atom, host_reduce& req) -> caf::result<nest> {
           if (self->state.cfg.cross) {
             auto promise = self->make_response_promise<nest>();

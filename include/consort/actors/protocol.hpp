@@ -271,7 +271,8 @@ using collective_actor = caf::typed_actor<
     // A replica finished `step` after `calls` collectives, successfully or not. Fails pending and
     // future calls of that step that this replica will never make. No reply.
     caf::reacts_to<done_atom, step_report>,
-    // Internal: the deadline of (step, seq) has passed. No reply.
+    // Internal: the earliest pending deadline of a call may have passed (one delayed tick is
+    // armed at a time, for the earliest; the arguments are unused). No reply.
     caf::reacts_to<deadline_atom, step_id, uint32_t>,
     // Strategy.reduce of host values. Reply: the reduced nest. Errors: as ops.hpp documents.
     caf::replies_to<reduce_atom, host_reduce>::with<nest>,
