@@ -206,12 +206,12 @@ int main(int argc, char** argv) {
         measured_from = std::chrono::steady_clock::now();
       }
       if (o.seconds > 0 && s % 100 == 0) {
-        float stop = rank == 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                                start)
-                                          .count() >= o.seconds;
-        auto verdict = mw.run([stop](replica_context& ctx) {
-          return ctx.broadcast(tensor::scalar<float>(stop), 0);
-        });
+        float stop =
+            rank == 0 &&
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >=
+                o.seconds;
+        auto verdict = mw.run(
+            [stop](replica_context& ctx) { return ctx.broadcast(tensor::scalar<float>(stop), 0); });
         if (verdict.values().front().item<float>() != 0)
           break;
       }
