@@ -80,6 +80,10 @@ void wire_seeds(corpus& out) {
   add_header("header-large",
              wire::header{wire::protocol_version, 5, uint64_t{1} << 40, uint64_t{1} << 30});
   add_header("header-max", wire::header{0xffff, 0xffffffffu, ~uint64_t{0}, ~uint64_t{0}});
+  add_header("header-goodbye",
+             wire::header{wire::protocol_version, 2, 0, 12, wire::frame_kind::goodbye});
+  add_header("header-abort",
+             wire::header{wire::protocol_version, 3, 0, 40, wire::frame_kind::abort});
 }
 
 void membership_seeds(corpus& out) {

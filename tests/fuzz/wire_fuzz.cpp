@@ -39,7 +39,7 @@ std::span<const std::byte, wire::prefix_bytes> prefix_of(std::span<const std::by
 
 bool same(const wire::header& a, const wire::header& b) {
   return a.version == b.version && a.sender_rank == b.sender_rank && a.tag == b.tag &&
-         a.payload_bytes == b.payload_bytes;
+         a.payload_bytes == b.payload_bytes && a.kind == b.kind;
 }
 
 bool same(const wire::hello& a, const wire::hello& b) {
