@@ -14,8 +14,9 @@ namespace {
 /// The pool. Workers sleep on `cv_` between jobs; a job is one `parallel_for` call.
 ///
 /// Thread safety: thread-safe; `mtx_` guards `generation_` and `stop_` (and orders the job's
-/// publication); `job_`, `chunks_`, `next_` and `done_` are atomics read without it. `serial_`
-/// admits one job at a time. Lock order: `serial_` before `mtx_`.
+/// publication and the increments of `active_`); `job_`, `chunks_`, `next_`, `done_` and
+/// `active_` are atomics read without it. `serial_` admits one job at a time. Lock order:
+/// `serial_` before `mtx_`.
 class pool {
 public:
   static pool& instance() {
@@ -47,8 +48,17 @@ public:
     // Wait for chunks still running on workers; they finish in a block's time, so spin.
     while (done_.load(std::memory_order_acquire) < chunks)
       std::this_thread::yield();
-    std::lock_guard<std::mutex> guard{mtx_};
-    job_ = nullptr;
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      job_ = nullptr;
+    }
+    // A worker that joined this job late may still be inside work(), between taking an index
+    // past the end and comparing it with chunks_. The next job resets next_ and chunks_: that
+    // worker would then run a chunk of the next job that another thread also runs, and count it
+    // twice in done_, so that run() returns while a chunk still runs. No worker joins once job_
+    // is null, and those that joined are awake and about to leave: wait for them.
+    while (active_.load(std::memory_order_acquire) != 0)
+      std::this_thread::yield();
   }
 
   ~pool() {
@@ -88,22 +98,26 @@ private:
         if (stop_)
           return;
         seen = generation_;
+        active_.fetch_add(1, std::memory_order_relaxed);
       }
       work();
+      active_.fetch_sub(1, std::memory_order_release);
     }
   }
 
   std::mutex serial_;
   std::mutex mtx_;
   std::condition_variable cv_;
-  // Atomic because a worker late from the previous job may still read them while the next job
-  // sets them; it then either finds no chunk left or takes one of the new job, both fine.
+  // Atomic because a worker of the current job reads them while it runs; run() does not publish
+  // the next job before every worker has left work() (active_).
   std::atomic<const std::function<void(size_t)>*> job_{nullptr};
   std::atomic<size_t> chunks_{0};
   size_t generation_ = 0;
   bool stop_ = false;
   std::atomic<size_t> next_{0};
   std::atomic<size_t> done_{0};
+  // Workers inside work(); incremented under mtx_ (see run()).
+  std::atomic<size_t> active_{0};
   std::vector<std::thread> workers_;
 };
 

@@ -183,7 +183,9 @@ TEST(StrategyTest, AFailingStepLeavesTheNextStepWorking) {
 
 TEST(StrategyTest, StepThatNeverFinishesFailsAtTheStepDeadline) {
   strategy_options opts;
-  opts.step_timeout = 200ms;
+  // Long enough for replica 0's trivial step to finish first on a loaded 2-core machine under a
+  // sanitizer while replica 1 spins (at 200 ms it sometimes did not, and both were named).
+  opts.step_timeout = 1s;
   mirrored_strategy strategy(cpus(2), opts);
   std::atomic<bool> release{false};
   auto fut = strategy.run_async([&release](replica_context& ctx) {

@@ -46,7 +46,9 @@ std::string text_of(const caf::error& err) {
 
 std::vector<std::byte> bytes_of(const std::string& text) {
   std::vector<std::byte> out(text.size());
-  std::memcpy(out.data(), text.data(), text.size());
+  // An empty vector's data() may be null, and memcpy's pointers must not be, even for 0 bytes.
+  if (!text.empty())
+    std::memcpy(out.data(), text.data(), text.size());
   return out;
 }
 
