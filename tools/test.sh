@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The README's test command, and what CI runs: set up, check formatting, build everything,
-# run every test (unit, examples), then check that an installed consort works from a separate
-# CMake project.
+# The README's test command, and what CI runs: set up, check formatting, build everything (our
+# own targets with -Werror), run every test (unit, examples), then check that an installed consort
+# works from a separate CMake project. .ci/run adds the sanitizer tier (tools/sanitize.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 bash tools/check_format.sh
-bash tools/build.sh
+CONSORT_WERROR=ON bash tools/build.sh
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j2 --timeout 300
 bash tools/check_install.sh "$PWD"
