@@ -12,7 +12,7 @@
 #          SANITIZE_BUILD_ONLY=1  build, run nothing
 # Exit:    0 when every selected test passes with no sanitizer report.
 #
-# What runs (the rest is left out to keep CI under 30 minutes on 2 cores; see docs/sanitizers.md):
+# What runs (.ci/run does not call this script yet: see its comment):
 #   address: consort_core_tests, consort_actors_tests, consort_transport_tests (all tests) and
 #            multiworker.collectives_* (mw_job under tools/consort-launch, 2-4 workers x 1-2
 #            replicas).

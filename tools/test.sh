@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command, and what CI runs: set up, check formatting, build everything (our
 # own targets with -Werror), run every test (unit, examples), then check that an installed consort
-# works from a separate CMake project. .ci/run adds the sanitizer tier (tools/sanitize.sh).
+# works from a separate CMake project. .ci/run adds the fuzzers (tools/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
