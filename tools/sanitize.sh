@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The sanitizer tier of CI (.ci/run runs it after tools/test.sh): builds the core, actors and
+# transport tests (and, for ASan, the multi-worker job) under
+#   address  ASan + UBSan (UBSan findings fatal) into build-asan/,
+#   thread   TSan into build-tsan/,
+# with GCC 12 (the compiler libcaf-dev, libcapnp-dev and libgtest-dev were built with: the same
+# libstdc++ ABI, and -Werror judged by the compiler of the normal build), CUDA off, -Werror on,
+# and runs them with CTest. No benchmarks or examples are built.
+#
+# Usage:   tools/sanitize.sh [address|thread|all]      (default: all)
+# Env:     JOBS=N  build and test jobs (default: nproc)
+#          SANITIZE_BUILD_ONLY=1  build, run nothing
+# Exit:    0 when every selected test passes with no sanitizer report.
+#
+# What runs (the rest is left out to keep CI under 30 minutes on 2 cores, or because it cannot
+# work; docs/sanitizers.md has the reasons and the timings):
+#   address: consort_core_tests, consort_actors_tests and consort_transport_tests, all but the
+#            1M-element all-reduce sweeps at 4-8 ranks (`large_sweeps`), and
+#            multiworker.collectives_* (mw_job under tools/consort-launch, 2-4 workers x 1-2
+#            replicas).
+#   thread:  consort_core_tests and consort_transport_tests (without any 1M-element sweep or 64 MiB
+#            all-reduce or two-way transfer: `tsan_slow`), and the tests of
+#            consort_actors_tests that run under CAF's test_coordinator, not the ones that run CAF's
+#            threaded scheduler (`caf_threaded`): libcaf_core is not instrumented, so TSan cannot
+#            see that a CAF message orders its sender's writes before its receiver's reads, and it
+#            reports every message as a race (thousands per run). The multi-worker job is left out
+#            for the same reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+
+kinds=()
+case "${1:-all}" in
+  address | thread) kinds=("$1") ;;
+  all) kinds=(address thread) ;;
+  *)
+    echo "usage: tools/sanitize.sh [address|thread|all]" >&2
+    exit 2
+    ;;
+esac
+
+unit_binaries='^consort_(core|actors|transport)_tests$'
+# The 1M-element all-reduce sweeps at 4 to 8 ranks: 60 % of the unit tests' time under ASan; the
+# same code paths run at 1 to 3 ranks and, chunked, at 1001 elements.
+large_sweeps='^RanksAndCounts/AllReduceSweepTest\..*[4-8]Ranks1048579Elements'
+# Under TSan (5-20x slower on memory-bound loops) also every 1M-element sweep and the two 64 MiB
+# transfers: 60 % of its time for no new interleavings (the chunked paths run at 1001 elements with
+# small chunks).
+tsan_slow='Ranks1048579Elements|^AllReduceTest\.RingAllReduceOf64MiBOfFloat32IsExact|^TcpTest\.Transfers64MiBEachWayAtOnce'
+# consort_actors_tests' suites that run the strategy on CAF's threaded scheduler (see above).
+caf_threaded='^(AsyncTest|CollectiveTest|CrossWorkerTest|MultiWorkerStrategyTest|StrategyTest)\.|^OneToEight/StrategyReplicaCountTest\.|^ReplicasOpsSizes/AllReduceSweepTest\.'
+
+# Runtime options. Reports go to stderr, which CTest prints for a failing test.
+#  - UBSan: stack traces; halt on the first report (the build has -fno-sanitize-recover for all
+#    checks but `null`, which only this makes fatal; cmake/ConsortSanitize.cmake says why).
+#  - ASan: leak checking stays on (LSan); strict_string_checks and init-order checks cost little.
+#  - TSan: exit non-zero at the end of a process that had a report (TSan's default exitcode 66), and
+#    keep going after a report so one run shows them all.
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=${root}/tools/ubsan.supp"
+export ASAN_OPTIONS="strict_string_checks=1:detect_stack_use_after_return=0:check_initialization_order=1:strict_init_order=1"
+export LSAN_OPTIONS="suppressions=${root}/tools/lsan.supp:print_suppressions=0"
+export TSAN_OPTIONS="suppressions=${root}/tools/tsan.supp:second_deadlock_stack=1:history_size=4:print_suppressions=0"
+
+# build KIND DIR: configure and build the selected targets of one sanitizer build.
+build() {
+  local kind=$1 dir=$2
+  local launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  # -O1: the sanitizers' recommendation (usable speed, precise reports); -g1: line tables for
+  # file:line in stack traces at a fraction of the compile and link cost of -g. No NDEBUG.
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+    -DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc "${launcher[@]}" \
+    -DCONSORT_SANITIZE="$kind" -DCONSORT_WERROR=ON -DCONSORT_WITH_CUDA=OFF \
+    -DCONSORT_BUILD_BENCH=OFF -DCONSORT_BUILD_EXAMPLES=OFF >/dev/null
+  local targets=(consort_core_tests consort_actors_tests consort_transport_tests)
+  [ "$kind" = address ] && targets+=(mw_job)
+  cmake --build "$dir" --parallel "$jobs" --target "${targets[@]}"
+}
+
+# run_tests KIND DIR: the CTest selection of one sanitizer build.
+run_tests() {
+  local kind=$1 dir=$2
+  local ctest=(ctest --test-dir "$dir" --output-on-failure -j"$jobs" --timeout 300)
+  if [ "$kind" = address ]; then
+    "${ctest[@]}" -L "$unit_binaries" -E "$large_sweeps"
+    "${ctest[@]}" -R '^multiworker\.collectives_'
+  else
+    "${ctest[@]}" -L "$unit_binaries" -E "$large_sweeps|$tsan_slow|$caf_threaded"
+  fi
+}
+
+status=0
+for kind in "${kinds[@]}"; do
+  case "$kind" in
+    address) dir=${BUILD_DIR_ASAN:-build-asan} ;;
+    thread) dir=${BUILD_DIR_TSAN:-build-tsan} ;;
+  esac
+  echo "sanitize: $kind: building into $dir"
+  start=$SECONDS
+  build "$kind" "$dir"
+  echo "sanitize: $kind: built in $((SECONDS - start)) s"
+  [ "${SANITIZE_BUILD_ONLY:-0}" = 1 ] && continue
+  start=$SECONDS
+  if run_tests "$kind" "$dir"; then
+    echo "sanitize: $kind: tests passed in $((SECONDS - start)) s"
+  else
+    echo "sanitize: $kind: FAILED (after $((SECONDS - start)) s)"
+    status=1
+  fi
+done
+exit "$status"
