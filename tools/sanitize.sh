@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The sanitizer tier of CI (.ci/run runs it after tools/test.sh): builds the core, actors and
-# transport tests and the multi-worker job under
+# transport tests (and, for ASan, the multi-worker job) under
 #   address  ASan + UBSan (UBSan findings fatal) into build-asan/,
 #   thread   TSan into build-tsan/,
 # with GCC 12 (the compiler libcaf-dev, libcapnp-dev and libgtest-dev were built with: the same
@@ -12,11 +12,19 @@
 #          SANITIZE_BUILD_ONLY=1  build, run nothing
 # Exit:    0 when every selected test passes with no sanitizer report.
 #
-# What runs (.ci/run does not call this script yet: see its comment):
-#   address: consort_core_tests, consort_actors_tests, consort_transport_tests (all tests) and
+# What runs (.ci/run does not call this script yet: see its comment; the rest is left out for
+# time, or because it cannot work; docs/sanitizers.md has the reasons):
+#   address: consort_core_tests, consort_actors_tests and consort_transport_tests, all but the
+#            1M-element all-reduce sweeps at 4-8 ranks (`large_sweeps`), and
 #            multiworker.collectives_* (mw_job under tools/consort-launch, 2-4 workers x 1-2
 #            replicas).
-#   thread:  the same binaries and multiworker.collectives_2x2; see tsan_exclude below.
+#   thread:  consort_core_tests and consort_transport_tests (without any 1M-element sweep or 64 MiB
+#            all-reduce or two-way transfer: `tsan_slow`), and the tests of
+#            consort_actors_tests that run under CAF's test_coordinator, not the ones that run CAF's
+#            threaded scheduler (`caf_threaded`): libcaf_core is not instrumented, so TSan cannot
+#            see that a CAF message orders its sender's writes before its receiver's reads, and it
+#            reports every message as a race (thousands per run). The multi-worker job is left out
+#            for the same reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -33,9 +41,19 @@ case "${1:-all}" in
 esac
 
 unit_binaries='^consort_(core|actors|transport)_tests$'
+# The 1M-element all-reduce sweeps at 4 to 8 ranks: 60 % of the unit tests' time under ASan; the
+# same code paths run at 1 to 3 ranks and, chunked, at 1001 elements.
+large_sweeps='^RanksAndCounts/AllReduceSweepTest\..*[4-8]Ranks1048579Elements'
+# Under TSan (5-20x slower on memory-bound loops) also every 1M-element sweep and the two 64 MiB
+# transfers: 60 % of its time for no new interleavings (the chunked paths run at 1001 elements with
+# small chunks).
+tsan_slow='Ranks1048579Elements|^AllReduceTest\.RingAllReduceOf64MiBOfFloat32IsExact|^TcpTest\.Transfers64MiBEachWayAtOnce'
+# consort_actors_tests' suites that run the strategy on CAF's threaded scheduler (see above).
+caf_threaded='^(AsyncTest|CollectiveTest|CrossWorkerTest|MultiWorkerStrategyTest|StrategyTest)\.|^OneToEight/StrategyReplicaCountTest\.|^ReplicasOpsSizes/AllReduceSweepTest\.'
 
 # Runtime options. Reports go to stderr, which CTest prints for a failing test.
-#  - UBSan: stack traces; halt on the first report (the build also has -fno-sanitize-recover).
+#  - UBSan: stack traces; halt on the first report (the build has -fno-sanitize-recover for all
+#    checks but `null`, which only this makes fatal; cmake/ConsortSanitize.cmake says why).
 #  - ASan: leak checking stays on (LSan); strict_string_checks and init-order checks cost little.
 #  - TSan: exit non-zero at the end of a process that had a report (TSan's default exitcode 66), and
 #    keep going after a report so one run shows them all.
@@ -56,8 +74,9 @@ build() {
     -DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc "${launcher[@]}" \
     -DCONSORT_SANITIZE="$kind" -DCONSORT_WERROR=ON -DCONSORT_WITH_CUDA=OFF \
     -DCONSORT_BUILD_BENCH=OFF -DCONSORT_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build "$dir" --parallel "$jobs" --target consort_core_tests consort_actors_tests \
-    consort_transport_tests mw_job
+  local targets=(consort_core_tests consort_actors_tests consort_transport_tests)
+  [ "$kind" = address ] && targets+=(mw_job)
+  cmake --build "$dir" --parallel "$jobs" --target "${targets[@]}"
 }
 
 # run_tests KIND DIR: the CTest selection of one sanitizer build.
@@ -65,11 +84,10 @@ run_tests() {
   local kind=$1 dir=$2
   local ctest=(ctest --test-dir "$dir" --output-on-failure -j"$jobs" --timeout 300)
   if [ "$kind" = address ]; then
-    "${ctest[@]}" -L "$unit_binaries"
+    "${ctest[@]}" -L "$unit_binaries" -E "$large_sweeps"
     "${ctest[@]}" -R '^multiworker\.collectives_'
   else
-    "${ctest[@]}" -L "$unit_binaries"
-    "${ctest[@]}" -R '^multiworker\.collectives_2x2$'
+    "${ctest[@]}" -L "$unit_binaries" -E "$large_sweeps|$tsan_slow|$caf_threaded"
   fi
 }
 
