@@ -6,16 +6,20 @@
 // (`strategy.run` + `ctx.all_reduce` / `all_gather` / `broadcast`), its kind and size drawn from a
 // seeded generator that every worker runs alike (all-reduce and broadcast of 1..E float32,
 // ragged all-gathers of 0-2 rows per replica). Every result is checked element by element
-// against values computed locally. Each worker reports its steps/s, and its resident memory and
-// open file descriptors after the warm-up (the first tenth of the steps, at least 10) and at the
-// end; it exits non-zero on a wrong result, an error, a descriptor more at the end than after the
-// warm-up, or (with --check-rss) more resident memory growth than PCT percent. The run ends with
-// the strategy's destructor: the clean end of every worker is part of the soak.
+// against values computed locally. Each worker reports its steps/s, and its resident memory, the
+// bytes its heap holds for live allocations (glibc's malloc_info) and its open file descriptors
+// after the warm-up (the first tenth of the steps, at least 10) and at the end, and for --steps
+// runs also from half-way to the end; it exits non-zero on a wrong result, an error, a descriptor
+// more at the end than after the warm-up, or (with --check-rss) more resident memory growth than
+// PCT percent after the warm-up. The run ends with the strategy's destructor: the clean end of
+// every worker is part of the soak.
 //
-// Expected output (one line per worker, prefixed by the launcher):
-//   [worker:0] # consort soak  workers=4 replicas=4 seed=1 steps=1000 max_elements=16384
-//   [worker:0] soak worker 0: 1000 steps in 2.31 s (433 steps/s), 0 wrong, 0 errors;
-//              rss 14.1 MiB -> 14.1 MiB (+0.00 %), fds 23 -> 23
+// Expected output (lines per worker, prefixed by the launcher):
+//   [worker:0] # consort soak  workers=4 replicas=4 seed=1 steps=1000 ... max_elements=16384
+//   [worker:0] soak worker 0: 1000 steps, 433 steps/s after the warm-up, 0 wrong, 0 errors;
+//              rss 14.1 MiB -> 14.1 MiB (+0.00 %), heap in use 1.02 MiB -> 1.05 MiB (+2.9 %),
+//              fds 23 -> 23
+//   [worker:0] soak worker 0: second half: rss ... heap in use ...
 
 #include <consort/consort.hpp>
 
@@ -32,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include <malloc.h>
 #include <unistd.h>
 
 using namespace consort;
@@ -89,12 +94,50 @@ double rss_bytes() {
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
+/// Bytes the process's heap holds for live allocations, over every malloc arena: what glibc has
+/// from the system (`<system type="current">`) less its free chunks (`<total type="fast|rest">`),
+/// plus its mmapped chunks, read from the totals at the end of malloc_info(3). Unlike the resident
+/// set, this does not move with fragmentation or with pages the allocator keeps: a leak shows here.
+double heap_in_use() {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* out = open_memstream(&buf, &len);
+  if (out == nullptr)
+    return 0;
+  malloc_info(0, out);
+  std::fclose(out);
+  std::string xml(buf, len);
+  std::free(buf);
+  // The last occurrence of each is the total over all arenas (each <heap> has its own before it).
+  auto last = [&xml](const std::string& open) -> double {
+    auto at = xml.rfind(open);
+    if (at == std::string::npos)
+      return 0;
+    auto size = xml.find("size=\"", at);
+    return size == std::string::npos ? 0 : std::strtod(xml.c_str() + size + 6, nullptr);
+  };
+  return last("<system type=\"current\"") - last("<total type=\"fast\"") -
+         last("<total type=\"rest\"") + last("<total type=\"mmap\"");
+}
+
 /// Open file descriptors (/proc/self/fd, less the one the listing itself holds).
 long open_fds() {
   long n = 0;
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
     ++n;
   return n - 1;
+}
+
+/// What the process holds at one point of the run.
+struct sample {
+  double rss = 0, heap = 0;
+  long fds = 0;
+  static sample now() { return {rss_bytes(), heap_in_use(), open_fds()}; }
+};
+
+/// Growth from `before` to `after` in percent (0 when nothing was measured before).
+double growth(double before, double after) {
+  return before > 0 ? 100.0 * (after - before) / before : 0.0;
 }
 
 /// What step `step` does, the same on every worker.
@@ -183,8 +226,8 @@ long wrong(const plan& p, const tensor& got, int n, long s) {
 int main(int argc, char** argv) {
   auto o = parse(argc, argv);
   long done = 0, bad = 0, errors = 0;
-  double rss0 = 0, rss1 = 0, secs = 0;
-  long fds0 = 0, fds1 = 0;
+  double secs = 0;
+  sample warm, mid, end; // after the warm-up, half-way (--steps runs), at the end
   int rank = 0;
   {
     multi_worker_mirrored_strategy mw;
@@ -201,10 +244,11 @@ int main(int argc, char** argv) {
     // so that all make the same calls.
     for (long s = 0; s < o.steps; ++s) {
       if (s == warmup) {
-        rss0 = rss_bytes();
-        fds0 = open_fds();
+        warm = sample::now();
         measured_from = std::chrono::steady_clock::now();
       }
+      if (s == o.steps / 2 && s > warmup && o.seconds <= 0)
+        mid = sample::now();
       if (o.seconds > 0 && s % 100 == 0) {
         float stop =
             rank == 0 &&
@@ -240,28 +284,36 @@ int main(int argc, char** argv) {
       ++done;
     }
     if (done <= warmup) {
-      rss0 = rss_bytes();
-      fds0 = open_fds();
+      warm = sample::now();
       measured_from = start;
     }
     secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - measured_from).count();
-    rss1 = rss_bytes();
-    fds1 = open_fds();
+    end = sample::now();
     auto measured = done > warmup ? done - warmup : done;
-    char line[512];
+    constexpr double mib = 1 << 20;
+    char line[640];
     std::snprintf(line, sizeof line,
                   "soak worker %d: %ld steps, %.0f steps/s after the warm-up, %ld wrong, %ld "
-                  "errors; rss %.1f MiB -> %.1f MiB (%+.2f %%), fds %ld -> %ld",
+                  "errors; rss %.1f MiB -> %.1f MiB (%+.2f %%), heap in use %.2f MiB -> %.2f MiB "
+                  "(%+.2f %%), fds %ld -> %ld",
                   rank, done, secs > 0 ? static_cast<double>(measured) / secs : 0.0, bad, errors,
-                  rss0 / (1 << 20), rss1 / (1 << 20), rss0 > 0 ? 100.0 * (rss1 - rss0) / rss0 : 0.0,
-                  fds0, fds1);
+                  warm.rss / mib, end.rss / mib, growth(warm.rss, end.rss), warm.heap / mib,
+                  end.heap / mib, growth(warm.heap, end.heap), warm.fds, end.fds);
     std::cout << line << std::endl;
+    if (mid.rss > 0) {
+      std::snprintf(line, sizeof line,
+                    "soak worker %d: second half: rss %.1f MiB -> %.1f MiB (%+.2f %%), heap in use "
+                    "%.2f MiB -> %.2f MiB (%+.2f %%)",
+                    rank, mid.rss / mib, end.rss / mib, growth(mid.rss, end.rss), mid.heap / mib,
+                    end.heap / mib, growth(mid.heap, end.heap));
+      std::cout << line << std::endl;
+    }
   }
-  bool ok = bad == 0 && errors == 0 && fds1 <= fds0;
-  if (fds1 > fds0)
-    std::cout << "soak worker " << rank << ": FAILED: " << fds1 - fds0
+  bool ok = bad == 0 && errors == 0 && end.fds <= warm.fds;
+  if (end.fds > warm.fds)
+    std::cout << "soak worker " << rank << ": FAILED: " << end.fds - warm.fds
               << " more open descriptors at the end" << std::endl;
-  if (o.check_rss >= 0 && rss0 > 0 && 100.0 * (rss1 - rss0) / rss0 > o.check_rss) {
+  if (o.check_rss >= 0 && growth(warm.rss, end.rss) > o.check_rss) {
     std::cout << "soak worker " << rank << ": FAILED: resident memory grew more than "
               << o.check_rss << " %" << std::endl;
     ok = false;
