@@ -1,5 +1,4 @@
-// The runtime: the actor system of one strategy, the bridge between futures and actors, and the
-// conversions between caf::error and consort::error.
+// The runtime: the actor system of one strategy, and the bridge between futures and actors.
 
 #include "actors/runtime.hpp"
 
@@ -14,47 +13,6 @@
 #include <thread>
 
 namespace consort {
-
-// -- errors
-// ----------------------------------------------------------------------------------------
-
-caf::error make_caf_error(errc code, std::string message) {
-  return caf::make_error(code, std::move(message));
-}
-
-namespace {
-
-std::string context_text(const caf::error& err) {
-  const auto& ctx = err.context();
-  if (ctx.size() == 1 && ctx.match_element<std::string>(0))
-    return ctx.get_as<std::string>(0);
-  return ctx.empty() ? std::string{} : caf::to_string(ctx);
-}
-
-} // namespace
-
-error to_consort_error(const caf::error& err, const std::string& what) {
-  auto prefix = what.empty() ? std::string{} : what + ": ";
-  if (err.category() == caf::atom("consort")) {
-    auto code = static_cast<errc>(err.code());
-    auto text = context_text(err);
-    return error(code, text.empty() ? prefix + to_string(code) : text);
-  }
-  if (err.category() == caf::atom("system")) {
-    switch (static_cast<caf::sec>(err.code())) {
-    case caf::sec::request_timeout:
-      return error(errc::collective_timeout,
-                   prefix + "no answer from the runtime before the deadline");
-    case caf::sec::request_receiver_down:
-    case caf::sec::invalid_argument:
-      break;
-    default:
-      return error(errc::shutdown, prefix + "the runtime failed: " + caf::to_string(err));
-    }
-    return error(errc::shutdown, prefix + "the runtime shut down before answering");
-  }
-  return error(errc::shutdown, prefix + "the runtime failed: " + caf::to_string(err));
-}
 
 void configure_actor_system(caf::actor_system_config& cfg) {
   cfg.add_error_category(caf::atom("consort"),
@@ -141,6 +99,8 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
     rcfg.device = d.devices[static_cast<size_t>(i)];
     rcfg.collective_timeout = opts.collective_timeout;
     rcfg.step_timeout = opts.step_timeout;
+    if (n == 1)
+      rcfg.cross = d.mw.cross;
     d.replicas.push_back(spawn_replica(sys, rcfg, d.coll));
   }
   std::vector<int> ids(d.replicas.size());

@@ -3,6 +3,7 @@
 // sequential reference; ragged all-gather; broadcast from every root; concurrent tags; a silent
 // rank; an aborted rank. Nothing sleeps: every wait is an operation with a deadline.
 
+#include <consort/caf_error.hpp>
 #include <consort/error.hpp>
 #include <consort/transport/algorithms.hpp>
 #include <consort/transport/local.hpp>
@@ -27,13 +28,6 @@
 #include <tuple>
 #include <type_traits>
 #include <vector>
-
-namespace consort {
-
-// Declared in consort/actors/protocol.hpp; repeated to keep the actor headers out of this test.
-error to_consort_error(const caf::error& err, const std::string& what);
-
-} // namespace consort
 
 namespace consort::transport {
 namespace {

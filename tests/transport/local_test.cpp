@@ -1,6 +1,7 @@
 // The in-memory transport: matching by tag and order, zero-copy until matched, deadlines, abort.
 // Several ranks are threads of this process; nothing sleeps, every wait has a deadline.
 
+#include <consort/caf_error.hpp>
 #include <consort/error.hpp>
 #include <consort/transport/local.hpp>
 
@@ -15,13 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-namespace consort {
-
-// Declared in consort/actors/protocol.hpp; repeated to keep the actor headers out of this test.
-error to_consort_error(const caf::error& err, const std::string& what);
-
-} // namespace consort
 
 namespace consort::transport {
 namespace {
@@ -192,6 +186,38 @@ TEST(LocalTransportTest, SizeMismatchFailsTheReceiveWithInvalidArgumentAndDropsT
   auto r2 = group[1]->to(0).recv(6, into);
   EXPECT_FALSE(r2->wait(later()));
   EXPECT_EQ(string_of(into), "abcd");
+}
+
+TEST(LocalTransportTest, RecvAtMostTakesAnySmallerMessageAndSaysItsSize) {
+  auto group = local::make_group(2);
+  std::vector<std::byte> into(8);
+  // Posted before the message, then after it; equal size; larger (dropped); empty.
+  auto before = group[1]->to(0).recv_at_most(7, into);
+  EXPECT_EQ(before->message_bytes(), 0u) << "nothing received yet";
+  auto abc = bytes_of("abc");
+  ASSERT_FALSE(group[0]->to(1).send(7, {abc})->wait(later()));
+  ASSERT_FALSE(before->wait(later()));
+  EXPECT_EQ(before->message_bytes(), 3u);
+  EXPECT_EQ(string_of(into).substr(0, 3), "abc");
+  auto eight = bytes_of("12345678");
+  auto nine = bytes_of("123456789");
+  auto s1 = group[0]->to(1).send(7, {eight});
+  auto s2 = group[0]->to(1).send(7, {nine});
+  auto s3 = group[0]->to(1).send(7, {});
+  auto equal = group[1]->to(0).recv_at_most(7, into);
+  ASSERT_FALSE(equal->wait(later()));
+  EXPECT_EQ(equal->message_bytes(), 8u);
+  EXPECT_EQ(string_of(into), "12345678");
+  auto larger = group[1]->to(0).recv_at_most(7, into);
+  auto err = larger->wait(later());
+  EXPECT_EQ(code_of(err), errc::invalid_argument) << text_of(err);
+  EXPECT_NE(text_of(err).find("9 bytes, more than the buffer takes"), std::string::npos)
+      << text_of(err);
+  EXPECT_EQ(larger->message_bytes(), 0u);
+  auto empty = group[1]->to(0).recv_at_most(7, into);
+  ASSERT_FALSE(empty->wait(later()));
+  EXPECT_EQ(empty->message_bytes(), 0u);
+  EXPECT_EQ(s2->message_bytes(), 9u) << "a send's message_bytes is its size";
 }
 
 TEST(LocalTransportTest, WaitTimesOutWithCollectiveTimeoutAndTheOperationCanStillComplete) {

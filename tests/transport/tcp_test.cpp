@@ -453,6 +453,56 @@ TEST(TcpTest, ReceiveOfTheWrongSizeFailsAndDropsOnlyThatMessage) {
   round_trip(*ctxs[0], *ctxs[1], 4, 333);
 }
 
+TEST(TcpTest, RecvAtMostTakesAnySmallerMessageAndSaysItsSize) {
+  auto ctxs = make_mesh(2);
+  ASSERT_EQ(ctxs.size(), 2u);
+  auto& a = ctxs[0]->to(1);
+  auto& b = ctxs[1]->to(0);
+  // Posted before arrival: read straight into the buffer.
+  bytes into(64);
+  auto posted = b.recv_at_most(1, into);
+  EXPECT_EQ(posted->message_bytes(), 0u) << "nothing received yet";
+  auto ten = pattern(10, 1);
+  ASSERT_FALSE(a.send(1, parts_of(ten))->wait(in(10s)));
+  ASSERT_FALSE(posted->wait(in(10s)));
+  EXPECT_EQ(posted->message_bytes(), 10u);
+  EXPECT_TRUE(std::equal(ten.begin(), ten.end(), into.begin()));
+  // Posted after arrival (served from the stash): equal size, smaller, empty, larger.
+  auto sixty_four = pattern(64, 2);
+  auto three = pattern(3, 3);
+  auto sixty_five = pattern(65, 4);
+  auto marker = pattern(1, 5);
+  auto s64 = a.send(2, parts_of(sixty_four));
+  ASSERT_FALSE(s64->wait(in(10s)));
+  EXPECT_EQ(s64->message_bytes(), 64u) << "a send's message_bytes is its size";
+  ASSERT_FALSE(a.send(2, parts_of(three))->wait(in(10s)));
+  ASSERT_FALSE(a.send(2, {})->wait(in(10s)));
+  ASSERT_FALSE(a.send(2, parts_of(sixty_five))->wait(in(10s)));
+  ASSERT_FALSE(a.send(3, parts_of(marker))->wait(in(10s)));
+  bytes got_marker(1);
+  ASSERT_FALSE(b.recv(3, got_marker)->wait(in(10s))); // everything before it has arrived
+  auto equal = b.recv_at_most(2, into);
+  ASSERT_FALSE(equal->wait(in(10s)));
+  EXPECT_EQ(equal->message_bytes(), 64u);
+  EXPECT_EQ(into, sixty_four);
+  auto smaller = b.recv_at_most(2, into);
+  ASSERT_FALSE(smaller->wait(in(10s)));
+  EXPECT_EQ(smaller->message_bytes(), 3u);
+  EXPECT_TRUE(std::equal(three.begin(), three.end(), into.begin()));
+  auto empty = b.recv_at_most(2, into);
+  ASSERT_FALSE(empty->wait(in(10s)));
+  EXPECT_EQ(empty->message_bytes(), 0u);
+  EXPECT_TRUE(has_error(b.recv_at_most(2, into)->wait(in(10s)), errc::invalid_argument,
+                        {"tag 2", "at most 64 bytes", "65 bytes", "dropped"}));
+  // Posted before a message that is too large: the reader drops it; the stream is intact.
+  auto too_small = b.recv_at_most(4, {into.data(), 8});
+  auto nine = pattern(9, 6);
+  ASSERT_FALSE(a.send(4, parts_of(nine))->wait(in(10s)));
+  EXPECT_TRUE(has_error(too_small->wait(in(10s)), errc::invalid_argument,
+                        {"tag 4", "at most 8 bytes", "9 bytes"}));
+  round_trip(*ctxs[0], *ctxs[1], 4, 333);
+}
+
 TEST(TcpTest, ConcurrentSendsAndReceivesOnOnePairFromManyThreads) {
   auto ctxs = make_mesh(2);
   ASSERT_EQ(ctxs.size(), 2u);

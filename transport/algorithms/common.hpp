@@ -3,6 +3,7 @@
 // What the collective algorithms share: message tags, error reports that name the step and the
 // peer, argument checks, block layout, and the element-wise combine kernel.
 
+#include <consort/caf_error.hpp>
 #include <consort/error.hpp>
 #include <consort/reduce_op.hpp>
 #include <consort/tensor.hpp>
@@ -14,15 +15,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-
-namespace consort {
-
-// Declared in consort/actors/protocol.hpp (defined in actors/runtime.cpp); repeated here to keep
-// CAF's actor headers out of the transport.
-caf::error make_caf_error(errc code, std::string message);
-error to_consort_error(const caf::error& err, const std::string& what);
-
-} // namespace consort
 
 namespace consort::transport::detail {
 

@@ -5,6 +5,7 @@
 // of the two queues of a tag is non-empty at any time. Matching happens under the channel's mutex,
 // the copy after it is released, by the thread whose post made the match.
 
+#include <consort/caf_error.hpp>
 #include <consort/error.hpp>
 #include <consort/transport/local.hpp>
 
@@ -24,14 +25,6 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
-
-namespace consort {
-
-// Declared in consort/actors/protocol.hpp (defined in actors/runtime.cpp); repeated here to keep
-// CAF's actor headers out of the transport.
-caf::error make_caf_error(errc code, std::string message);
-
-} // namespace consort
 
 namespace consort::transport::local {
 
@@ -121,6 +114,12 @@ public:
     return total;
   }
 
+  std::size_t message_bytes() const noexcept override {
+    if (is_send)
+      return bytes();
+    return state_.load(std::memory_order_acquire) == succeeded ? received : 0;
+  }
+
   const bool is_send;
   const int self;
   const int peer;
@@ -130,6 +129,10 @@ public:
   std::vector<const_bytes> parts;
   /// The buffer of a receive (written in place).
   mutable_bytes into;
+  /// A receive: whether a smaller message fits (recv_at_most).
+  bool at_most = false;
+  /// A receive: the bytes of the message it received (set before it completes).
+  std::size_t received = 0;
 
 private:
   caf::error result() const {
@@ -324,13 +327,15 @@ private:
   /// Copies the message of `send` into the buffer of `recv` and completes both.
   static void deliver(local_op& send, local_op& recv) {
     const size_t bytes = send.bytes();
-    if (bytes != recv.into.size()) {
-      recv.complete(make_caf_error(errc::invalid_argument,
-                                   recv.describe() + " failed: the message has " +
-                                       std::to_string(bytes) + " bytes; it was dropped"));
+    if (recv.at_most ? bytes > recv.into.size() : bytes != recv.into.size()) {
+      recv.complete(make_caf_error(
+          errc::invalid_argument,
+          recv.describe() + " failed: the message has " + std::to_string(bytes) + " bytes" +
+              (recv.at_most ? ", more than the buffer takes" : "") + "; it was dropped"));
       send.complete({});
       return;
     }
+    recv.received = bytes;
     auto* out = recv.into.data();
     for (const auto& part : send.parts) {
       if (!part.empty())
@@ -373,13 +378,22 @@ public:
   }
 
   operation_ptr recv(uint64_t tag, mutable_bytes into) override {
+    return post_recv(tag, into, false);
+  }
+
+  operation_ptr recv_at_most(uint64_t tag, mutable_bytes into) override {
+    return post_recv(tag, into, true);
+  }
+
+private:
+  operation_ptr post_recv(uint64_t tag, mutable_bytes into, bool at_most) {
     auto op = std::make_shared<local_op>(false, self_, peer_, tag);
     op->into = into;
+    op->at_most = at_most;
     grp_->post(op, peer_, self_);
     return op;
   }
 
-private:
   group_ptr grp_;
   int self_;
   int peer_;

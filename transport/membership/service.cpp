@@ -33,6 +33,7 @@
 #include "transport/auth.hpp"
 #include "transport/membership/codec.hpp"
 
+#include <consort/caf_error.hpp>
 #include <consort/error.hpp>
 #include <consort/transport/membership.hpp>
 
@@ -63,14 +64,6 @@
 #include <thread>
 
 #include <unistd.h>
-
-namespace consort {
-
-// Declared in consort/actors/protocol.hpp (defined in actors/runtime.cpp); repeated here to keep
-// CAF's actor headers out of the transport.
-caf::error make_caf_error(errc code, std::string message);
-
-} // namespace consort
 
 namespace consort::transport::membership {
 

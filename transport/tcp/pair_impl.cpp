@@ -259,7 +259,16 @@ operation_ptr pair_impl::send(uint64_t tag, std::vector<const_bytes> parts) {
 }
 
 operation_ptr pair_impl::recv(uint64_t tag, mutable_bytes into) {
-  auto op = std::make_shared<recv_op>(shared_from_this(), tag, into);
+  return post_recv(std::make_shared<recv_op>(shared_from_this(), tag, into, false));
+}
+
+operation_ptr pair_impl::recv_at_most(uint64_t tag, mutable_bytes into) {
+  return post_recv(std::make_shared<recv_op>(shared_from_this(), tag, into, true));
+}
+
+operation_ptr pair_impl::post_recv(std::shared_ptr<recv_op> op) {
+  const auto tag = op->tag();
+  const auto into = op->into();
   std::shared_ptr<stash_entry> early;
   bool failed = false;
   bool left = false;
@@ -284,7 +293,7 @@ operation_ptr pair_impl::recv(uint64_t tag, mutable_bytes into) {
       // A message still being read is handed to this receive when it is complete (the reader
       // holds the other reference); one of the wrong size is dropped when it is complete.
       ready = early->complete;
-      if (!ready && early->size == into.size())
+      if (!ready && op->fits(early->size))
         early->waiter = op;
     } else if (peer_left_.load(std::memory_order_relaxed)) {
       left = true; // the peer sent everything it will send before its goodbye: no match comes
@@ -297,10 +306,10 @@ operation_ptr pair_impl::recv(uint64_t tag, mutable_bytes into) {
   } else if (left) {
     op->complete(left_error("recv of tag " + std::to_string(tag) + " (" + n_bytes(into.size()) +
                             ") from " + describe()));
-  } else if (early && early->size != into.size()) {
+  } else if (early && !op->fits(early->size)) {
     op->complete(make_caf_error(errc::invalid_argument,
                                 "recv of tag " + std::to_string(tag) + " from " + describe() +
-                                    ": the buffer has " + n_bytes(into.size()) +
+                                    ": " + op->buffer_words() + n_bytes(into.size()) +
                                     " but the message has " + n_bytes(early->size) +
                                     "; the message was dropped"));
   } else if (ready) {
@@ -607,7 +616,7 @@ bool pair_impl::begin_message(const wire::header& h) {
       it->second.pop_front();
       if (it->second.empty())
         posted_.erase(it);
-      if (op->into().size() == h.payload_bytes) {
+      if (op->fits(h.payload_bytes)) {
         in_sink_ = sink::op;
         in_dst_ = op->into().data();
         in_op_ = std::move(op);
@@ -632,9 +641,9 @@ bool pair_impl::begin_message(const wire::header& h) {
   if (mismatched)
     mismatched->complete(make_caf_error(
         errc::invalid_argument, "recv of tag " + std::to_string(h.tag) + " from " + describe() +
-                                    ": the buffer has " + n_bytes(mismatched->into().size()) +
-                                    " but the message has " + n_bytes(h.payload_bytes) +
-                                    "; the message was dropped"));
+                                    ": " + mismatched->buffer_words() +
+                                    n_bytes(mismatched->into().size()) + " but the message has " +
+                                    n_bytes(h.payload_bytes) + "; the message was dropped"));
   if (over) {
     fail("the stash is full: a message of tag " + std::to_string(h.tag) + " with " +
              n_bytes(h.payload_bytes) +

@@ -35,6 +35,7 @@
 
 #include "transport/tcp/wire.hpp"
 
+#include <consort/caf_error.hpp>
 #include <consort/error.hpp>
 #include <consort/transport/tcp.hpp>
 
@@ -55,14 +56,6 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-namespace consort {
-
-// Declared in consort/actors/protocol.hpp (defined in actors/runtime.cpp); repeated here to keep
-// CAF's actor headers out of the transport.
-caf::error make_caf_error(errc code, std::string message);
-
-} // namespace consort
 
 namespace consort::transport::tcp {
 
@@ -122,12 +115,24 @@ private:
 /// A posted receive.
 class recv_op final : public op_base {
 public:
-  recv_op(std::shared_ptr<pair_impl> pair, uint64_t tag, mutable_bytes into)
-      : op_base(std::move(pair)), tag_(tag), into_(into) {}
+  recv_op(std::shared_ptr<pair_impl> pair, uint64_t tag, mutable_bytes into, bool at_most)
+      : op_base(std::move(pair)), tag_(tag), into_(into), at_most_(at_most) {}
 
   uint64_t tag() const noexcept { return tag_; }
   mutable_bytes into() const noexcept { return into_; }
-  /// Payload bytes written so far (for error messages).
+  /// Whether a message of `size` payload bytes can be received into `into()`: the same size, or
+  /// (recv_at_most) no larger.
+  bool fits(uint64_t size) const noexcept {
+    return at_most_ ? size <= into_.size() : size == into_.size();
+  }
+  /// "the buffer has" or "the buffer has at most": for the error of a message that does not fit.
+  const char* buffer_words() const noexcept {
+    return at_most_ ? "the buffer takes at most " : "the buffer has ";
+  }
+  std::size_t message_bytes() const noexcept override {
+    return done() ? static_cast<std::size_t>(received.load(std::memory_order_relaxed)) : 0;
+  }
+  /// Payload bytes written so far (for error messages); the message's size once complete.
   std::atomic<uint64_t> received{0};
 
   /// Fails this receive because its pair failed with `why` (peer_lost unless `code` says else).
@@ -141,6 +146,7 @@ protected:
 private:
   uint64_t tag_;
   mutable_bytes into_;
+  bool at_most_;
 };
 
 /// A posted send: the encoded head and the caller's parts, written in place.
@@ -155,6 +161,9 @@ public:
 
   uint64_t tag() const noexcept { return tag_; }
   uint64_t payload_bytes() const noexcept { return payload_bytes_; }
+  std::size_t message_bytes() const noexcept override {
+    return static_cast<std::size_t>(payload_bytes_);
+  }
   /// Head plus payload bytes.
   uint64_t total_bytes() const noexcept { return head_len_ + payload_bytes_; }
 
@@ -194,6 +203,7 @@ public:
   int peer_rank() const noexcept override { return peer_; }
   operation_ptr send(uint64_t tag, std::vector<const_bytes> parts) override;
   operation_ptr recv(uint64_t tag, mutable_bytes into) override;
+  operation_ptr recv_at_most(uint64_t tag, mutable_bytes into) override;
 
   // -- life cycle (I/O thread) -----------------------------------------------------------------
 
@@ -243,6 +253,8 @@ public:
 
   /// Reads and dispatches what the socket has, unless another thread is at it.
   void pump_rx();
+  /// Matches a new receive with a message that arrived early, or posts it.
+  operation_ptr post_recv(std::shared_ptr<recv_op> op);
   /// Writes what is queued, unless another thread is at it.
   void pump_tx();
 

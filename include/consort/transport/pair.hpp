@@ -37,12 +37,16 @@ public:
   /// success. Errors (errc, with the peer, the operation and byte counts in the message):
   /// - `collective_timeout`: `until` passed; the operation stays posted and may still complete;
   /// - `peer_lost`: the connection broke or the peer closed it;
-  /// - `invalid_argument`: the message that arrived for this receive has another size than the
-  ///   buffer (the message is consumed and dropped).
+  /// - `invalid_argument`: the message that arrived for this receive does not fit the buffer:
+  ///   another size (`recv`) or a larger one (`recv_at_most`); the message is consumed and dropped.
   virtual caf::error wait(deadline until) = 0;
 
   /// Whether the operation has completed or failed (non-blocking).
   virtual bool done() const noexcept = 0;
+
+  /// A send: the bytes of its message. A receive that completed without error: the bytes of the
+  /// message it received (for `recv_at_most`, at most the buffer's size); 0 before.
+  virtual std::size_t message_bytes() const noexcept = 0;
 };
 
 using operation_ptr = std::shared_ptr<operation>;
@@ -66,6 +70,12 @@ public:
   /// Receives the message with `tag` into `into`, whose size must equal the message's.
   /// `into` must stay valid until the operation completes.
   virtual operation_ptr recv(uint64_t tag, mutable_bytes into) = 0;
+
+  /// As `recv`, for a message of up to `into.size()` bytes whose exact size the receiver cannot
+  /// know (a header that says what follows, or a message whose size itself must be checked):
+  /// the message is written to the front of `into`, and the operation's `message_bytes()` says
+  /// how many bytes it had. A larger message fails the receive with `invalid_argument`.
+  virtual operation_ptr recv_at_most(uint64_t tag, mutable_bytes into) = 0;
 };
 
 /// This rank's view of a group of ranks, with a pair to every other rank.
