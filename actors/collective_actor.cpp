@@ -1046,6 +1046,51 @@ nest solo_collective(const collective_call& call) {
   return compute(s);
 }
 
+nest lone_cross_collective(detail::cross_worker& cross, const collective_call& call,
+                           int num_replicas_in_sync) {
+  auto leaves = flatten(call.request.value);
+  slot s;
+  s.step = call.step;
+  s.seq = call.seq;
+  s.sig.kind = call.request.kind;
+  s.sig.op = call.request.op;
+  s.sig.axis = call.request.axis;
+  s.sig.root = call.request.root;
+  s.sig.structure = call.request.value.structure_string();
+  for (const auto& t : leaves) {
+    s.sig.dtypes.push_back(t.dtype());
+    s.sig.shapes.push_back(t.shape());
+  }
+  s.what = describe_call(s.sig) + " #" + std::to_string(call.seq) + " of step " +
+           std::to_string(call.step);
+  s.timeout = call.request.timeout.value_or(std::chrono::seconds(30));
+  int64_t axis = call.request.axis;
+  auto cc = cross_call_of(s);
+  auto problem = check_arguments(call, leaves, num_replicas_in_sync, &axis);
+  if (!problem.empty()) {
+    // The other workers learn the reason in this call's descriptor, as from the actor's path.
+    cc.local_failure = make_caf_error(errc::invalid_argument, problem);
+    (void)cross.run(detail::cross_worker::lane::step, cc);
+    throw error(errc::invalid_argument, problem);
+  }
+  s.sig.axis = axis;
+  cc.axis = axis;
+  cc.signature = signature_of(s.sig);
+  std::optional<size_t> root_pos;
+  if (s.sig.kind == collective_kind::broadcast && s.sig.root == call.replica)
+    root_pos = 0;
+  try {
+    local_part(cc, s.sig, {std::move(leaves)}, root_pos);
+  } catch (const std::exception& e) {
+    cc.leaves.clear();
+    cc.local_failure = error_of(e);
+  }
+  auto out = cross.run(detail::cross_worker::lane::step, cc);
+  if (!out)
+    throw to_consort_error(out.error(), "");
+  return pack_as(call.request.value, *out);
+}
+
 collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg, bool detached) {
   auto impl = [cfg = std::move(cfg)](self_ptr self) -> collective_actor::behavior_type {
     self->state.cfg = cfg;

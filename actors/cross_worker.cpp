@@ -1,6 +1,7 @@
 // The cross-worker phase of collectives: descriptor exchange, then the transport algorithm.
 
 #include "actors/cross_worker.hpp"
+#include "transport/algorithms/common.hpp"
 
 #include <consort/ops.hpp>
 #include <consort/transport/algorithms.hpp>
@@ -15,10 +16,10 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-/// The descriptor every worker contributes before the data of a call (fixed size, so that one
-/// ring all-gather round of known sizes exchanges it).
+/// The descriptor every worker sends every other at the start of a call (fixed size; a fused
+/// call's data follows it in the same message).
 struct descriptor {
-  static constexpr size_t text_bytes = 199;
+  static constexpr size_t text_bytes = 198;
   uint8_t failed = 0;
   uint8_t kind = 0;
   uint8_t op = 0;
@@ -34,8 +35,16 @@ struct descriptor {
   char text[text_bytes] = {};
   /// cross_call::flags of the sender (OR-ed over every worker into all_flags).
   uint8_t flags = 0;
+  /// 1: the sender's data follows this descriptor in its message (a fused all-reduce).
+  uint8_t fused = 0;
 };
 static_assert(sizeof(descriptor) == 248);
+
+/// A fused call's data at most: the direct exchange's range (algorithm_options::small_bytes).
+constexpr size_t fused_max_bytes = size_t{64} << 10;
+/// Groups up to this many workers exchange descriptors (and fused data) directly, one message to
+/// every other worker (algorithm_options::direct_max_ranks); larger ones by a ring all-gather.
+constexpr int direct_max_workers = 8;
 
 std::string text_of(const descriptor& d) {
   return std::string(d.text, strnlen(d.text, descriptor::text_bytes));
@@ -85,7 +94,8 @@ std::string disagreement(const std::vector<descriptor>& all, const cross_call& c
              "order";
       return out.str();
     }
-    if (a.signature_hash != b.signature_hash || a.num_leaves != b.num_leaves) {
+    if (a.signature_hash != b.signature_hash || a.num_leaves != b.num_leaves ||
+        a.fused != b.fused) {
       std::ostringstream out;
       out << "collective mismatch between workers at " << call.what << ": " << worker_name(0)
           << " passed " << text_of(a) << " but " << worker_name(static_cast<int>(w)) << " passed "
@@ -114,6 +124,59 @@ transport::const_bytes bytes_of(const tensor& t) {
 
 transport::mutable_bytes mutable_bytes_of(tensor& t) {
   return {static_cast<std::byte*>(t.raw_mutable_data()), t.num_bytes()};
+}
+
+/// Whether every leaf of an all-reduce can be reduced by the element-wise kernel (else the data
+/// phase reports why, as the algorithms do).
+bool reducible(const cross_call& call, const transport::context& ctx) {
+  auto wire_op = call.op == reduce_op::mean ? reduce_op::sum : call.op;
+  transport::algorithm_options opts;
+  opts.tag = 1;
+  for (const auto& t : call.leaves)
+    if (transport::detail::check_reduction("fused all-reduce", ctx, opts, t.dtype(), wire_op))
+      return false;
+  return true;
+}
+
+/// The result of a fused all-reduce: every worker's leaves folded in rank order, the same order
+/// (and so the same bits) on every worker. `data_of(p)` is where worker p's data begins.
+template <class DataOf>
+std::vector<tensor> fold_fused(cross_call& call, const std::vector<descriptor>& all, int rank,
+                               DataOf data_of) {
+  auto wire_op = call.op == reduce_op::mean ? reduce_op::sum : call.op;
+  double total = 0;
+  for (const auto& d : all)
+    total += d.count;
+  call.total_count = total;
+  const int size = static_cast<int>(all.size());
+  std::vector<tensor> out;
+  out.reserve(call.leaves.size());
+  size_t offset = 0;
+  for (auto& leaf : call.leaves) {
+    const auto bytes = leaf.num_bytes();
+    const auto n = static_cast<size_t>(leaf.num_elements());
+    auto at = [&](int p) -> const void* {
+      return p == rank ? leaf.raw_data() : static_cast<const void*>(data_of(p) + offset);
+    };
+    tensor t;
+    if (rank == 0) {
+      t = std::move(leaf); // ours alone, and first in the fold: reduced in place
+    } else {
+      t = tensor::empty(leaf.dtype(), leaf.shape());
+      if (bytes > 0)
+        std::memcpy(t.raw_mutable_data(), at(0), bytes);
+    }
+    if (bytes > 0) {
+      auto* acc = t.raw_mutable_data();
+      for (int p = 1; p < size; ++p)
+        transport::detail::combine(t.dtype(), wire_op, acc, acc, at(p), n);
+    }
+    offset += bytes;
+    if (call.op == reduce_op::mean && !call.defer_mean)
+      t = reduce_elementwise(reduce_op::mean, {t}, total);
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 } // namespace
@@ -224,6 +287,10 @@ caf::error cross_worker::lost_error(const std::string& what) const {
 }
 
 caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
+  auto& ls = lanes_[static_cast<size_t>(l)];
+  // Held for the whole call: a lane's calls never overlap, whether they come from its thread or
+  // straight from a replica's (run_here).
+  std::lock_guard<std::mutex> running{ls.run_mtx};
   if (!lost_cause().empty())
     return call.local_failure ? call.local_failure : lost_error(call.what);
   auto until = clock::now() + call.timeout;
@@ -234,7 +301,8 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
     return opts;
   };
 
-  // 1. Descriptors.
+  // 1. Descriptors: each worker's, to every other worker. A small all-reduce sends its data in
+  // the same message (fused): the call then takes one round, with the check on receipt.
   descriptor mine;
   mine.kind = static_cast<uint8_t>(call.kind);
   mine.op = static_cast<uint8_t>(call.op);
@@ -246,6 +314,9 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
   mine.count = call.count;
   mine.signature_hash = fnv1a(call.signature);
   mine.flags = call.flags;
+  size_t data_bytes = 0;
+  for (const auto& t : call.leaves)
+    data_bytes += t.num_bytes();
   if (call.local_failure) {
     mine.failed = 1;
     auto err = to_consort_error(call.local_failure, "");
@@ -253,10 +324,64 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
     set_text(mine, err.what());
   } else {
     set_text(mine, call.signature);
+    mine.fused = call.kind == collective_kind::all_reduce && !call.data_phase &&
+                 size_ <= direct_max_workers && data_bytes <= fused_max_bytes &&
+                 reducible(call, *ctx_);
   }
   std::vector<descriptor> all(static_cast<size_t>(size_));
-  {
-    all[static_cast<size_t>(rank_)] = mine;
+  all[static_cast<size_t>(rank_)] = mine;
+  // Where the peers' messages land, and how long each was (direct exchange only).
+  std::vector<size_t> got(static_cast<size_t>(size_), 0);
+  const size_t slot_bytes = sizeof(descriptor) + fused_max_bytes;
+  auto slot = [&](int p) {
+    return ls.scratch.data() + static_cast<size_t>(p) * slot_bytes;
+  };
+  if (size_ <= direct_max_workers) {
+    // Every worker receives up to a descriptor and a fused call's data from each peer, whatever
+    // its own call is: workers whose calls disagree still read each other's descriptors whole.
+    ls.scratch.resize(static_cast<size_t>(size_) * slot_bytes);
+    auto opts = options();
+    const auto tag = transport::detail::message_tag(opts.tag, 0);
+    std::vector<transport::operation_ptr> recvs(static_cast<size_t>(size_));
+    std::vector<transport::operation_ptr> sends(static_cast<size_t>(size_));
+    std::vector<transport::const_bytes> parts{
+        {reinterpret_cast<const std::byte*>(&mine), sizeof(descriptor)}};
+    if (mine.fused)
+      for (const auto& t : call.leaves)
+        parts.push_back(bytes_of(t));
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_)
+        recvs[static_cast<size_t>(p)] = ctx_->to(p).recv_at_most(tag, {slot(p), slot_bytes});
+    for (int k = 1; k < size_; ++k) {
+      const int p = transport::detail::ring_add(rank_, k, size_);
+      sends[static_cast<size_t>(p)] = ctx_->to(p).send(tag, parts);
+    }
+    for (int k = 1; k < size_; ++k) {
+      const int p = transport::detail::ring_add(rank_, -k, size_);
+      auto& op = recvs[static_cast<size_t>(p)];
+      caf::error err = op->wait(until);
+      if (!err && op->message_bytes() < sizeof(descriptor))
+        err = make_caf_error(errc::invalid_argument,
+                             "its descriptor has " + std::to_string(op->message_bytes()) +
+                                 " bytes, fewer than " + std::to_string(sizeof(descriptor)));
+      if (err) {
+        auto failed = transport::detail::step_failed(*ctx_, opts, "descriptor exchange",
+                                                     "descriptors", "receive from", p, err);
+        return call.local_failure ? call.local_failure : wrap(failed, call.what);
+      }
+      got[static_cast<size_t>(p)] = op->message_bytes();
+      std::memcpy(&all[static_cast<size_t>(p)], slot(p), sizeof(descriptor));
+    }
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_)
+        continue;
+      if (auto err = sends[static_cast<size_t>(p)]->wait(until)) {
+        auto failed = transport::detail::step_failed(*ctx_, opts, "descriptor exchange",
+                                                     "descriptors", "send to", p, err);
+        return call.local_failure ? call.local_failure : wrap(failed, call.what);
+      }
+    }
+  } else {
     auto* base = reinterpret_cast<std::byte*>(all.data());
     transport::mutable_bytes out{base, all.size() * sizeof(descriptor)};
     transport::const_bytes in{base + static_cast<size_t>(rank_) * sizeof(descriptor),
@@ -285,6 +410,18 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
   call.all_flags = 0;
   for (const auto& d : all)
     call.all_flags |= d.flags;
+
+  if (mine.fused) {
+    // Every descriptor agreed, so every peer sent this many bytes of data; check it anyway.
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_ && got[static_cast<size_t>(p)] != sizeof(descriptor) + data_bytes)
+        return make_caf_error(
+            errc::collective_mismatch,
+            "collective mismatch between workers at " + call.what + ": " + worker_name(p) +
+                " sent " + std::to_string(got[static_cast<size_t>(p)] - sizeof(descriptor)) +
+                " bytes of data where this worker has " + std::to_string(data_bytes));
+    return fold_fused(call, all, rank_, [&](int p) { return slot(p) + sizeof(descriptor); });
+  }
 
   // 2. Data: by the caller's own means (NCCL), or by the TCP algorithms.
   if (call.data_phase) {

@@ -6,15 +6,21 @@
 //
 // Each call is two parts on the wire:
 //   1. a fixed-size descriptor (step, seq, kind, op, axis/root, a hash of structure, dtypes and
-//      shapes, this worker's local outcome, its element count) gathered from every worker, so that
-//      a call that disagrees between workers, or failed on one of them, fails on all of them with a
-//      clear error instead of exchanging mismatched bytes;
+//      shapes, this worker's local outcome, its element count) that every worker sends every
+//      other (up to 8 workers; a ring all-gather beyond), so that a call that disagrees between
+//      workers, or failed on one of them, fails on all of them with a clear error instead of
+//      exchanging mismatched bytes;
 //   2. the data: all_reduce / all_gather (ragged) / broadcast from transport/algorithms.
+// A small all-reduce (up to 64 KiB, up to 8 workers) is fused: its data travels in the same
+// message as its descriptor, each worker checks the descriptors on receipt and folds the data in
+// rank order, so the call takes one round (docs/multi_worker.md, "One collective's hops").
 //
-// Calls run one at a time per lane, in the order they are posted. Every worker posts the same calls
+// Calls run one at a time per lane, in the order they are made. Every worker makes the same calls
 // in the same order (steps are numbered alike on every worker and the calls of a step are ordered),
 // so the lanes of all workers meet in the same call. The step lane serves the replicas'
-// collectives, the host lane `Strategy.reduce` / `gather`; their message tags are disjoint.
+// collectives, the host lane `Strategy.reduce` / `gather`; their message tags are disjoint. A
+// worker's lone CPU replica runs its calls on its own thread (`run` from the replica's thread, no
+// `post`); the lane's mutex keeps them from overlapping with anything posted.
 
 #include <consort/actors/protocol.hpp>
 #include <consort/error.hpp>
@@ -90,7 +96,8 @@ struct cross_call {
 /// Runs the cross-worker phase of collectives over a transport context whose ranks are the
 /// workers (rank 0 the chief).
 ///
-/// Thread safety: thread-safe; `run` is called on a lane thread (from jobs given to `post`).
+/// Thread safety: thread-safe; `run` is called on a lane thread (from jobs given to `post`) or on
+/// the thread of a worker's lone replica; a lane runs one call at a time.
 class cross_worker {
 public:
   enum class lane : uint8_t { step = 0, host = 1 };
@@ -138,8 +145,12 @@ private:
     std::condition_variable cv;
     std::deque<std::function<void()>> jobs;
     bool stopping = false;
-    /// Next base tag of this lane's algorithm runs (only touched on the lane's thread).
+    /// Held by `run` for a whole call, so that the lane's calls never overlap.
+    std::mutex run_mtx;
+    /// Next base tag of this lane's algorithm runs (guarded by run_mtx).
     uint64_t next_tag = 0;
+    /// Where the peers' descriptors (and fused data) land (guarded by run_mtx).
+    std::vector<std::byte> scratch;
     std::thread thread;
   };
 

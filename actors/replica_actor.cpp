@@ -53,6 +53,11 @@ struct replica_state : detail::replica_services {
     // one-rank NCCL communicator is the path that a single-GPU machine can test.)
     if (cfg.num_replicas == 1 && !gpu)
       return solo_collective(call);
+    // The worker's only replica in a group of several (one process per device): the
+    // cross-worker phase runs here, on this thread. (A GPU replica takes the collective actor's
+    // path, where its NCCL communicators live.)
+    if (cfg.cross && !gpu)
+      return lone_cross_collective(*cfg.cross, call, cfg.num_replicas);
     if (join != nullptr)
       call.finished_peers = join->mark_collective_used();
     auto [state, fut] = make_future<nest>();

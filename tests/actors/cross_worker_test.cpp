@@ -152,10 +152,120 @@ TEST(CrossWorkerTest, ShapesThatDifferBetweenWorkersFailEveryWorkerAndTheGroupGo
     EXPECT_NE(message.find("collective mismatch between workers"), std::string::npos) << message;
     EXPECT_NE(message.find("float32[3]"), std::string::npos) << message;
   }
-  // Nothing was exchanged but the descriptors: the next step works.
+  // Every message of the call was received (the descriptors, and the data of a fused call with
+  // them): the next step works.
   for (auto& f : c.run([](replica_context& ctx) { return nest(ctx.all_reduce("SUM", row(1))); }))
     EXPECT_EQ(f.get()[0].as_tensor(), tensor::from<float>({4, 4}, {2}));
 }
+
+/// One field of a call's signature that the last worker gets wrong.
+struct mismatch_case {
+  const char* name;
+  /// The call every replica makes; `odd` on the replicas of the last worker.
+  std::function<nest(replica_context&, bool odd)> call;
+  /// Words every worker's error must contain (both sides of the disagreement).
+  std::vector<std::string> words;
+};
+
+std::ostream& operator<<(std::ostream& out, const mismatch_case& c) {
+  return out << c.name;
+}
+
+std::vector<mismatch_case> mismatch_cases() {
+  auto filled = [](dtype t, int64_t n) {
+    return tensor::zeros(t, {n});
+  };
+  return {
+      {"Kind",
+       [=](replica_context& ctx, bool odd) {
+         auto x = filled(dtype::float32, 2);
+         return odd ? nest(ctx.broadcast(x, 0)) : nest(ctx.all_reduce("SUM", x));
+       },
+       {"all_reduce(SUM)", "broadcast(root=0)"}},
+      {"Op",
+       [=](replica_context& ctx, bool odd) {
+         return nest(ctx.all_reduce(odd ? "MAX" : "SUM", filled(dtype::float32, 2)));
+       },
+       {"all_reduce(SUM)", "all_reduce(MAX)"}},
+      {"Root",
+       [=](replica_context& ctx, bool odd) {
+         return nest(ctx.broadcast(filled(dtype::float32, 2), odd ? 1 : 0));
+       },
+       {"broadcast(root=0)", "broadcast(root=1)"}},
+      {"Axis",
+       [=](replica_context& ctx, bool odd) {
+         return nest(ctx.all_gather(tensor::zeros(dtype::float32, {2, 2}), odd ? 1 : 0));
+       },
+       {"all_gather(axis=0)", "all_gather(axis=1)"}},
+      {"Dtype",
+       [=](replica_context& ctx, bool odd) {
+         return nest(ctx.all_reduce("SUM", filled(odd ? dtype::float64 : dtype::float32, 2)));
+       },
+       {"float32[2]", "float64[2]"}},
+      {"Shape",
+       [=](replica_context& ctx, bool odd) {
+         return nest(ctx.all_reduce("SUM", filled(dtype::float32, odd ? 3 : 2)));
+       },
+       {"float32[2]", "float32[3]"}},
+      // 64 B against 80 000 B: one side's data would travel with its descriptor (fused), the
+      // other's after it.
+      {"ShapeAcrossTheFusedSize",
+       [=](replica_context& ctx, bool odd) {
+         return nest(ctx.all_reduce("SUM", filled(dtype::float32, odd ? 20000 : 16)));
+       },
+       {"float32[16]", "float32[20000]"}},
+      {"Structure",
+       [=](replica_context& ctx, bool odd) {
+         auto x = filled(dtype::float32, 2);
+         return ctx.all_reduce("SUM", odd ? nest::list({x, x}) : nest::list({x}));
+       },
+       {"[T]", "[T, T]"}},
+  };
+}
+
+/// Workers, replicas per worker, and the field the last worker gets wrong.
+class CrossWorkerMismatchTest
+    : public ::testing::TestWithParam<std::tuple<int, int, mismatch_case>> {};
+
+TEST_P(CrossWorkerMismatchTest, FailsEveryWorkerNamingBothSidesAndTheGroupGoesOn) {
+  auto [workers, replicas, c] = GetParam();
+  cluster group(workers, replicas);
+  const int odd_from = (workers - 1) * replicas; // the last worker's first replica id
+  auto call = c.call;
+  auto results = group.run([call, odd_from](replica_context& ctx) {
+    return call(ctx, ctx.replica_id_in_sync_group() >= odd_from);
+  });
+  for (size_t w = 0; w < results.size(); ++w) {
+    std::string message;
+    errc code = errc::none;
+    try {
+      results[w].get();
+    } catch (const error& e) {
+      code = e.code();
+      message = e.what();
+    }
+    EXPECT_EQ(code, errc::collective_mismatch) << "worker " << w << ": " << message;
+    EXPECT_NE(message.find("collective mismatch between workers"), std::string::npos) << message;
+    for (const auto& word : c.words)
+      EXPECT_NE(message.find(word), std::string::npos)
+          << "worker " << w << ": '" << word << "' missing from: " << message;
+  }
+  // The call failed cleanly everywhere: the next step gives every worker the right result.
+  for (auto& f :
+       group.run([](replica_context& ctx) { return nest(ctx.all_reduce("SUM", row(1))); }))
+    EXPECT_EQ(f.get()[0].as_tensor(), tensor::from<float>({static_cast<float>(workers * replicas),
+                                                           static_cast<float>(workers * replicas)},
+                                                          {2}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fields, CrossWorkerMismatchTest,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Values(1, 2),
+                                            ::testing::ValuesIn(mismatch_cases())),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "Workers" +
+                                  std::to_string(std::get<1>(info.param)) + "Replicas" +
+                                  std::get<2>(info.param).name;
+                         });
 
 TEST(CrossWorkerTest, AFailureOnOneWorkerAbortsTheCallOnTheOthersAtOnce) {
   // A replica of worker 1 finishes without the collective its peers make: worker 1 fails the
@@ -172,6 +282,35 @@ TEST(CrossWorkerTest, AFailureOnOneWorkerAbortsTheCallOnTheOthersAtOnce) {
   EXPECT_NE(message.find("failed on worker 1"), std::string::npos) << message;
   EXPECT_NE(message.find("replica 3"), std::string::npos) << message;
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
+TEST(CrossWorkerTest, ABadArgumentOfALoneReplicaFailsItAndAbortsTheCallOnTheOthersAtOnce) {
+  // One replica per worker: the call runs on the replica's thread. Worker 1's broadcast names a
+  // root that does not exist; it fails there with invalid_argument and worker 0 learns why.
+  cluster c(2, 1, 60s);
+  auto start = std::chrono::steady_clock::now();
+  auto results = c.run([](replica_context& ctx) {
+    return nest(ctx.broadcast(row(1), ctx.replica_id_in_sync_group() == 1 ? 5 : 0));
+  });
+  auto outcome = [](future<per_replica<nest>>& f) -> std::pair<errc, std::string> {
+    try {
+      f.get();
+    } catch (const error& e) {
+      return {e.code(), e.what()};
+    }
+    return {errc::none, {}};
+  };
+  auto [their_code, theirs] = outcome(results[1]);
+  EXPECT_EQ(their_code, errc::invalid_argument) << theirs;
+  EXPECT_NE(theirs.find("root replica 5 is out of range"), std::string::npos) << theirs;
+  auto [my_code, mine] = outcome(results[0]);
+  EXPECT_EQ(my_code, errc::collective_aborted) << mine;
+  EXPECT_NE(mine.find("failed on worker 1"), std::string::npos) << mine;
+  EXPECT_NE(mine.find("root replica 5 is out of range"), std::string::npos) << mine;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+  // Nothing was left half-done: the group goes on.
+  for (auto& f : c.run([](replica_context& ctx) { return nest(ctx.all_reduce("SUM", row(1))); }))
+    EXPECT_EQ(f.get()[0].as_tensor(), tensor::from<float>({2, 2}, {2}));
 }
 
 TEST(CrossWorkerTest, AWorkerThatNeverCallsTimesOutTheOthersNamingTheCall) {

@@ -27,6 +27,7 @@
 //   5. if the join is not complete at the step deadline, the strategy expires it with
 //      step_timeout naming the replicas that had not finished.
 
+#include <consort/caf_error.hpp>
 #include <consort/error.hpp>
 #include <consort/future.hpp>
 #include <consort/nest.hpp>
@@ -202,15 +203,7 @@ private:
   std::vector<caf::error> finish_errors_;
 };
 
-/// Registers consort's error codes with CAF (category "consort") and converts both ways.
-caf::error make_caf_error(errc code, std::string message);
-/// Converts any CAF error to a consort::error: ours keep their code and message, CAF's own
-/// (`sec::request_timeout`, ...) get a consort code and a message saying what timed out.
-error to_consort_error(const caf::error& err, const std::string& what);
-
 } // namespace consort
-
-CAF_ERROR_CODE_ENUM(consort::errc, "consort")
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::step_message)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::step_report)
@@ -346,6 +339,10 @@ struct replica_config {
   std::chrono::milliseconds collective_timeout{std::chrono::seconds(30)};
   /// Deadline of a step; a GPU replica waits at most this long for its stream at a step's end.
   std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
+  /// Set when this replica is its worker's only one in a group of several workers: a CPU
+  /// replica's collectives then run the cross-worker phase on its own thread
+  /// (lone_cross_collective). Null otherwise.
+  std::shared_ptr<detail::cross_worker> cross;
 };
 
 /// How the collective actor is set up.
@@ -374,6 +371,14 @@ replica_actor spawn_replica(caf::actor_system& sys, replica_config cfg, collecti
 /// argument checks and kernels as the collective actor's, on the caller's thread, without the
 /// round trip. @throws error(invalid_argument) as the collective actor reports it.
 nest solo_collective(const collective_call& call);
+
+/// The result of `call` when its replica is its worker's only one in a group of several workers
+/// (one process per device, how multi-node jobs run): the collective actor's argument checks,
+/// then the cross-worker phase, on the caller's thread, with no hop to the collective actor or a
+/// lane thread. An argument error still meets the other workers (they fail with its reason).
+/// @throws error with the code the collective actor would answer with.
+nest lone_cross_collective(detail::cross_worker& cross, const collective_call& call,
+                           int num_replicas_in_sync);
 
 /// Spawns the collective actor. Detached by default, because reductions of large tensors are
 /// long computations that must not hold a scheduler thread.
