@@ -8,4 +8,4 @@ bash tools/setup.sh
 bash tools/check_format.sh
 CONSORT_WERROR=ON bash tools/build.sh
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j2 --timeout 300
-bash tools/check_install.sh "$PWD"
+INSTALL_FROM="${BUILD_DIR:-build}" bash tools/check_install.sh "$PWD"
