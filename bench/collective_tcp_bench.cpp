@@ -5,7 +5,10 @@
 //
 // Usage (the cluster comes from TF_CONFIG, which the launcher sets for each worker):
 //   tools/consort-launch -n 2 -- ./build/bench/collective_tcp_bench [--max-bytes 64M] [--iters 20]
-// Only rank 0 prints. Targets (issue 3, 2 workers on loopback):
+//       [--large-bytes 16M --large-iters 5] [--ops all_reduce,all_gather,broadcast] [--limits 1]
+//       [--json FILE]
+// Only rank 0 prints (and writes the JSON, with every sample). An all_gather row of S bytes
+// gathers max(1, S/4/N) floats from each of the N ranks. Targets (issue 3, 2 workers on loopback):
 //   64 MiB all_reduce busbw >= 0.6 x TCP stream bandwidth; 4 B all_reduce p50 <= 2 x ping-pong.
 
 #include "common.hpp"
@@ -21,8 +24,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -173,8 +178,26 @@ int main(int argc, char** argv) {
   opts.add("factor", "4", "size multiplier between rows");
   opts.add("warmup", "3", "untimed iterations per size");
   opts.add("iters", "20", "timed iterations per size");
+  opts.add("large-bytes", "16M", "sizes from this one on run --large-iters iterations");
+  opts.add("large-iters", "0", "timed iterations per size from --large-bytes on (0: --iters)");
+  opts.add("ops", "all_reduce,all_gather,broadcast", "collectives to time, comma-separated");
   opts.add("busy-poll", "0", "1: spin in every wait (lowest latency, a busy core per rank)");
+  opts.add("limits", "1", "1: measure TCP stream bandwidth and ping-pong first (ranks 0 and 1)");
+  opts.add("json", "", "rank 0 also writes the results (with every sample) as JSON to this file");
   opts.parse(argc, argv);
+  std::vector<std::string> colls;
+  {
+    std::stringstream in{opts.str("ops")};
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      if (item != "all_reduce" && item != "all_gather" && item != "broadcast")
+        opts.fail("unknown collective '" + item + "' in --ops (all_reduce, all_gather, broadcast)");
+      colls.push_back(item);
+    }
+    if (colls.empty())
+      opts.fail("--ops is empty");
+  }
+  const bool with_limits = opts.integer("limits") != 0;
 
   tf_config_cluster_resolver resolver;
   if (resolver.is_local())
@@ -195,7 +218,7 @@ int main(int argc, char** argv) {
   tr::context_ptr ctx = *made;
 
   limits lim;
-  if (size >= 2 && rank <= 1) {
+  if (with_limits && size >= 2 && rank <= 1) {
     int fd = raw_connection(rank, addresses[0], 1000);
     lim = measure_limits(rank, fd);
     ::close(fd);
@@ -212,20 +235,39 @@ int main(int argc, char** argv) {
 
   if (rank == 0) {
     std::printf("# consort collective_tcp_bench  transport=tcp ranks=%d warmup=%lld iters=%lld "
-                "busy_poll=%d\n",
+                "busy_poll=%d",
                 size, static_cast<long long>(opts.integer("warmup")),
                 static_cast<long long>(opts.integer("iters")), mesh.busy_poll ? 1 : 0);
+    if (opts.integer("large-iters") > 0)
+      std::printf(" large_bytes=%lld large_iters=%lld",
+                  static_cast<long long>(opts.bytes("large-bytes")),
+                  static_cast<long long>(opts.integer("large-iters")));
+    std::printf("\n");
     std::printf("# machine: nproc=%u cpu=%s\n", bench::nproc(), bench::cpu_model().c_str());
-    std::printf("# limits (rank 0 <-> rank 1, plain blocking sockets, same run): TCP stream "
-                "%.2f GB/s, 8-byte ping-pong p50 %.1f us\n",
-                lim.stream_gbs, lim.pingpong_us);
+    if (with_limits)
+      std::printf("# limits (rank 0 <-> rank 1, plain blocking sockets, same run): TCP stream "
+                  "%.2f GB/s, 8-byte ping-pong p50 %.1f us\n",
+                  lim.stream_gbs, lim.pingpong_us);
     std::printf("# time: per iteration on rank 0 after a barrier; GB = 1e9 bytes\n#\n");
   }
 
   double ar_small_p50 = 0, ar_large_busbw = 0;
   double total_wrong = 0;
   const int64_t warmup = opts.integer("warmup"), iters = opts.integer("iters");
-  for (const char* coll : {"all_reduce", "all_gather", "broadcast"}) {
+  const int64_t large_bytes = opts.bytes("large-bytes");
+  const int64_t large_iters = opts.integer("large-iters") > 0 ? opts.integer("large-iters") : iters;
+  std::vector<bench::json_object> json_rows;
+  auto json_numbers = [](const std::vector<double>& values) {
+    std::ostringstream out;
+    out.precision(6);
+    out << '[';
+    for (size_t i = 0; i < values.size(); ++i)
+      out << (i ? "," : "") << values[i];
+    out << ']';
+    return out.str();
+  };
+  for (const auto& coll_name : colls) {
+    const char* coll = coll_name.c_str();
     if (rank == 0) {
       std::printf("# %s\n#%12s %12s %6s %6s %10s %7s %7s %7s %10s %10s\n", coll, "size", "count",
                   "type", "redop", "time", "algbw", "busbw", "#wrong", "p50", "p99");
@@ -237,10 +279,11 @@ int main(int argc, char** argv) {
       const auto count = static_cast<size_t>(bytes / 4);
       std::vector<float> buf(count);
       std::vector<std::byte> gathered;
-      const size_t per_rank = count / static_cast<size_t>(size);
+      const size_t per_rank = std::max<size_t>(1, count / static_cast<size_t>(size));
+      const int64_t row_iters = bytes >= large_bytes ? large_iters : iters;
       std::vector<double> times;
       int64_t wrong = 0;
-      for (int64_t it = 0; it < warmup + iters; ++it) {
+      for (int64_t it = 0; it < warmup + row_iters; ++it) {
         std::fill(buf.begin(), buf.end(), static_cast<float>(rank + 1));
         barrier();
         aopts.tag = tag++;
@@ -292,9 +335,18 @@ int main(int argc, char** argv) {
                     static_cast<long long>(bytes), count, "float",
                     std::string(coll) == "all_reduce" ? "sum" : "none", s.avg, algbw,
                     algbw * factor, static_cast<double>(w), s.p50, s.p99);
+      bench::json_object o;
+      o.str("op", coll_name).num("size", bytes).num("count", static_cast<int64_t>(count));
+      o.num("iters", row_iters).str("type", "float");
+      o.str("redop", coll_name == "all_reduce" ? "sum" : "none");
+      o.num("time_us", s.avg).num("algbw", algbw).num("busbw", algbw * factor);
+      o.num("wrong", static_cast<int64_t>(w)).num("p50_us", s.p50).num("p99_us", s.p99);
+      o.raw("samples_us", json_numbers(times));
+      json_rows.push_back(o);
     }
   }
-  if (rank == 0 && size >= 2) {
+  const bool ran_all_reduce = std::find(colls.begin(), colls.end(), "all_reduce") != colls.end();
+  if (rank == 0 && size >= 2 && with_limits && ran_all_reduce) {
     std::printf("#\n# Targets (issue 3, 2 workers on loopback):\n");
     std::printf("#   largest all_reduce busbw %.2f GB/s vs 0.6 x stream %.2f GB/s = %.2f: %s\n",
                 ar_large_busbw, lim.stream_gbs, 0.6 * lim.stream_gbs,
@@ -306,7 +358,22 @@ int main(int argc, char** argv) {
   if (rank == 0)
     std::printf("# Out of bounds values : %.0f %s\n", total_wrong,
                 total_wrong == 0 ? "OK" : "FAILED");
+  bool json_ok = true;
+  if (rank == 0 && !opts.str("json").empty()) {
+    bench::json_object config;
+    config.str("transport", "tcp").num("ranks", size).num("warmup", warmup).num("iters", iters);
+    config.num("large_bytes", large_bytes).num("large_iters", large_iters);
+    config.num("busy_poll", mesh.busy_poll ? 1 : 0);
+    bench::json_object machine;
+    machine.num("nproc", static_cast<int64_t>(bench::nproc())).str("cpu", bench::cpu_model());
+    if (with_limits)
+      machine.num("tcp_stream_gbs", lim.stream_gbs).num("pingpong_p50_us", lim.pingpong_us);
+    bench::json_object doc;
+    doc.str("benchmark", "collective_tcp_bench").obj("config", config).obj("machine", machine);
+    doc.arr("results", json_rows).num("out_of_bounds", static_cast<int64_t>(total_wrong));
+    json_ok = bench::write_json(opts.str("json"), doc);
+  }
   barrier();
   // A wrong result anywhere fails the run, so the multi-process test can rely on the exit status.
-  return total_wrong == 0 ? 0 : 1;
+  return total_wrong == 0 && json_ok ? 0 : 1;
 }

@@ -1,0 +1,323 @@
+// strategy_collective_bench: all_reduce, all_gather and broadcast of float32 between worker
+// processes through the public API, the way a user calls them: one
+// multi_worker_mirrored_strategy per worker (default options, one CPU replica unless the launcher
+// says otherwise), and per iteration one `strategy.run` whose step calls `ctx.all_reduce("SUM",
+// x)` (or `ctx.all_gather(x, 0)`, `ctx.broadcast(x, 0)`). Beside the raw algorithm
+// (collective_tcp_bench) and torch.distributed's gloo (torch_gloo_bench.py), bench/user_path.sh
+// runs all three in one run and prints their ratios (issue 12).
+//
+// Usage (the cluster comes from TF_CONFIG, which the launcher sets for each worker):
+//   tools/consort-launch -n 2 -- ./build/bench/strategy_collective_bench [--min-bytes 4]
+//       [--max-bytes 64M] [--factor 4] [--warmup 3] [--iters 20] [--large-bytes 16M]
+//       [--large-iters 0] [--ops all_reduce,all_gather,broadcast] [--json FILE]
+//
+// Per iteration, on every worker: a barrier (a strategy.run whose step all-reduces one float),
+// then the timed strategy.run. Two times are kept, rank 0's: the collective call, timed inside the
+// step around `ctx.all_reduce` (the max over this worker's replicas), and the whole
+// `strategy.run` from the call to the per_replica result in the caller's hands. Every element of
+// every result is checked after the clock stopped; the program exits 1 on any wrong element.
+// Sizes are of the result: an all_gather row of S bytes gathers max(1, S/4/R) floats from each of
+// the R replicas (as collective_tcp_bench). Only rank 0 prints.
+//
+// Expected output (the figures are made up; bench/README.md has measured ones):
+//   [worker:0] # consort strategy_collective_bench  path=multi_worker_mirrored_strategy workers=2
+//   ... [worker:0] # all_reduce [worker:0] #       size        count   type  redop       time algbw
+//   busbw  #wrong ... [worker:0]            4            1  float    sum     290.12    0.00    0.00
+//   0 ... [worker:0] # Out of bounds values : 0 OK
+
+#include "common.hpp"
+
+#include <consort/consort.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace consort;
+using bench::micros;
+using bench::summarize;
+using std::chrono::steady_clock;
+
+/// What one collective contributes: its input per replica, the call, and the check.
+struct op_desc {
+  std::string name;
+  std::string redop;
+  /// busbw = algbw x bus_factor(n) (nccl-tests).
+  std::function<double(int n)> bus_factor;
+  /// Elements of each replica's input for a row of `count` result elements and `n` replicas.
+  std::function<int64_t(int64_t count, int n)> input_count;
+  /// The input of replica `id`.
+  std::function<tensor(int id, int64_t elements)> init;
+  /// The collective call, made inside the step; exactly this is timed.
+  std::function<tensor(replica_context& ctx, const tensor& x)> call;
+  /// Wrong elements of `out` (every element when the dtype or element count is wrong).
+  std::function<int64_t(const tensor& out, int n, int64_t elements)> check;
+};
+
+/// Replica `id` holds `id + 1` in every element: sums are small integers, exact in float32.
+tensor filled(int id, int64_t elements) {
+  auto t = tensor::zeros(dtype::float32, {elements});
+  auto* p = t.mutable_data<float>();
+  std::fill(p, p + elements, static_cast<float>(id + 1));
+  return t;
+}
+
+int64_t count_not(const tensor& out, int64_t expected_elements,
+                  const std::function<float(int64_t)>& want) {
+  if (out.dtype() != dtype::float32 || out.num_elements() != expected_elements)
+    return std::max<int64_t>(expected_elements, 1);
+  const auto* p = out.data<float>();
+  int64_t bad = 0;
+  for (int64_t i = 0; i < expected_elements; ++i)
+    bad += p[i] != want(i);
+  return bad;
+}
+
+std::vector<op_desc> all_ops() {
+  std::vector<op_desc> ops;
+  ops.push_back(
+      op_desc{"all_reduce", "sum", [](int n) { return 2.0 * (n - 1) / n; },
+              [](int64_t count, int) { return count; }, filled,
+              [](replica_context& ctx, const tensor& x) { return ctx.all_reduce("SUM", x); },
+              [](const tensor& out, int n, int64_t elements) {
+                const auto sum = static_cast<float>(n * (n + 1) / 2);
+                return count_not(out, elements, [sum](int64_t) { return sum; });
+              }});
+  ops.push_back(op_desc{"all_gather", "none", [](int n) { return double(n - 1) / n; },
+                        [](int64_t count, int n) { return std::max<int64_t>(1, count / n); },
+                        filled,
+                        [](replica_context& ctx, const tensor& x) { return ctx.all_gather(x, 0); },
+                        [](const tensor& out, int n, int64_t elements) {
+                          // Replica r's block (elements long) holds r + 1.
+                          return count_not(out, elements * n, [elements](int64_t i) {
+                            return static_cast<float>(i / elements + 1);
+                          });
+                        }});
+  ops.push_back(op_desc{"broadcast", "none", [](int) { return 1.0; },
+                        [](int64_t count, int) { return count; }, filled,
+                        [](replica_context& ctx, const tensor& x) { return ctx.broadcast(x, 0); },
+                        [](const tensor& out, int, int64_t elements) {
+                          return count_not(out, elements, [](int64_t) { return 1.0f; });
+                        }});
+  return ops;
+}
+
+/// One row of a table: rank 0's times.
+struct row_result {
+  std::string op;
+  int64_t bytes = 0;
+  int64_t count = 0;
+  int64_t iters = 0;
+  bench::stats call; // the collective call inside the step (max over local replicas)
+  bench::stats run;  // the whole strategy.run
+  double algbw = 0;
+  double busbw = 0;
+  int64_t wrong = 0; // over every replica of every worker
+  std::vector<double> call_samples;
+  std::vector<double> run_samples;
+};
+
+std::string json_numbers(const std::vector<double>& values) {
+  std::ostringstream out;
+  out.precision(6);
+  out << '[';
+  for (size_t i = 0; i < values.size(); ++i)
+    out << (i ? "," : "") << values[i];
+  out << ']';
+  return out.str();
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in{text};
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty())
+      out.push_back(item);
+  return out;
+}
+
+int run(int argc, char** argv) {
+  bench::options opts("strategy_collective_bench",
+                      "all_reduce, all_gather and broadcast of float32 between worker processes "
+                      "through multi_worker_mirrored_strategy\n(strategy.run + ctx.all_reduce / "
+                      "all_gather / broadcast), the call timed inside the step; run it under "
+                      "tools/consort-launch.");
+  opts.add("min-bytes", "4", "smallest size in bytes (suffix K, M, G allowed)");
+  opts.add("max-bytes", "64M", "largest size in bytes");
+  opts.add("factor", "4", "size multiplier between rows");
+  opts.add("warmup", "3", "untimed iterations per size");
+  opts.add("iters", "20", "timed iterations per size");
+  opts.add("large-bytes", "16M", "sizes from this one on run --large-iters iterations");
+  opts.add("large-iters", "0", "timed iterations per size from --large-bytes on (0: --iters)");
+  opts.add("ops", "all_reduce,all_gather,broadcast", "collectives to time, comma-separated");
+  opts.add("json", "", "rank 0 also writes the results (with every sample) as JSON to this file");
+  opts.parse(argc, argv);
+  const auto min_bytes = opts.bytes("min-bytes");
+  const auto max_bytes = opts.bytes("max-bytes");
+  const auto factor = opts.integer("factor");
+  const auto warmup = opts.integer("warmup");
+  const auto iters = opts.integer("iters");
+  const auto large_bytes = opts.bytes("large-bytes");
+  const auto large_iters = opts.integer("large-iters") > 0 ? opts.integer("large-iters") : iters;
+  if (min_bytes < 4 || max_bytes < min_bytes || factor < 2 || warmup < 0 || iters <= 0)
+    opts.fail("need 4 <= --min-bytes <= --max-bytes, --factor >= 2, --warmup >= 0, --iters > 0");
+  std::vector<op_desc> ops;
+  for (const auto& name : split(opts.str("ops"))) {
+    bool found = false;
+    for (auto& d : all_ops())
+      if (d.name == name) {
+        ops.push_back(d);
+        found = true;
+      }
+    if (!found)
+      opts.fail("unknown collective '" + name + "' in --ops (all_reduce, all_gather, broadcast)");
+  }
+  if (ops.empty())
+    opts.fail("--ops is empty");
+
+  multi_worker_mirrored_strategy mw;
+  const int rank = mw.worker_rank();
+  const int workers = mw.num_workers();
+  const int n = mw.num_replicas_in_sync();
+  const auto one = tensor::scalar<float>(1);
+  auto barrier = [&mw, &one] {
+    mw.run([&one](replica_context& ctx) { return ctx.all_reduce("SUM", one); });
+  };
+  barrier();
+
+  if (rank == 0) {
+    std::printf("# consort strategy_collective_bench  path=multi_worker_mirrored_strategy "
+                "workers=%d replicas=%d devices=%zu/worker warmup=%lld iters=%lld "
+                "large_bytes=%lld large_iters=%lld\n",
+                workers, n, mw.num_local_replicas(), static_cast<long long>(warmup),
+                static_cast<long long>(iters), static_cast<long long>(large_bytes),
+                static_cast<long long>(large_iters));
+    std::printf("# machine: nproc=%u cpu=%s\n", bench::nproc(), bench::cpu_model().c_str());
+    std::printf("# step: ctx.all_reduce(\"SUM\", x) | ctx.all_gather(x, 0) | ctx.broadcast(x, 0) "
+                "of float32 x, inputs built once per size\n");
+    std::printf("# time, p50, p99: the collective call timed inside the step on rank 0 after a "
+                "barrier (avg, percentiles);\n# run p50/p99: the whole strategy.run on rank 0. "
+                "all_gather size = the result (max(1, count/%d) floats per replica). "
+                "GB = 1e9 bytes\n#\n",
+                n);
+    std::fflush(stdout);
+  }
+
+  std::vector<row_result> rows;
+  int64_t total_wrong = 0;
+  for (const auto& op : ops) {
+    if (rank == 0) {
+      std::printf("# %s\n#%12s %12s %6s %6s %10s %7s %7s %7s %10s %10s %10s %10s\n",
+                  op.name.c_str(), "size", "count", "type", "redop", "time", "algbw", "busbw",
+                  "#wrong", "p50", "p99", "run p50", "run p99");
+      std::printf("#%12s %12s %6s %6s %10s %7s %7s %7s %10s %10s %10s %10s\n", "(B)", "(elements)",
+                  "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)", "(us)");
+      std::fflush(stdout);
+    }
+    for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
+      row_result r;
+      r.op = op.name;
+      r.bytes = bytes;
+      r.count = bytes / 4;
+      r.iters = bytes >= large_bytes ? large_iters : iters;
+      const auto elements = op.input_count(r.count, n);
+      // Built once per size; tensors share their storage, so no iteration copies them.
+      auto inputs = mw.distribute_values([&](int id) { return op.init(id, elements); });
+      // Each replica times its call and checks its result after the clock stopped; it returns
+      // {time in ns, wrong elements}.
+      auto step = [&op, n, elements](replica_context& ctx, const tensor& x) {
+        auto t0 = steady_clock::now();
+        auto out = op.call(ctx, x);
+        auto t1 = steady_clock::now();
+        auto wrong = static_cast<double>(op.check(out, n, elements));
+        return tensor::from(
+            std::vector<double>{std::chrono::duration<double, std::nano>(t1 - t0).count(), wrong});
+      };
+      double wrong = 0;
+      for (int64_t it = 0; it < warmup + r.iters; ++it) {
+        barrier();
+        auto t0 = steady_clock::now();
+        auto values = mw.run(step, inputs);
+        auto t1 = steady_clock::now();
+        double call_us = 0;
+        for (const auto& v : values) {
+          auto d = v.data<double>();
+          call_us = std::max(call_us, d[0] / 1e3);
+          wrong += d[1];
+        }
+        if (it >= warmup) {
+          r.call_samples.push_back(call_us);
+          r.run_samples.push_back(micros(t0, t1));
+        }
+      }
+      // Every worker's wrong count, summed across workers (a plain value is one per worker).
+      r.wrong = static_cast<int64_t>(
+          mw.reduce("SUM", tensor::scalar<double>(wrong), std::nullopt).item<double>());
+      total_wrong += r.wrong;
+      r.call = summarize(r.call_samples);
+      r.run = summarize(r.run_samples);
+      r.algbw = r.call.avg > 0 ? static_cast<double>(bytes) / (r.call.avg * 1e3) : 0;
+      r.busbw = r.algbw * op.bus_factor(n);
+      if (rank == 0) {
+        std::printf(" %12lld %12lld %6s %6s %10.2f %7.2f %7.2f %7lld %10.1f %10.1f %10.1f %10.1f\n",
+                    static_cast<long long>(bytes), static_cast<long long>(r.count), "float",
+                    op.redop.c_str(), r.call.avg, r.algbw, r.busbw, static_cast<long long>(r.wrong),
+                    r.call.p50, r.call.p99, r.run.p50, r.run.p99);
+        std::fflush(stdout);
+      }
+      rows.push_back(std::move(r));
+    }
+  }
+  if (rank == 0)
+    std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(total_wrong),
+                total_wrong == 0 ? "OK" : "FAILED");
+
+  auto path = opts.str("json");
+  if (rank == 0 && !path.empty()) {
+    bench::json_object config;
+    config.str("path", "multi_worker_mirrored_strategy").num("workers", workers);
+    config.num("replicas", n).num("min_bytes", min_bytes).num("max_bytes", max_bytes);
+    config.num("factor", factor).num("warmup", warmup).num("iters", iters);
+    config.num("large_bytes", large_bytes).num("large_iters", large_iters);
+    bench::json_object machine;
+    machine.num("nproc", static_cast<int64_t>(bench::nproc())).str("cpu", bench::cpu_model());
+    std::vector<bench::json_object> items;
+    for (const auto& r : rows) {
+      bench::json_object o;
+      o.str("op", r.op).num("size", r.bytes).num("count", r.count).num("iters", r.iters);
+      o.str("type", "float").str("redop", r.op == "all_reduce" ? "sum" : "none");
+      o.num("time_us", r.call.avg).num("algbw", r.algbw).num("busbw", r.busbw);
+      o.num("wrong", r.wrong).num("p50_us", r.call.p50).num("p99_us", r.call.p99);
+      o.num("run_p50_us", r.run.p50).num("run_p99_us", r.run.p99);
+      o.raw("samples_us", json_numbers(r.call_samples));
+      o.raw("run_samples_us", json_numbers(r.run_samples));
+      items.push_back(o);
+    }
+    bench::json_object doc;
+    doc.str("benchmark", "strategy_collective_bench").obj("config", config);
+    doc.obj("machine", machine).arr("results", items).num("out_of_bounds", total_wrong);
+    if (!bench::write_json(path, doc))
+      return 1;
+  }
+  barrier();
+  return total_wrong == 0 ? 0 : 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strategy_collective_bench: %s\n", e.what());
+    return 1;
+  }
+}

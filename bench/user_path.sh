@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# user_path.sh: the cross-worker collectives three ways in one run (issue 12), for N workers on
+# this host: consort's user path (strategy_collective_bench: multi_worker_mirrored_strategy,
+# strategy.run + ctx.all_reduce), consort's raw algorithm over its TCP transport
+# (collective_tcp_bench) and torch.distributed's gloo (torch_gloo_bench.py). Prints one table per
+# collective: size | user path p50 | whole strategy.run p50 | raw p50 | gloo p50 | user/raw |
+# user/gloo, then the issue's target rows.
+#
+# Usage:
+#   bash bench/user_path.sh N [--min-bytes 4] [--max-bytes 64M] [--factor 4] [--warmup 2]
+#        [--iters 50] [--large-bytes 4M] [--large-iters 10] [--rounds 2]
+#        [--ops all_reduce,all_gather,broadcast] [--bin-dir build/bench] [--gloo auto|off]
+#        [--out DIR] [--timeout SECONDS]
+#
+# Interleaving: every round runs, for each collective, the three programs one after the other
+# (each a full sweep of that collective's sizes under tools/consort-launch), the order rotating
+# from one collective and round to the next, so that a burst of noise on the machine lands on
+# every side. A p50 is over the samples of all rounds pooled (each program writes every sample
+# to its JSON; python3 with its standard library merges them). Sizes from --large-bytes on run
+# --large-iters iterations instead of --iters, to keep the 64 MiB rows affordable.
+#
+# torch: the first of $TORCH_PYTHON, python3, /usr/bin/python3 that can import torch.distributed
+# with gloo (Debian's python3-torch installs into /usr/bin/python3). When none can, or with
+# --gloo off, the driver says so and leaves the gloo column out. The JSON files and every
+# program's log stay in --out (default: a new directory under /tmp, printed).
+# Exit status: 0 when every program ran and every result was right; 1 otherwise; 2 on usage.
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+usage() {
+  sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+[ $# -ge 1 ] || usage
+case "$1" in -h|--help) usage ;; esac
+workers=$1
+shift
+[[ "$workers" =~ ^[0-9]+$ ]] && [ "$workers" -ge 2 ] ||
+  { echo "user_path.sh: N must be a worker count >= 2, got '$workers'" >&2; exit 2; }
+min_bytes=4 max_bytes=64M factor=4 warmup=2 iters=50 large_bytes=4M large_iters=10 rounds=2
+ops=all_reduce,all_gather,broadcast
+bin_dir=${BUILD_DIR:-$root/build}/bench
+gloo=auto out="" timeout_s=900
+while [ $# -gt 0 ]; do
+  [ $# -ge 2 ] || { echo "user_path.sh: option $1 needs a value" >&2; exit 2; }
+  case "$1" in
+    --min-bytes) min_bytes=$2 ;;
+    --max-bytes) max_bytes=$2 ;;
+    --factor) factor=$2 ;;
+    --warmup) warmup=$2 ;;
+    --iters) iters=$2 ;;
+    --large-bytes) large_bytes=$2 ;;
+    --large-iters) large_iters=$2 ;;
+    --rounds) rounds=$2 ;;
+    --ops) ops=$2 ;;
+    --bin-dir) bin_dir=$2 ;;
+    --gloo) gloo=$2 ;;
+    --out) out=$2 ;;
+    --timeout) timeout_s=$2 ;;
+    *) echo "user_path.sh: unknown option '$1'" >&2; usage ;;
+  esac
+  shift 2
+done
+[[ "$rounds" =~ ^[0-9]+$ ]] && [ "$rounds" -ge 1 ] ||
+  { echo "user_path.sh: --rounds needs a count >= 1, got '$rounds'" >&2; exit 2; }
+case "$gloo" in auto|off) ;; *) echo "user_path.sh: --gloo is auto or off" >&2; exit 2 ;; esac
+
+launcher=$root/tools/consort-launch
+user_bin=$bin_dir/strategy_collective_bench
+raw_bin=$bin_dir/collective_tcp_bench
+for b in "$user_bin" "$raw_bin"; do
+  [ -x "$b" ] || {
+    echo "user_path.sh: $b is not built (BUILD_DIR=build bash tools/build.sh --target" \
+      "strategy_collective_bench collective_tcp_bench), or pass --bin-dir" >&2
+    exit 1
+  }
+done
+command -v python3 >/dev/null || { echo "user_path.sh: python3 is needed to merge the results" >&2; exit 1; }
+
+# The interpreter for the gloo peer, if any.
+torch_py=""
+gloo_note=""
+if [ "$gloo" = off ]; then
+  gloo_note="torch gloo: skipped (--gloo off)"
+else
+  why=""
+  for py in ${TORCH_PYTHON:-} python3 /usr/bin/python3; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    if msg=$("$py" -c 'import torch, torch.distributed as d
+assert d.is_available() and d.is_gloo_available(), "torch.distributed has no gloo"
+print(torch.__version__)' 2>&1); then
+      torch_py=$py
+      gloo_note="torch gloo: torch $msg with $py, one intra-op thread per rank"
+      break
+    fi
+    why+="${why:+; }$py: $(tail -n 1 <<<"$msg")"
+  done
+  [ -n "$torch_py" ] || gloo_note="torch gloo: SKIPPED, no python can import torch.distributed with gloo ($why); the gloo column is left out"
+fi
+
+[ -n "$out" ] || out=$(mktemp -d /tmp/user_path.XXXXXX)
+mkdir -p "$out" && rm -f "$out"/{user,raw,gloo}_*_r*.json || exit 1
+common=(--min-bytes "$min_bytes" --max-bytes "$max_bytes" --factor "$factor" --warmup "$warmup"
+  --iters "$iters" --large-bytes "$large_bytes" --large-iters "$large_iters")
+
+echo "# consort user_path.sh  workers=$workers rounds=$rounds ops=$ops sizes=$min_bytes..$max_bytes x$factor warmup=$warmup iters=$iters (from $large_bytes: $large_iters)"
+echo "# machine: nproc=$(nproc) cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1) load=$(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# commit: $(git -C "$root" log -1 --format='%h %s' 2>/dev/null | cut -c1-90)"
+echo "# $gloo_note"
+echo "# results and logs: $out"
+
+failed=0
+# run_one NAME OP ROUND COMMAND...: one program under the launcher, its log and JSON in $out.
+run_one() {
+  local name=$1 op=$2 round=$3
+  shift 3
+  local log=$out/${name}_${op}_r${round}.log json=$out/${name}_${op}_r${round}.json
+  local t0=$SECONDS
+  rm -f "$json"
+  "$launcher" -n "$workers" --timeout "$timeout_s" -- "$@" --ops "$op" --json "$json" >"$log" 2>&1
+  local rc=$?
+  printf '#   round %d %-10s %-5s %4d s%s\n' "$round" "$op" "$name" $((SECONDS - t0)) \
+    "$([ $rc -eq 0 ] || echo "  FAILED (exit $rc), last lines of $log:")"
+  if [ $rc -ne 0 ]; then
+    tail -n 15 "$log" | sed 's/^/#     /'
+    failed=1
+  fi
+}
+
+IFS=, read -r -a op_list <<<"$ops"
+programs=(user raw)
+[ -n "$torch_py" ] && programs+=(gloo)
+limits=1
+for ((r = 1; r <= rounds; r++)); do
+  for ((o = 0; o < ${#op_list[@]}; o++)); do
+    op=${op_list[$o]}
+    k=${#programs[@]}
+    for ((i = 0; i < k; i++)); do
+      p=${programs[$(((i + r - 1 + o) % k))]}
+      case $p in
+        user) run_one user "$op" "$r" "$user_bin" "${common[@]}" ;;
+        raw)
+          # The TCP limits (stream, ping-pong) once, on the first raw run.
+          run_one raw "$op" "$r" "$raw_bin" "${common[@]}" --limits "$limits"
+          limits=0 ;;
+        gloo) run_one gloo "$op" "$r" "$torch_py" "$root/bench/torch_gloo_bench.py" "${common[@]}" ;;
+      esac
+    done
+  done
+done
+
+python3 - "$out" "$workers" "$ops" <<'EOF' || failed=1
+import glob, json, math, os, sys
+
+out, workers, ops = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
+
+def p50(values):
+    s = sorted(values)
+    if not s:
+        return None
+    return s[min(max(math.ceil(0.5 * len(s)), 1), len(s)) - 1]
+
+# samples[(program, op, size)] -> pooled samples (us); run[(op, size)] -> whole strategy.run
+samples, runs, wrong, limits = {}, {}, 0, None
+for path in sorted(glob.glob(os.path.join(out, "*.json"))):
+    program = os.path.basename(path).split("_")[0]
+    with open(path) as f:
+        doc = json.load(f)
+    wrong += doc.get("out_of_bounds", 0)
+    machine = doc.get("machine", {})
+    if "tcp_stream_gbs" in machine:
+        limits = machine
+    for row in doc["results"]:
+        key = (program, row["op"], row["size"])
+        samples.setdefault(key, []).extend(row["samples_us"])
+        if "run_samples_us" in row:
+            runs.setdefault((row["op"], row["size"]), []).extend(row["run_samples_us"])
+
+have_gloo = any(k[0] == "gloo" for k in samples)
+def fmt(v, width=11, decimals=1):
+    return ("%*.*f" % (width, decimals, v)) if v is not None else "%*s" % (width, "-")
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+print("#")
+if limits:
+    print("# TCP limits (raw run, ranks 0 <-> 1, blocking sockets): stream %.2f GB/s, 8-byte "
+          "ping-pong p50 %.1f us" % (limits["tcp_stream_gbs"], limits["pingpong_p50_us"]))
+print("# p50 in us over every sample of every round; user = the ctx.<collective> call inside the "
+      "step, run = the whole strategy.run,")
+print("# raw = collective_tcp_bench (transport/algorithms over transport/tcp), gloo = "
+      "torch.distributed gloo; rank 0 after a barrier")
+found = {}
+for op in ops:
+    sizes = sorted({k[2] for k in samples if k[1] == op})
+    if not sizes:
+        continue
+    print("#\n# %s, %d workers" % (op, workers))
+    print("#%11s %11s %11s %11s %11s %9s %9s" % ("size (B)", "user p50", "run p50", "raw p50",
+                                              "gloo p50", "user/raw", "user/gloo"))
+    for size in sizes:
+        u = p50(samples.get(("user", op, size), []))
+        run = p50(runs.get((op, size), []))
+        raw = p50(samples.get(("raw", op, size), []))
+        g = p50(samples.get(("gloo", op, size), [])) if have_gloo else None
+        found[(op, size)] = (u, raw, g)
+        print(" %11d %s %s %s %s %s %s" % (size, fmt(u), fmt(run), fmt(raw), fmt(g),
+                                           fmt(ratio(u, raw), 9, 2), fmt(ratio(u, g), 9, 2)))
+
+print("#\n# Targets (issue 12; these compare p50s of this run)")
+small = min((s for (o, s) in found if o == "all_reduce"), default=None)
+large = (64 << 20) if ("all_reduce", 64 << 20) in found else None
+def verdict(v, limit):
+    return "-" if v is None else ("met" if v <= limit else "NOT MET")
+if small is not None:
+    u, raw, g = found[("all_reduce", small)]
+    print("#   all_reduce %d B, %d workers: user/raw %.2f <= 2: %s" %
+          (small, workers, ratio(u, raw), verdict(ratio(u, raw), 2.0)))
+    if workers == 2:
+        if g is not None:
+            print("#   all_reduce %d B, 2 workers: user/gloo %.2f <= 0.5: %s" %
+                  (small, ratio(u, g), verdict(ratio(u, g), 0.5)))
+        else:
+            print("#   all_reduce %d B, 2 workers: user/gloo <= 0.5: not evaluated (no gloo run)" %
+                  small)
+if large is not None:
+    u, raw, g = found[("all_reduce", large)]
+    print("#   all_reduce 64 MiB, %d workers: user/raw %.2f <= 1.1: %s" %
+          (workers, ratio(u, raw), verdict(ratio(u, raw), 1.1)))
+else:
+    print("#   all_reduce 64 MiB: not evaluated (needs --max-bytes 64M)")
+print("# Out of bounds values : %d %s" % (wrong, "OK" if wrong == 0 else "FAILED"))
+sys.exit(0 if wrong == 0 else 1)
+EOF
+
+[ "$failed" -eq 0 ] || echo "# FAILED: a program failed or a result was wrong (logs in $out)"
+exit "$failed"
