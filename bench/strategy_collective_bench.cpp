@@ -12,7 +12,8 @@
 //       [--large-iters 0] [--ops all_reduce,all_gather,broadcast] [--json FILE]
 //
 // Per iteration, on every worker: a barrier (a strategy.run whose step all-reduces one float),
-// then the timed strategy.run. Two times are kept, rank 0's: the collective call, timed inside the
+// then the timed strategy.run, whose step all-reduces one float again (a barrier inside the step)
+// before the timed call. Two times are kept, rank 0's: the collective call, timed inside the
 // step around `ctx.all_reduce` (the max over this worker's replicas), and the whole
 // `strategy.run` from the call to the per_replica result in the caller's hands. Every element of
 // every result is checked after the clock stopped; the program exits 1 on any wrong element.
@@ -233,7 +234,11 @@ int run(int argc, char** argv) {
       auto inputs = mw.distribute_values([&](int id) { return op.init(id, elements); });
       // Each replica times its call and checks its result after the clock stopped; it returns
       // {time in ns, wrong elements}.
-      auto step = [&op, n, elements](replica_context& ctx, const tensor& x) {
+      auto step = [&op, &one, n, elements](replica_context& ctx, const tensor& x) {
+        // A barrier inside the step, as the raw algorithm's bench has one right before its timed
+        // call: the clock then starts with every worker at the call, and the time is the
+        // collective's, not the skew of the workers' step starts (which `run p50` includes).
+        (void)ctx.all_reduce("SUM", one);
         auto t0 = steady_clock::now();
         auto out = op.call(ctx, x);
         auto t1 = steady_clock::now();
