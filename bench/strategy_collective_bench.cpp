@@ -15,8 +15,9 @@
 // then the timed strategy.run, whose step all-reduces one float again (a barrier inside the step)
 // before the timed call. Two times are kept, rank 0's: the collective call, timed inside the
 // step around `ctx.all_reduce` (the max over this worker's replicas), and the whole
-// `strategy.run` from the call to the per_replica result in the caller's hands. Every element of
-// every result is checked after the clock stopped; the program exits 1 on any wrong element.
+// `strategy.run` from the call to the per_replica result in the caller's hands. The step returns
+// its time and the collective's result; every element of every result is checked by the caller
+// after both clocks stopped; the program exits 1 on any wrong element.
 // Sizes are of the result: an all_gather row of S bytes gathers max(1, S/4/R) floats from each of
 // the R replicas (as collective_tcp_bench). Only rank 0 prints.
 //
@@ -70,8 +71,8 @@ tensor filled(int id, int64_t elements) {
   return t;
 }
 
-int64_t count_not(const tensor& out, int64_t expected_elements,
-                  const std::function<float(int64_t)>& want) {
+template <class Want>
+int64_t count_not(const tensor& out, int64_t expected_elements, Want want) {
   if (out.dtype() != dtype::float32 || out.num_elements() != expected_elements)
     return std::max<int64_t>(expected_elements, 1);
   const auto* p = out.data<float>();
@@ -232,9 +233,9 @@ int run(int argc, char** argv) {
       const auto elements = op.input_count(r.count, n);
       // Built once per size; tensors share their storage, so no iteration copies them.
       auto inputs = mw.distribute_values([&](int id) { return op.init(id, elements); });
-      // Each replica times its call and checks its result after the clock stopped; it returns
-      // {time in ns, wrong elements}.
-      auto step = [&op, &one, n, elements](replica_context& ctx, const tensor& x) {
+      // Each replica times its call and returns [time in ns, the collective's result]; the
+      // caller checks the results after its own clock stopped.
+      auto step = [&op, &one](replica_context& ctx, const tensor& x) {
         // A barrier inside the step, as the raw algorithm's bench has one right before its timed
         // call: the clock then starts with every worker at the call, and the time is the
         // collective's, not the skew of the workers' step starts (which `run p50` includes).
@@ -242,9 +243,9 @@ int run(int argc, char** argv) {
         auto t0 = steady_clock::now();
         auto out = op.call(ctx, x);
         auto t1 = steady_clock::now();
-        auto wrong = static_cast<double>(op.check(out, n, elements));
-        return tensor::from(
-            std::vector<double>{std::chrono::duration<double, std::nano>(t1 - t0).count(), wrong});
+        return nest::list(
+            {tensor::scalar<double>(std::chrono::duration<double, std::nano>(t1 - t0).count()),
+             std::move(out)});
       };
       double wrong = 0;
       for (int64_t it = 0; it < warmup + r.iters; ++it) {
@@ -254,9 +255,8 @@ int run(int argc, char** argv) {
         auto t1 = steady_clock::now();
         double call_us = 0;
         for (const auto& v : values) {
-          auto d = v.data<double>();
-          call_us = std::max(call_us, d[0] / 1e3);
-          wrong += d[1];
+          call_us = std::max(call_us, v[0].as_tensor().item<double>() / 1e3);
+          wrong += static_cast<double>(op.check(v[1].as_tensor(), n, elements));
         }
         if (it >= warmup) {
           r.call_samples.push_back(call_us);

@@ -150,6 +150,7 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 
+echo "# load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine shows here)"
 python3 - "$out" "$workers" "$ops" <<'EOF' || failed=1
 import glob, json, math, os, sys
 
