@@ -94,8 +94,11 @@ std::string disagreement(const std::vector<descriptor>& all, const cross_call& c
              "order";
       return out.str();
     }
-    if (a.signature_hash != b.signature_hash || a.num_leaves != b.num_leaves ||
-        a.fused != b.fused) {
+    // An all-gather's parts differ in size between workers (ragged), so some may travel with
+    // their descriptor and some not: only an all-reduce's workers must agree on it.
+    const bool fused_differs =
+        a.fused != b.fused && a.kind == static_cast<uint8_t>(collective_kind::all_reduce);
+    if (a.signature_hash != b.signature_hash || a.num_leaves != b.num_leaves || fused_differs) {
       std::ostringstream out;
       out << "collective mismatch between workers at " << call.what << ": " << worker_name(0)
           << " passed " << text_of(a) << " but " << worker_name(static_cast<int>(w)) << " passed "
@@ -124,6 +127,15 @@ transport::const_bytes bytes_of(const tensor& t) {
 
 transport::mutable_bytes mutable_bytes_of(tensor& t) {
   return {static_cast<std::byte*>(t.raw_mutable_data()), t.num_bytes()};
+}
+
+/// Whether any of `n` extents a peer announced is negative or absurd (its part would not fit a
+/// message).
+bool extents_invalid(const int64_t* extents, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (extents[i] < 0 || extents[i] > (int64_t{1} << 40))
+      return true;
+  return false;
 }
 
 /// Whether every leaf of an all-reduce can be reduced by the element-wise kernel (else the data
@@ -324,10 +336,21 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
     set_text(mine, err.what());
   } else {
     set_text(mine, call.signature);
-    mine.fused = call.kind == collective_kind::all_reduce && !call.data_phase &&
-                 size_ <= direct_max_workers && data_bytes <= fused_max_bytes &&
-                 reducible(call, *ctx_);
+    if (call.kind == collective_kind::all_reduce)
+      mine.fused = !call.data_phase && size_ <= direct_max_workers &&
+                   data_bytes <= fused_max_bytes && reducible(call, *ctx_);
+    else if (call.kind == collective_kind::all_gather)
+      mine.fused = !call.data_phase && size_ <= direct_max_workers &&
+                   call.leaves.size() * 8 + data_bytes <= fused_max_bytes;
   }
+  // An all-gather's extents along its axis, leaf by leaf: they travel with the descriptor (up to
+  // 8 workers), so the data needs no round of sizes first.
+  const bool gather_extents = call.kind == collective_kind::all_gather && !call.local_failure &&
+                              !call.data_phase && size_ <= direct_max_workers;
+  std::vector<int64_t> my_extents;
+  if (gather_extents)
+    for (const auto& t : call.leaves)
+      my_extents.push_back(t.shape()[static_cast<size_t>(call.axis)]);
   std::vector<descriptor> all(static_cast<size_t>(size_));
   all[static_cast<size_t>(rank_)] = mine;
   // Where the peers' messages land, and how long each was (direct exchange only).
@@ -346,6 +369,9 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
     std::vector<transport::operation_ptr> sends(static_cast<size_t>(size_));
     std::vector<transport::const_bytes> parts{
         {reinterpret_cast<const std::byte*>(&mine), sizeof(descriptor)}};
+    if (gather_extents)
+      parts.push_back({reinterpret_cast<const std::byte*>(my_extents.data()),
+                       my_extents.size() * sizeof(int64_t)});
     if (mine.fused)
       for (const auto& t : call.leaves)
         parts.push_back(bytes_of(t));
@@ -411,7 +437,7 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
   for (const auto& d : all)
     call.all_flags |= d.flags;
 
-  if (mine.fused) {
+  if (mine.fused && call.kind == collective_kind::all_reduce) {
     // Every descriptor agreed, so every peer sent this many bytes of data; check it anyway.
     for (int p = 0; p < size_; ++p)
       if (p != rank_ && got[static_cast<size_t>(p)] != sizeof(descriptor) + data_bytes)
@@ -467,7 +493,43 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
     auto* mine_at = extents.data() + static_cast<size_t>(rank_) * n;
     for (size_t i = 0; i < n; ++i)
       mine_at[i] = call.leaves[i].shape()[static_cast<size_t>(call.axis)];
-    {
+    // Bytes per unit of the axis, leaf by leaf (the other extents agree on every worker).
+    std::vector<size_t> units(n);
+    for (size_t i = 0; i < n; ++i) {
+      const auto& shape = call.leaves[i].shape();
+      int64_t inner = 1;
+      for (size_t d = 0; d < shape.size(); ++d)
+        if (d != static_cast<size_t>(call.axis))
+          inner *= shape[d];
+      units[i] = static_cast<size_t>(inner) * size_of(call.leaves[i].dtype());
+    }
+    // With up to 8 workers every worker's extents came with its descriptor, and, when every
+    // worker's part was small, its data too: the gather is then complete already.
+    bool all_fused = gather_extents;
+    if (gather_extents) {
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_)
+          continue;
+        const auto at = static_cast<size_t>(p);
+        if (got[at] < sizeof(descriptor) + n * 8)
+          return make_caf_error(errc::collective_mismatch, call.what + ": " + worker_name(p) +
+                                                               " sent " + std::to_string(got[at]) +
+                                                               " bytes with its descriptor, " +
+                                                               "fewer than its extents take");
+        std::memcpy(extents.data() + at * n, slot(p) + sizeof(descriptor), n * 8);
+        size_t expect = sizeof(descriptor) + n * 8;
+        if (all[at].fused)
+          for (size_t i = 0; i < n; ++i)
+            expect += static_cast<size_t>(extents[at * n + i]) * units[i];
+        if (got[at] != expect || extents_invalid(extents.data() + at * n, n))
+          return make_caf_error(errc::collective_mismatch,
+                                call.what + ": " + worker_name(p) + " sent " +
+                                    std::to_string(got[at]) + " bytes with its descriptor where " +
+                                    "its extents announce " + std::to_string(expect));
+        all_fused = all_fused && all[at].fused;
+      }
+      all_fused = all_fused && mine.fused;
+    } else {
       auto* base = reinterpret_cast<std::byte*>(extents.data());
       transport::ring_all_gather gather(
           ctx_, {base + static_cast<size_t>(rank_) * n * 8, n * 8}, {base, extents.size() * 8},
@@ -475,15 +537,13 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
       if (auto err = gather.run())
         return wrap(err, call.what);
     }
+    // Where worker p's part of leaf i starts in its message (all_fused only).
+    std::vector<size_t> data_at(static_cast<size_t>(size_), sizeof(descriptor) + n * 8);
     for (size_t i = 0; i < n; ++i) {
       const auto& leaf = call.leaves[i];
       auto shape = leaf.shape();
       auto axis = static_cast<size_t>(call.axis);
-      int64_t inner = 1; // elements per unit of the axis
-      for (size_t d = 0; d < shape.size(); ++d)
-        if (d != axis)
-          inner *= shape[d];
-      auto unit = static_cast<size_t>(inner) * size_of(leaf.dtype());
+      auto unit = units[i];
       std::vector<size_t> sizes(static_cast<size_t>(size_));
       int64_t total = 0;
       for (int w = 0; w < size_; ++w) {
@@ -501,10 +561,23 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
       } else {
         gathered = tensor::empty(dtype::uint8, {total * static_cast<int64_t>(unit)});
       }
-      transport::ring_all_gather gather(ctx_, bytes_of(leaf), mutable_bytes_of(gathered), sizes,
-                                        options());
-      if (auto err = gather.run())
-        return wrap(err, call.what);
+      if (all_fused) {
+        auto* into = static_cast<std::byte*>(gathered.raw_mutable_data());
+        for (int w = 0; w < size_; ++w) {
+          const auto at = static_cast<size_t>(w);
+          const auto* from =
+              w == rank_ ? static_cast<const std::byte*>(leaf.raw_data()) : slot(w) + data_at[at];
+          if (sizes[at] > 0)
+            std::memcpy(into, from, sizes[at]);
+          into += sizes[at];
+          data_at[at] += sizes[at];
+        }
+      } else {
+        transport::ring_all_gather gather(ctx_, bytes_of(leaf), mutable_bytes_of(gathered), sizes,
+                                          options());
+        if (auto err = gather.run())
+          return wrap(err, call.what);
+      }
       if (axis == 0) {
         out.push_back(std::move(gathered));
         continue;

@@ -13,7 +13,9 @@
 //   2. the data: all_reduce / all_gather (ragged) / broadcast from transport/algorithms.
 // A small all-reduce (up to 64 KiB, up to 8 workers) is fused: its data travels in the same
 // message as its descriptor, each worker checks the descriptors on receipt and folds the data in
-// rank order, so the call takes one round (docs/multi_worker.md, "One collective's hops").
+// rank order, so the call takes one round (docs/multi_worker.md, "One collective's hops"). An
+// all-gather's extents travel with its descriptor, and so do its small parts: when every
+// worker's part came along, the gather is done in that round.
 //
 // Calls run one at a time per lane, in the order they are made. Every worker makes the same calls
 // in the same order (steps are numbered alike on every worker and the calls of a step are ordered),

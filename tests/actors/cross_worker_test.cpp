@@ -110,6 +110,53 @@ TEST(CrossWorkerTest, AllGatherIsInReplicaIdOrderAcrossWorkers) {
     EXPECT_EQ(f.get()[1].as_tensor(), tensor::from<float>({1, 2, 2, 3, 3, 3}, {6}));
 }
 
+/// Workers, replicas per worker, axis, and each replica's rows (by replica id).
+class CrossWorkerGatherTest
+    : public ::testing::TestWithParam<std::tuple<int, int, int, std::vector<int64_t>>> {};
+
+TEST_P(CrossWorkerGatherTest, RaggedPartsOnBothSidesOfTheFusedSizeGatherInReplicaIdOrder) {
+  // Parts up to 64 KiB travel with their worker's descriptor; larger ones take the ring after it.
+  // Whatever the mix, every worker gets every part in replica-id order.
+  auto [workers, replicas, axis, rows] = GetParam();
+  cluster c(workers, replicas);
+  // Replica r's part: rows[r] x 3 along `axis` (3 x rows[r] for axis 1), element k = r * 1e6 + k.
+  auto part = [axis, rows](int r) {
+    auto extent = rows[static_cast<size_t>(r)];
+    std::vector<float> v(static_cast<size_t>(extent * 3));
+    for (size_t k = 0; k < v.size(); ++k)
+      v[k] = static_cast<float>(r) * 1e6f + static_cast<float>(k);
+    return axis == 0 ? tensor::from<float>(v, {extent, 3}) : tensor::from<float>(v, {3, extent});
+  };
+  std::vector<tensor> parts;
+  for (int r = 0; r < workers * replicas; ++r)
+    parts.push_back(part(r));
+  auto want = concat(parts, axis);
+  auto results = c.run([part, axis](replica_context& ctx) {
+    return nest(ctx.all_gather(part(ctx.replica_id_in_sync_group()), axis));
+  });
+  for (auto& f : results) {
+    auto got = f.get();
+    for (const auto& v : got.values())
+      EXPECT_EQ(v.as_tensor(), want);
+  }
+  // The group goes on: a small all-reduce after it.
+  for (auto& f : c.run([](replica_context& ctx) { return nest(ctx.all_reduce("SUM", row(1))); }))
+    EXPECT_EQ(f.get()[0].as_tensor(), tensor::from<float>({static_cast<float>(workers * replicas),
+                                                           static_cast<float>(workers * replicas)},
+                                                          {2}));
+}
+
+// 8000 rows of 3 float32 = 96 000 B: over the fused size; 2 rows: under it; 0 rows: nothing.
+INSTANTIATE_TEST_SUITE_P(Parts, CrossWorkerGatherTest,
+                         ::testing::Values(std::tuple{2, 1, 0, std::vector<int64_t>{2, 3}},
+                                           std::tuple{2, 1, 0, std::vector<int64_t>{2, 8000}},
+                                           std::tuple{2, 1, 1, std::vector<int64_t>{8000, 1}},
+                                           std::tuple{3, 1, 0, std::vector<int64_t>{0, 8000, 5}},
+                                           std::tuple{3, 1, 1, std::vector<int64_t>{4, 0, 1}},
+                                           std::tuple{2, 2, 0, std::vector<int64_t>{1, 0, 3, 4000}},
+                                           std::tuple{3, 2, 1,
+                                                      std::vector<int64_t>{1, 2, 3, 4, 5, 6}}));
+
 TEST(CrossWorkerTest, BroadcastFromAReplicaOfAnotherWorker) {
   cluster c(2, 2);
   auto results = c.run([](replica_context& ctx) {
