@@ -8,14 +8,16 @@
 # and runs them with CTest. No benchmarks or examples are built.
 #
 # Usage:   tools/sanitize.sh [address|thread|all]      (default: all)
-# Env:     JOBS=N  build and test jobs (default: nproc)
+# Env:     JOBS=N  build jobs (default: nproc)
+#          TEST_JOBS=N  test jobs (default: nproc + 1: most of these tests wait on sockets and
+#                  deadlines rather than compute, so one more than the cores keeps them busy)
 #          SANITIZE_BUILD_ONLY=1  build, run nothing
 # Exit:    0 when every selected test passes with no sanitizer report.
 #
 # What runs (.ci/run does not call this script yet: see its comment; the rest is left out for
 # time, or because it cannot work; docs/sanitizers.md has the reasons):
 #   address: consort_core_tests, consort_actors_tests and consort_transport_tests, all but the
-#            1M-element all-reduce sweeps at 4-8 ranks (`large_sweeps`), and
+#            1M-element all-reduce sweeps (`large_sweeps`), and
 #            multiworker.collectives_* (mw_job under tools/consort-launch, 2-4 workers x 1-2
 #            replicas).
 #   thread:  consort_core_tests and consort_transport_tests (without any 1M-element sweep or 64 MiB
@@ -31,6 +33,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+test_jobs=${TEST_JOBS:-$((jobs + 1))}
 
 kinds=()
 case "${1:-all}" in
@@ -43,9 +46,10 @@ case "${1:-all}" in
 esac
 
 unit_binaries='^consort_(core|actors|transport)_tests$'
-# The 1M-element all-reduce sweeps at 4 to 8 ranks: 60 % of the unit tests' time under ASan; the
-# same code paths run at 1 to 3 ranks and, chunked, at 1001 elements.
-large_sweeps='^RanksAndCounts/AllReduceSweepTest\..*[4-8]Ranks1048579Elements'
+# The 1M-element all-reduce sweeps: most of the unit tests' time under ASan; the same code paths
+# run, chunked, at 1001 elements, and the 64 MiB all-reduce still runs. (Left out for CI's time
+# budget: the whole .ci/run took 27.8 minutes of its 30 with them at 2 to 3 ranks.)
+large_sweeps='^RanksAndCounts/AllReduceSweepTest\..*Ranks1048579Elements'
 # Under TSan (5-20x slower on memory-bound loops) also every 1M-element sweep and the two 64 MiB
 # transfers: 60 % of its time for no new interleavings (the chunked paths run at 1001 elements with
 # small chunks).
@@ -85,7 +89,7 @@ build() {
 # run_tests KIND DIR: the CTest selection of one sanitizer build.
 run_tests() {
   local kind=$1 dir=$2
-  local ctest=(ctest --test-dir "$dir" --output-on-failure -j"$jobs" --timeout 300)
+  local ctest=(ctest --test-dir "$dir" --output-on-failure -j"$test_jobs" --timeout 300)
   # Every selection runs; the function fails when any of them did (it runs inside `if`, where
   # `set -e` does not stop at a failing command).
   local failed=0

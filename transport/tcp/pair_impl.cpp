@@ -358,6 +358,12 @@ void pair_impl::fail(const std::string& why_in, log_mode log, errc code) {
       why = "rank " + std::to_string(peer_) + " left the group: " + left_reason_;
       code = errc::peer_left;
       log = log_mode::never;
+    } else if (aborting_) {
+      // This rank's abort, whichever thread got here first (the reader sees the peer close its
+      // end once the abort frame reached it).
+      why = abort_reason_;
+      code = abort_code_;
+      log = log_mode::never;
     }
     failure_ = why;
     failure_code_ = code;
@@ -767,6 +773,14 @@ void pair_impl::peer_closed() {
 }
 
 void pair_impl::abort(const std::string& why, errc code) {
+  {
+    std::lock_guard lock(match_mu_);
+    if (!failed_.load(std::memory_order_relaxed) && !aborting_) {
+      aborting_ = true;
+      abort_reason_ = why;
+      abort_code_ = code;
+    }
+  }
   if (!failed_.load(std::memory_order_acquire) && !closing_.load(std::memory_order_acquire) &&
       !peer_left_.load(std::memory_order_acquire)) {
     // Between frames only: nothing queued, or the front message not begun (it fails anyway).

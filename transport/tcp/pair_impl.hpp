@@ -321,6 +321,12 @@ private:
   /// The peer said goodbye: it sends nothing more (left_reason_ guarded by match_mu_).
   std::atomic<bool> peer_left_{false};
   std::string left_reason_;
+  /// This rank is aborting the pair (guarded by match_mu_): from the moment its abort frame may be
+  /// on the wire, whatever fails the pair (the peer, told, closing its end first) fails it with
+  /// this reason and code.
+  bool aborting_ = false;
+  std::string abort_reason_;
+  errc abort_code_ = errc::peer_lost;
   /// The peer's end of file was read after a goodbye (either way): reading is over.
   std::atomic<bool> rx_eof_{false};
   /// Our side is half-closed (under tx_mu_).
