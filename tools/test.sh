@@ -7,5 +7,9 @@ cd "$(dirname "$0")/.."
 bash tools/setup.sh
 bash tools/check_format.sh
 CONSORT_WERROR=ON bash tools/build.sh
-ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j2 --timeout 300
+if ! ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j2 --timeout 300; then
+  echo "== the failed tests' output once more (the end of the log is what CI shows)"
+  bash tools/ctest_failures.sh "${BUILD_DIR:-build}"
+  exit 1
+fi
 INSTALL_FROM="${BUILD_DIR:-build}" bash tools/check_install.sh "$PWD"

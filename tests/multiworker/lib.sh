@@ -13,13 +13,34 @@ MW_PIDS=()
 MW_EXPECT=()
 MW_FAILED=0
 
+# mw_base_port N: a base port for N workers below the kernel's ephemeral range, with none of its
+# N ports (and the 10 after them, which a second scenario of the same test takes) in use now.
+# Not in the ephemeral range: every outgoing connection and every mesh listener takes a port
+# there, and one of them on a worker's port failed a CI run (as it did consort-launch once).
+mw_base_port() {
+  local n=$1 low=32768 used="" base attempt p clash
+  read -r low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  local span=$((low - 10000 - n - 20))
+  [ "$span" -gt 1000 ] || span=1000
+  command -v ss >/dev/null && used=$(ss -Htan 2>/dev/null | awk '{k = split($4, a, ":"); print a[k]}')
+  for ((attempt = 0; attempt < 50; attempt++)); do
+    base=$((10000 + ($$ * 7 + RANDOM * 32768 + RANDOM) % span))
+    clash=0
+    for ((p = base; p < base + n + 10; p++)); do
+      if grep -qx "$p" <<<"$used"; then clash=1; break; fi
+    done
+    [ "$clash" -eq 0 ] && break
+  done
+  echo "$base"
+}
+
 # mw_cluster N HOST [HOST...]: worker i listens at HOST_i (the last host repeats) on a base port
-# chosen per run.
+# chosen per run (mw_base_port).
 mw_cluster() {
   local n=$1
   shift
   local hosts=("$@")
-  MW_PORT=${MW_PORT:-$((20000 + ($$ * 13 + RANDOM) % 30000))}
+  MW_PORT=${MW_PORT:-$(mw_base_port "$n")}
   local parts=() i host
   for ((i = 0; i < n; i++)); do
     host=${hosts[$i]:-${hosts[-1]}}

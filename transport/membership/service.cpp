@@ -1227,6 +1227,13 @@ void service::impl::start_attempt() {
                 return;
               if (ec)
                 return attempt_failed(c, "connect to " + opts_.chief_address + ": " + ec.message());
+              // A connect to a port of the ephemeral range on which nobody listens yet can be
+              // given that very port as its source: a TCP self-connect, which would read its
+              // own Join back. Treat it as the refusal it stands for.
+              error_code local_ec;
+              if (c->socket.local_endpoint(local_ec) == ep && !local_ec)
+                return attempt_failed(c, "connect to " + opts_.chief_address +
+                                             ": connected to itself (nobody listens there yet)");
               c->remote = endpoint_text(ep);
               error_code ignored;
               c->socket.set_option(asio_tcp::no_delay(true), ignored);

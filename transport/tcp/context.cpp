@@ -779,9 +779,14 @@ void context_impl::connect_next_endpoint(const handshake_ptr& hs,
     return attempt_failed(hs, "socket: " + ec.message(), backoff);
   // Buffer sizes before connect, so that the window scale of the connection fits them.
   apply_socket_options(hs->socket);
-  hs->socket.async_connect(ep, [this, hs, backoff](const error_code& ec) {
+  hs->socket.async_connect(ep, [this, hs, backoff, ep](error_code ec) {
     if (closing_)
       return;
+    error_code local_ec;
+    if (!ec && hs->socket.local_endpoint(local_ec) == ep && !local_ec)
+      // Nobody listens at a port of the ephemeral range, and the kernel gave that very port as
+      // the source: a TCP self-connect. It stands for a refusal.
+      ec = asio::error::connection_refused;
     if (!ec)
       return on_connected(hs, backoff);
     if (!hs->timed_out && hs->next_endpoint < static_cast<std::size_t>(std::distance(
