@@ -8,7 +8,7 @@
 #
 # Usage:
 #   bash bench/user_path.sh N [--min-bytes 4] [--max-bytes 64M] [--factor 4] [--warmup 2]
-#        [--iters 50] [--large-bytes 4M] [--large-iters 10] [--rounds 2]
+#        [--iters 25] [--large-bytes 4M] [--large-iters 5] [--rounds 4]
 #        [--ops all_reduce,all_gather,broadcast] [--bin-dir build/bench] [--gloo auto|off]
 #        [--out DIR] [--timeout SECONDS] [--max-other 0.3] [--retries 2]
 #
@@ -43,7 +43,7 @@ workers=$1
 shift
 [[ "$workers" =~ ^[0-9]+$ ]] && [ "$workers" -ge 2 ] ||
   { echo "user_path.sh: N must be a worker count >= 2, got '$workers'" >&2; exit 2; }
-min_bytes=4 max_bytes=64M factor=4 warmup=2 iters=50 large_bytes=4M large_iters=10 rounds=2
+min_bytes=4 max_bytes=64M factor=4 warmup=2 iters=25 large_bytes=4M large_iters=5 rounds=4
 ops=all_reduce,all_gather,broadcast
 bin_dir=${BUILD_DIR:-$root/build}/bench
 gloo=auto out="" timeout_s=900 max_other=0.3 retries=2
@@ -197,8 +197,9 @@ def p50(values):
         return None
     return s[min(max(math.ceil(0.5 * len(s)), 1), len(s)) - 1]
 
-# samples[(program, op, size)] -> pooled samples (us); run[(op, size)] -> whole strategy.run
-samples, runs, wrong, limits = {}, {}, 0, None
+# samples[(program, op, size)] -> pooled samples (us); run[(op, size)] -> whole strategy.run;
+# per_round[(program, op, size)] -> the p50 of each round
+samples, runs, per_round, wrong, limits = {}, {}, {}, 0, None
 for path in sorted(glob.glob(os.path.join(out, "*.json"))):
     program = os.path.basename(path).split("_")[0]
     with open(path) as f:
@@ -210,6 +211,7 @@ for path in sorted(glob.glob(os.path.join(out, "*.json"))):
     for row in doc["results"]:
         key = (program, row["op"], row["size"])
         samples.setdefault(key, []).extend(row["samples_us"])
+        per_round.setdefault(key, []).append(p50(row["samples_us"]))
         if "run_samples_us" in row:
             runs.setdefault((row["op"], row["size"]), []).extend(row["run_samples_us"])
 
@@ -249,10 +251,18 @@ small = min((s for (o, s) in found if o == "all_reduce"), default=None)
 large = (64 << 20) if ("all_reduce", 64 << 20) in found else None
 def verdict(v, limit):
     return "-" if v is None else ("met" if v <= limit else "NOT MET")
+def rounds_of(op, size):
+    parts = []
+    for program in ("user", "raw", "gloo"):
+        if (program, op, size) in per_round:
+            parts.append("%s %s" % (program, " ".join("%.1f" % v for v in
+                                                      per_round[(program, op, size)])))
+    print("#     p50 of each round (us): " + "; ".join(parts))
 if small is not None:
     u, raw, g = found[("all_reduce", small)]
     print("#   all_reduce %d B, %d workers: user/raw %.2f <= 2: %s" %
           (small, workers, ratio(u, raw), verdict(ratio(u, raw), 2.0)))
+    rounds_of("all_reduce", small)
     if workers == 2:
         if g is not None:
             print("#   all_reduce %d B, 2 workers: user/gloo %.2f <= 0.5: %s" %
@@ -264,6 +274,7 @@ if large is not None:
     u, raw, g = found[("all_reduce", large)]
     print("#   all_reduce 64 MiB, %d workers: user/raw %.2f <= 1.1: %s" %
           (workers, ratio(u, raw), verdict(ratio(u, raw), 1.1)))
+    rounds_of("all_reduce", large)
 else:
     print("#   all_reduce 64 MiB: not evaluated (needs --max-bytes 64M)")
 print("# Out of bounds values : %d %s" % (wrong, "OK" if wrong == 0 else "FAILED"))
