@@ -8,9 +8,9 @@
 #
 # Usage:
 #   bash bench/user_path.sh N [--min-bytes 4] [--max-bytes 64M] [--factor 4] [--warmup 2]
-#        [--iters 50] [--large-bytes 4M] [--large-iters 10] [--rounds 2]
+#        [--iters 25] [--large-bytes 4M] [--large-iters 5] [--rounds 4]
 #        [--ops all_reduce,all_gather,broadcast] [--bin-dir build/bench] [--gloo auto|off]
-#        [--out DIR] [--timeout SECONDS]
+#        [--out DIR] [--timeout SECONDS] [--max-other 0.3] [--retries 2]
 #
 # Interleaving: every round runs, for each collective, the three programs one after the other
 # (each a full sweep of that collective's sizes under tools/consort-launch), the order rotating
@@ -18,6 +18,11 @@
 # every side. A p50 is over the samples of all rounds pooled (each program writes every sample
 # to its JSON; python3 with its standard library merges them). Sizes from --large-bytes on run
 # --large-iters iterations instead of --iters, to keep the 64 MiB rows affordable.
+#
+# Noise: the driver measures, for every program it runs, the CPU time that other work on the
+# machine took meanwhile (the machine's busy time from /proc/stat less the run's own) and prints
+# it in CPUs; a run that saw more than --max-other CPUs of other work is run again, up to
+# --retries times, and flagged NOISY when it still does.
 #
 # torch: the first of $TORCH_PYTHON, python3, /usr/bin/python3 that can import torch.distributed
 # with gloo (Debian's python3-torch installs into /usr/bin/python3). When none can, or with
@@ -28,7 +33,7 @@ set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 usage() {
-  sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -38,10 +43,10 @@ workers=$1
 shift
 [[ "$workers" =~ ^[0-9]+$ ]] && [ "$workers" -ge 2 ] ||
   { echo "user_path.sh: N must be a worker count >= 2, got '$workers'" >&2; exit 2; }
-min_bytes=4 max_bytes=64M factor=4 warmup=2 iters=50 large_bytes=4M large_iters=10 rounds=2
+min_bytes=4 max_bytes=64M factor=4 warmup=2 iters=25 large_bytes=4M large_iters=5 rounds=4
 ops=all_reduce,all_gather,broadcast
 bin_dir=${BUILD_DIR:-$root/build}/bench
-gloo=auto out="" timeout_s=900
+gloo=auto out="" timeout_s=900 max_other=0.3 retries=2
 while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || { echo "user_path.sh: option $1 needs a value" >&2; exit 2; }
   case "$1" in
@@ -58,6 +63,8 @@ while [ $# -gt 0 ]; do
     --gloo) gloo=$2 ;;
     --out) out=$2 ;;
     --timeout) timeout_s=$2 ;;
+    --max-other) max_other=$2 ;;
+    --retries) retries=$2 ;;
     *) echo "user_path.sh: unknown option '$1'" >&2; usage ;;
   esac
   shift 2
@@ -111,17 +118,45 @@ echo "# $gloo_note"
 echo "# results and logs: $out"
 
 failed=0
+noisy=0
+tick=$(getconf CLK_TCK 2>/dev/null || echo 100)
+# Busy CPU time of the whole machine (user, nice, system, irq, softirq, steal), in ticks.
+machine_busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9; exit}' /proc/stat; }
+# CPU time of this shell's finished children (cutime + cstime), in ticks: a launch's workers.
+our_busy() { awk '{print $16 + $17}' "/proc/$$/stat"; }
+
 # run_one NAME OP ROUND COMMAND...: one program under the launcher, its log and JSON in $out.
+# It also measures the CPU time that other work on the machine took meanwhile (busy time of the
+# machine less the run's own), and runs the program again, up to --retries times, while that
+# exceeds --max-other CPUs; the last attempt counts.
 run_one() {
   local name=$1 op=$2 round=$3
   shift 3
   local log=$out/${name}_${op}_r${round}.log json=$out/${name}_${op}_r${round}.json
-  local t0=$SECONDS
-  rm -f "$json"
-  "$launcher" -n "$workers" --timeout "$timeout_s" -- "$@" --ops "$op" --json "$json" >"$log" 2>&1
-  local rc=$?
-  printf '#   round %d %-10s %-5s %4d s%s\n' "$round" "$op" "$name" $((SECONDS - t0)) \
-    "$([ $rc -eq 0 ] || echo "  FAILED (exit $rc), last lines of $log:")"
+  local attempt rc other note
+  for ((attempt = 0; attempt <= retries; attempt++)); do
+    rm -f "$json"
+    local t0 b0 c0 t1 b1 c1
+    t0=$(date +%s%N) b0=$(machine_busy) c0=$(our_busy)
+    "$launcher" -n "$workers" --timeout "$timeout_s" -- "$@" --ops "$op" --json "$json" >"$log" 2>&1
+    rc=$?
+    t1=$(date +%s%N) b1=$(machine_busy) c1=$(our_busy)
+    other=$(awk -v b=$((b1 - b0 - (c1 - c0))) -v ns=$((t1 - t0)) -v hz="$tick" \
+      'BEGIN {v = b / (ns / 1e9 * hz); printf "%.2f", v < 0 ? 0 : v}')
+    note=""
+    if [ $rc -ne 0 ]; then
+      note="  FAILED (exit $rc), last lines of $log:"
+    elif awk -v o="$other" -v m="$max_other" 'BEGIN {exit !(o > m)}'; then
+      if [ "$attempt" -lt "$retries" ]; then note="  other work > $max_other CPUs: again"; else
+        note="  NOISY: other work > $max_other CPUs after $retries retries; kept"
+        noisy=$((noisy + 1))
+      fi
+    fi
+    printf '#   round %d %-10s %-5s %4d s  other work %4s CPUs%s\n' "$round" "$op" "$name" \
+      $(((t1 - t0) / 1000000000)) "$other" "$note"
+    [ $rc -eq 0 ] && [ -z "$note" ] && break
+    [ $rc -ne 0 ] && break
+  done
   if [ $rc -ne 0 ]; then
     tail -n 15 "$log" | sed 's/^/#     /'
     failed=1
@@ -150,7 +185,7 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 
-echo "# load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine shows here)"
+echo "# load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg); runs kept with other work > $max_other CPUs: $noisy"
 python3 - "$out" "$workers" "$ops" <<'EOF' || failed=1
 import glob, json, math, os, sys
 
@@ -162,8 +197,9 @@ def p50(values):
         return None
     return s[min(max(math.ceil(0.5 * len(s)), 1), len(s)) - 1]
 
-# samples[(program, op, size)] -> pooled samples (us); run[(op, size)] -> whole strategy.run
-samples, runs, wrong, limits = {}, {}, 0, None
+# samples[(program, op, size)] -> pooled samples (us); run[(op, size)] -> whole strategy.run;
+# per_round[(program, op, size)] -> the p50 of each round
+samples, runs, per_round, wrong, limits = {}, {}, {}, 0, None
 for path in sorted(glob.glob(os.path.join(out, "*.json"))):
     program = os.path.basename(path).split("_")[0]
     with open(path) as f:
@@ -175,6 +211,7 @@ for path in sorted(glob.glob(os.path.join(out, "*.json"))):
     for row in doc["results"]:
         key = (program, row["op"], row["size"])
         samples.setdefault(key, []).extend(row["samples_us"])
+        per_round.setdefault(key, []).append(p50(row["samples_us"]))
         if "run_samples_us" in row:
             runs.setdefault((row["op"], row["size"]), []).extend(row["run_samples_us"])
 
@@ -214,10 +251,18 @@ small = min((s for (o, s) in found if o == "all_reduce"), default=None)
 large = (64 << 20) if ("all_reduce", 64 << 20) in found else None
 def verdict(v, limit):
     return "-" if v is None else ("met" if v <= limit else "NOT MET")
+def rounds_of(op, size):
+    parts = []
+    for program in ("user", "raw", "gloo"):
+        if (program, op, size) in per_round:
+            parts.append("%s %s" % (program, " ".join("%.1f" % v for v in
+                                                      per_round[(program, op, size)])))
+    print("#     p50 of each round (us): " + "; ".join(parts))
 if small is not None:
     u, raw, g = found[("all_reduce", small)]
     print("#   all_reduce %d B, %d workers: user/raw %.2f <= 2: %s" %
           (small, workers, ratio(u, raw), verdict(ratio(u, raw), 2.0)))
+    rounds_of("all_reduce", small)
     if workers == 2:
         if g is not None:
             print("#   all_reduce %d B, 2 workers: user/gloo %.2f <= 0.5: %s" %
@@ -229,6 +274,7 @@ if large is not None:
     u, raw, g = found[("all_reduce", large)]
     print("#   all_reduce 64 MiB, %d workers: user/raw %.2f <= 1.1: %s" %
           (workers, ratio(u, raw), verdict(ratio(u, raw), 1.1)))
+    rounds_of("all_reduce", large)
 else:
     print("#   all_reduce 64 MiB: not evaluated (needs --max-bytes 64M)")
 print("# Out of bounds values : %d %s" % (wrong, "OK" if wrong == 0 else "FAILED"))
