@@ -1,5 +1,12 @@
 // The collective actor: matches the replicas' collective calls by (step, seq), validates that
 // they agree, computes each result once and answers every participant (DESIGN.md §3).
+//
+// Its state (collective_board) is shared with its CPU replicas, under a mutex: a replica makes
+// its call there on its own thread (direct_collect), and the call that completes a slot computes
+// the result on its caller's thread and answers the others, so an in-process collective costs
+// one wake-up per waiting replica and no hop through the actor. The actor runs the same code for
+// what still arrives as messages: a harness's requests, GPU replicas (whose NCCL communicators
+// it owns), the deadline tick, host reductions and the cross-worker outcomes.
 
 #include "actors/cross_worker.hpp"
 #include "actors/gpu_collectives.hpp"
@@ -12,6 +19,7 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <unordered_map>
 
@@ -87,7 +95,7 @@ using deadline_map = std::multimap<steady_clock::time_point, std::pair<step_id, 
 
 /// One (step, seq): the arrivals so far and, once known, its failure.
 struct slot {
-  /// Its entry in collective_state::deadlines while it has one.
+  /// Its entry in collective_board::deadlines while it has one.
   std::optional<deadline_map::iterator> deadline;
   step_id step = 0;
   uint32_t seq = 0;
@@ -110,7 +118,16 @@ struct step_entry {
 
 } // namespace
 
-struct collective_state {
+/// The collective actor's state, shared with the replicas' own threads: a CPU replica makes its
+/// call and its step report here directly (`direct_collect`, `direct_report`), and the call that
+/// completes a slot computes the result on its caller's thread (the last replica to arrive),
+/// with no hop through the actor. The actor runs the same code for its messages (a harness's
+/// request, a GPU replica, the deadline tick, host reductions), under the same lock.
+///
+/// Thread safety: `mu` guards everything below it.
+namespace detail {
+struct collective_board {
+  std::mutex mu;
   collective_config cfg;
   std::unordered_map<int, size_t> position; // replica id -> local position
   std::map<step_id, step_entry> steps;
@@ -127,19 +144,39 @@ struct collective_state {
   /// Across workers: this worker's ranks of the communicator over every worker's GPU replicas
   /// (used on the step lane only).
   std::shared_ptr<detail::local_nccl> cross_nccl;
+};
+} // namespace detail
+
+using detail::collective_board;
+
+struct collective_state {
+  std::shared_ptr<collective_board> board;
   static inline const char* name = "consort.collective";
 };
 
 namespace {
 
-using self_ptr = collective_actor::stateful_pointer<collective_state>;
+/// Who runs the matching: the actor (in a handler) or a replica's thread (a direct call), with
+/// the board's lock held. It offers what the code below needs of an actor: the state, the clock
+/// (the system's: the test scheduler's is virtual), and the actor's handle for the deadline tick
+/// and for outcomes that promises wait on.
+struct driver {
+  collective_board& state;
+  caf::actor_system& sys;
+  collective_actor me;
+
+  caf::actor_clock& clock() const { return sys.clock(); }
+  caf::actor_system& system() const { return sys; }
+};
+
+using self_ptr = driver*;
 
 void hand_off_failure(self_ptr self, slot& s);
 
 /// Fails every promise still waiting in `s` with `err`; later arrivals get `err` too. With
 /// several workers, the other workers learn of the failure through the cross-worker lane.
 /// Forgets the deadline of `s` (it completed, failed or is being erased).
-void drop_deadline(collective_state& st, slot& s) {
+void drop_deadline(collective_board& st, slot& s) {
   if (s.deadline) {
     st.deadlines.erase(*s.deadline);
     s.deadline.reset();
@@ -147,7 +184,7 @@ void drop_deadline(collective_state& st, slot& s) {
 }
 
 /// Erases the slot (step, seq) and its deadline.
-void erase_slot(collective_state& st, step_id step, uint32_t seq) {
+void erase_slot(collective_board& st, step_id step, uint32_t seq) {
   auto step_it = st.steps.find(step);
   if (step_it == st.steps.end())
     return;
@@ -169,7 +206,7 @@ void arm_deadline(self_ptr self) {
   st.armed_for = first;
   // Rounded up, so that the tick never fires before the deadline it was armed for.
   auto delay = ceil<milliseconds>(std::max(first - self->clock().now(), steady_clock::duration{0}));
-  self->delayed_send(self, delay, deadline_atom_v, step_id{0}, uint32_t{0});
+  caf::delayed_anon_send(self->me, delay, deadline_atom_v, step_id{0}, uint32_t{0});
 }
 
 void fail_slot(self_ptr self, slot& s, const caf::error& err) {
@@ -339,7 +376,7 @@ caf::error never_called(const slot& s, uint32_t seq, const step_report& report) 
   return make_caf_error(errc::collective_aborted, out.str());
 }
 
-int num_in_sync(const collective_state& st) {
+int num_in_sync(const collective_board& st) {
   return st.cfg.num_replicas_in_sync > 0 ? st.cfg.num_replicas_in_sync
                                          : static_cast<int>(st.position.size());
 }
@@ -590,7 +627,7 @@ void hand_off(self_ptr self, slot& s) {
       root_pos = it->second;
   }
   auto structure = s.calls.front()->request.value;
-  auto me = caf::actor_cast<collective_actor>(self);
+  auto me = self->me;
   auto& sys = self->system();
   auto* cross = st.cfg.cross.get();
   cross->post(detail::cross_worker::lane::step,
@@ -1016,7 +1053,7 @@ void host_across(self_ptr self, Request req, nest_state state,
   auto index = st.host_ops++;
   auto* cross = st.cfg.cross.get();
   auto timeout = st.cfg.default_timeout;
-  auto me = caf::actor_cast<collective_actor>(self);
+  auto me = self->me;
   auto& sys = self->system();
   cross->post(detail::cross_worker::lane::host, [cross, timeout, req = std::move(req), index,
                                                  states = std::move(states), key, me, &sys]() {
@@ -1091,30 +1128,68 @@ nest lone_cross_collective(detail::cross_worker& cross, const collective_call& c
   return pack_as(call.request.value, *out);
 }
 
+std::shared_ptr<detail::collective_board> make_collective_board(collective_config cfg) {
+  auto board = std::make_shared<collective_board>();
+  for (size_t i = 0; i < cfg.replica_ids.size(); ++i)
+    board->position.emplace(cfg.replica_ids[i], i);
+  board->cfg = std::move(cfg);
+  return board;
+}
+
+void direct_collect(collective_board& board, caf::actor_system& sys, const collective_actor& coll,
+                    collective_call call, nest_state state) {
+  std::lock_guard<std::mutex> lock{board.mu};
+  driver d{board, sys, coll};
+  reply_to reply;
+  reply.state = std::move(state);
+  on_call(&d, call, std::move(reply));
+}
+
+void direct_report(collective_board& board, caf::actor_system& sys, const collective_actor& coll,
+                   step_report report) {
+  std::lock_guard<std::mutex> lock{board.mu};
+  driver d{board, sys, coll};
+  on_report(&d, report);
+}
+
 collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg, bool detached) {
-  auto impl = [cfg = std::move(cfg)](self_ptr self) -> collective_actor::behavior_type {
-    self->state.cfg = cfg;
-    for (size_t i = 0; i < cfg.replica_ids.size(); ++i)
-      self->state.position.emplace(cfg.replica_ids[i], i);
+  auto board = cfg.board ? cfg.board : make_collective_board(cfg);
+  auto impl = [board](collective_actor::stateful_pointer<collective_state> self)
+      -> collective_actor::behavior_type {
+    self->state.board = board;
+    // Runs `fn(driver*)` as this actor, with the board's lock held.
+    auto as_actor = [self](auto&& fn) {
+      auto& b = *self->state.board;
+      std::lock_guard<std::mutex> lock{b.mu};
+      driver d{b, self->system(), caf::actor_cast<collective_actor>(self)};
+      return fn(&d);
+    };
+    auto crossing = [self] {
+      return self->state.board->cfg.cross != nullptr;
+    };
     return {
-        [self](collect_atom, collective_call& call) -> caf::result<nest> {
+        [self, as_actor](collect_atom, collective_call& call) -> caf::result<nest> {
           reply_to reply;
           reply.promise = self->make_response_promise<nest>();
           auto promise = reply.promise;
-          on_call(self, call, std::move(reply));
+          as_actor([&](driver* d) { on_call(d, call, std::move(reply)); });
           return promise;
         },
-        [self](collect_atom, collective_call& call, nest_state& state) {
+        [as_actor](collect_atom, collective_call& call, nest_state& state) {
           reply_to reply;
           reply.state = std::move(state);
-          on_call(self, call, std::move(reply));
+          as_actor([&](driver* d) { on_call(d, call, std::move(reply)); });
         },
-        [self](done_atom, step_report& report) { on_report(self, report); },
-        [self](deadline_atom, step_id, uint32_t) { on_deadline_tick(self); },
-        [self](reduce_atom, host_reduce& req) -> caf::result<nest> {
-          if (self->state.cfg.cross) {
+        [as_actor](done_atom, step_report& report) {
+          as_actor([&](driver* d) { on_report(d, report); });
+        },
+        [as_actor](deadline_atom, step_id, uint32_t) {
+          as_actor([](driver* d) { on_deadline_tick(d); });
+        },
+        [self, as_actor, crossing](reduce_atom, host_reduce& req) -> caf::result<nest> {
+          if (crossing()) {
             auto promise = self->make_response_promise<nest>();
-            host_across(self, std::move(req), {}, promise);
+            as_actor([&](driver* d) { host_across(d, std::move(req), {}, promise); });
             return promise;
           }
           try {
@@ -1123,10 +1198,10 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
             return error_of(e);
           }
         },
-        [self](gather_atom, host_gather& req) -> caf::result<nest> {
-          if (self->state.cfg.cross) {
+        [self, as_actor, crossing](gather_atom, host_gather& req) -> caf::result<nest> {
+          if (crossing()) {
             auto promise = self->make_response_promise<nest>();
-            host_across(self, std::move(req), {}, promise);
+            as_actor([&](driver* d) { host_across(d, std::move(req), {}, promise); });
             return promise;
           }
           try {
@@ -1135,9 +1210,9 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
             return error_of(e);
           }
         },
-        [self](reduce_atom, host_reduce& req, nest_state& state) {
-          if (self->state.cfg.cross) {
-            host_across(self, std::move(req), std::move(state), {});
+        [as_actor, crossing](reduce_atom, host_reduce& req, nest_state& state) {
+          if (crossing()) {
+            as_actor([&](driver* d) { host_across(d, std::move(req), std::move(state), {}); });
             return;
           }
           try {
@@ -1146,9 +1221,9 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
             state->set_error(std::current_exception());
           }
         },
-        [self](gather_atom, host_gather& req, nest_state& state) {
-          if (self->state.cfg.cross) {
-            host_across(self, std::move(req), std::move(state), {});
+        [as_actor, crossing](gather_atom, host_gather& req, nest_state& state) {
+          if (crossing()) {
+            as_actor([&](driver* d) { host_across(d, std::move(req), std::move(state), {}); });
             return;
           }
           try {
@@ -1157,20 +1232,22 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
             state->set_error(std::current_exception());
           }
         },
-        [self](done_atom, cross_outcome& outcome) {
-          auto& awaiting = self->state.awaiting;
-          auto it = awaiting.find(outcome.key);
-          if (it == awaiting.end())
-            return;
-          for (auto& promise : it->second) {
-            if (!promise.pending())
-              continue;
-            if (outcome.value)
-              promise.deliver(*outcome.value);
-            else
-              promise.deliver(outcome.failure);
-          }
-          awaiting.erase(it);
+        [as_actor](done_atom, cross_outcome& outcome) {
+          as_actor([&](driver* d) {
+            auto& awaiting = d->state.awaiting;
+            auto it = awaiting.find(outcome.key);
+            if (it == awaiting.end())
+              return;
+            for (auto& promise : it->second) {
+              if (!promise.pending())
+                continue;
+              if (outcome.value)
+                promise.deliver(*outcome.value);
+              else
+                promise.deliver(outcome.failure);
+            }
+            awaiting.erase(it);
+          });
         },
     };
   };

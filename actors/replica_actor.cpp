@@ -27,6 +27,7 @@ constexpr std::chrono::milliseconds reply_grace{2000};
 struct replica_state : detail::replica_services {
   replica_config cfg;
   collective_actor coll;
+  caf::actor_system* sys = nullptr;
   step_id current_step = 0;
   uint32_t next_seq = 0;
   /// The join of the step being run (null between steps).
@@ -61,7 +62,12 @@ struct replica_state : detail::replica_services {
     if (join != nullptr)
       call.finished_peers = join->mark_collective_used();
     auto [state, fut] = make_future<nest>();
-    caf::anon_send(coll, collect_atom_v, std::move(call), state);
+    // A CPU replica matches its call on the board on this thread; the last to arrive computes.
+    // A GPU replica's call goes to the actor, which owns the NCCL communicators.
+    if (cfg.board && !gpu)
+      direct_collect(*cfg.board, *sys, coll, std::move(call), state);
+    else
+      caf::anon_send(coll, collect_atom_v, std::move(call), state);
     // The collective actor answers by the collective's deadline (with the detailed error); the
     // grace covers a collective actor that is gone.
     if (!fut.wait_for(timeout + reply_grace)) {
@@ -161,9 +167,14 @@ void run_step(self_ptr self, step_message& msg) {
   // Tell the collective actor first, so peers waiting on a call this replica never made fail
   // now rather than at their deadline; steps without collectives skip it (see step_join).
   bool report = msg.join ? msg.join->mark_finished(index, st.next_seq, failure) : true;
-  if (report)
-    self->send(st.coll, done_atom_v,
-               step_report{msg.step, st.cfg.replica_id, st.next_seq, failure});
+  if (report) {
+    step_report done{msg.step, st.cfg.replica_id, st.next_seq, failure};
+    // On the board directly when the calls went there too, so that it sees them in order.
+    if (st.cfg.board && !st.gpu)
+      direct_report(*st.cfg.board, self->system(), st.coll, std::move(done));
+    else
+      self->send(st.coll, done_atom_v, std::move(done));
+  }
   if (!msg.join)
     return;
   if (failure)
@@ -179,6 +190,7 @@ replica_actor spawn_replica(caf::actor_system& sys, replica_config cfg, collecti
   auto impl = [cfg = std::move(cfg), coll](self_ptr self) -> replica_actor::behavior_type {
     self->state.cfg = cfg;
     self->state.coll = coll;
+    self->state.sys = &self->system();
     self->state.gpu_index = detail::gpu::index_of(cfg.device);
     return {
         [self](step_atom, step_message& msg) { run_step(self, msg); },

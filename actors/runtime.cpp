@@ -90,6 +90,8 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
   ccfg.default_timeout = opts.collective_timeout;
   ccfg.cross = d.mw.cross;
   ccfg.nccl_unique_id = d.mw.nccl_unique_id;
+  // Shared with the replicas: a CPU replica matches its calls there on its own thread.
+  ccfg.board = make_collective_board(ccfg);
   d.coll = spawn_collective(sys, ccfg);
   for (int i = 0; i < n; ++i) {
     replica_config rcfg;
@@ -101,6 +103,7 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
     rcfg.step_timeout = opts.step_timeout;
     if (n == 1)
       rcfg.cross = d.mw.cross;
+    rcfg.board = ccfg.board;
     d.replicas.push_back(spawn_replica(sys, rcfg, d.coll));
   }
   std::vector<int> ids(d.replicas.size());

@@ -10,11 +10,16 @@
 #include <consort/consort.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <barrier>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace consort::bench {
@@ -44,6 +49,11 @@ struct collective_desc {
   std::string target_text;
   /// Size (bytes) at which the target is evaluated.
   int64_t target_bytes = int64_t{64} << 20;
+  /// Also time the raw-thread baseline of an all-reduce (detail::raw_all_reduce_row) beside
+  /// each row: what the same rendezvous costs without consort.
+  bool raw_baseline = false;
+  /// Optional latency target: the p50 (us) of the smallest size for `n` replicas; 0: none.
+  std::function<double(int n)> target_small_p50_us;
 };
 
 namespace detail {
@@ -59,7 +69,87 @@ struct row_result {
   int64_t wrong = 0;
   stats time;         // over iterations of (max over replicas)
   stats last_arrival; // over iterations of (min over replicas): the last arriver's wait
+  stats raw;          // the raw-thread baseline, timed the same way (when asked for)
 };
+
+/// Where `n` raw threads meet for one all-reduce (SUM) of float32: the last to arrive adds
+/// every input into the result and wakes the others, who spin for 20 us before they block, as
+/// consort's futures do. The least that an in-process all-reduce between threads costs.
+class raw_rendezvous {
+public:
+  explicit raw_rendezvous(int n) : n_(n), inputs_(static_cast<size_t>(n)) {}
+
+  /// Thread `rank`'s part; `out` receives the sum of every thread's `in`.
+  void all_reduce(int rank, const std::vector<float>& in, std::vector<float>& out) {
+    std::unique_lock<std::mutex> lock{mu_};
+    const auto gen = generation_.load(std::memory_order_relaxed);
+    inputs_[static_cast<size_t>(rank)] = &in;
+    if (++arrived_ == n_) {
+      result_.assign(in.size(), 0.0f);
+      for (const auto* v : inputs_)
+        for (size_t i = 0; i < v->size(); ++i)
+          result_[i] += (*v)[i];
+      arrived_ = 0;
+      generation_.store(gen + 1, std::memory_order_release);
+      lock.unlock();
+      cv_.notify_all();
+    } else {
+      lock.unlock();
+      auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+      while (generation_.load(std::memory_order_acquire) == gen &&
+             std::chrono::steady_clock::now() < spin_end) {
+      }
+      lock.lock();
+      cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != gen; });
+      lock.unlock();
+    }
+    // Each thread takes its own copy, as each replica gets a tensor of its own. (The result is
+    // stable until every thread has passed the next barrier.)
+    out = result_;
+  }
+
+private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_;
+  int arrived_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::vector<const std::vector<float>*> inputs_;
+  std::vector<float> result_;
+};
+
+/// The raw-thread baseline of one row: `n` threads, each iteration a barrier and then one timed
+/// raw_rendezvous::all_reduce of `count` floats; per iteration the max over threads, as the
+/// strategy's rows.
+inline stats raw_all_reduce_row(int n, int64_t count, int64_t warmup, int64_t iters) {
+  raw_rendezvous meet{n};
+  std::barrier<> start{n};
+  std::vector<std::vector<double>> times(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::vector<float> in(static_cast<size_t>(count), static_cast<float>(rank + 1));
+      std::vector<float> out;
+      auto& mine = times[static_cast<size_t>(rank)];
+      for (int64_t it = 0; it < warmup + iters; ++it) {
+        start.arrive_and_wait();
+        auto t0 = std::chrono::steady_clock::now();
+        meet.all_reduce(rank, in, out);
+        auto t1 = std::chrono::steady_clock::now();
+        if (it >= warmup)
+          mine.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        start.arrive_and_wait(); // the result stays in place until every thread copied it
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  std::vector<double> slowest(static_cast<size_t>(iters), 0.0);
+  for (const auto& mine : times)
+    for (size_t i = 0; i < mine.size(); ++i)
+      slowest[i] = std::max(slowest[i], mine[i]);
+  return summarize(std::move(slowest));
+}
 
 /// Prints a time in `width` columns with two decimals while it fits.
 inline void print_time(int width, double us, int decimals) {
@@ -69,7 +159,7 @@ inline void print_time(int width, double us, int decimals) {
 }
 
 inline row_result run_row(const collective_desc& desc, strategy& strat, int n, int64_t bytes,
-                          int64_t warmup, int64_t iters, bool check) {
+                          int64_t warmup, int64_t iters, bool check, bool barrier) {
   row_result r;
   r.replicas = n;
   r.bytes = bytes;
@@ -78,8 +168,12 @@ inline row_result run_row(const collective_desc& desc, strategy& strat, int n, i
   const auto elements = desc.input_count(count, n);
   auto inputs = strat.distribute_values([&](int id) { return desc.init_data(id, n, elements); });
   // Each replica times its own collective call and checks its own result after the clock
-  // stopped; it returns {time in ns, wrong elements}.
-  auto step = [&desc, n, count, check](replica_context& ctx, const tensor& input) {
+  // stopped; it returns {time in ns, wrong elements}. With `barrier`, an untimed all-reduce of
+  // a scalar first lines the replicas up, so that the time is the call's and not the skew of
+  // the step's start on each replica (step_overhead_bench measures that).
+  auto step = [&desc, n, count, check, barrier](replica_context& ctx, const tensor& input) {
+    if (barrier)
+      (void)ctx.all_reduce("SUM", tensor::scalar<float>(1.0f));
     auto t0 = std::chrono::steady_clock::now();
     auto out = desc.run(ctx, input);
     auto t1 = std::chrono::steady_clock::now();
@@ -111,6 +205,8 @@ inline row_result run_row(const collective_desc& desc, strategy& strat, int n, i
   }
   r.time = summarize(std::move(times));
   r.last_arrival = summarize(std::move(last));
+  if (desc.raw_baseline)
+    r.raw = raw_all_reduce_row(n, count, warmup, iters);
   r.time_us = r.time.avg;
   // GB/s with GB = 1e9 bytes and time in us: bytes / (us * 1e3).
   r.algbw = r.time_us > 0 ? static_cast<double>(bytes) / (r.time_us * 1e3) : 0;
@@ -134,6 +230,8 @@ inline int run_collective_bench(const collective_desc& desc, int argc, char** ar
   opts.add("warmup", "5", "untimed iterations per size");
   opts.add("iters", "50", "timed iterations per size");
   opts.add("check", "1", "1: count wrong result elements on every replica, 0: skip the check");
+  opts.add("barrier", "1",
+           "1: line the replicas up with an untimed all-reduce before the timed call, 0: not");
   opts.add("json", "", "also write the results as JSON to this file");
   opts.parse(argc, argv);
   auto replicas = opts.int_list("replicas");
@@ -143,6 +241,7 @@ inline int run_collective_bench(const collective_desc& desc, int argc, char** ar
   auto warmup = opts.integer("warmup");
   auto iters = opts.integer("iters");
   auto check = opts.integer("check") != 0;
+  auto barrier = opts.integer("barrier") != 0;
   if (min_bytes < 4 || max_bytes < min_bytes || factor < 2 || warmup < 0 || iters <= 0)
     opts.fail("need 4 <= --min-bytes <= --max-bytes, --factor >= 2, --warmup >= 0, --iters > 0");
 
@@ -162,10 +261,14 @@ inline int run_collective_bench(const collective_desc& desc, int argc, char** ar
   std::printf("# machine: nproc=%u cpu=%s\n", nproc(), cpu_model().c_str());
   std::printf("# memcpy bandwidth (64 MiB, 1 thread, best of %d): %.2f GB/s\n", memcpy_repeats,
               memcpy_gbps);
-  std::printf("# time: the %s call timed inside the step on each replica; per iteration the max "
-              "over replicas;\n#       'time' is the average over iterations, p50/p99 their "
+  std::printf("# time: the %s call timed inside the step on each replica%s; per iteration the "
+              "max over replicas;\n#       'time' is the average over iterations, p50/p99 their "
               "percentiles. GB = 1e9 bytes.\n",
-              desc.name.c_str());
+              desc.name.c_str(), barrier ? ", after an untimed all-reduce that lines them up" : "");
+  if (desc.raw_baseline)
+    std::printf("# raw: the same call between raw threads (a mutex, the last to arrive adds, the "
+                "others spin 20 us and block),\n#      after a std::barrier, timed the same way; "
+                "p50/raw compares the p50s of this run\n");
   if (desc.target_algbw)
     std::printf("# target at %lld MiB: %s\n", static_cast<long long>(desc.target_bytes >> 20),
                 desc.target_text.c_str());
@@ -179,6 +282,10 @@ inline int run_collective_bench(const collective_desc& desc, int argc, char** ar
     double target_gbps = 0;
     double algbw = 0;
     bool met = false;
+    bool small_evaluated = false;
+    double small_p50 = 0;
+    double small_limit = 0;
+    bool small_met = false;
   };
   std::vector<detail::row_result> rows;
   std::vector<block_summary> blocks;
@@ -187,15 +294,17 @@ inline int run_collective_bench(const collective_desc& desc, int argc, char** ar
     mirrored_strategy strat{cpu_devices(n), sopts};
     std::printf("#\n# replicas=%d  mirrored_strategy devices=CPU:0..CPU:%d\n", n, n - 1);
     std::printf("#       size        count   type  redop      time   algbw   busbw  #wrong"
-                "       p50       p99\n");
+                "       p50       p99%s\n",
+                desc.raw_baseline ? "   raw p50  p50/raw" : "");
     std::printf("#        (B)   (elements)                    (us)  (GB/s)  (GB/s)        "
-                "      (us)      (us)\n");
+                "      (us)      (us)%s\n",
+                desc.raw_baseline ? "      (us)         " : "");
     std::fflush(stdout);
     block_summary b;
     b.replicas = n;
     double busbw_sum = 0;
     for (auto bytes : sizes) {
-      auto r = detail::run_row(desc, strat, n, bytes, warmup, iters, check);
+      auto r = detail::run_row(desc, strat, n, bytes, warmup, iters, check, barrier);
       std::printf("%12lld %12lld %6s %6s ", static_cast<long long>(r.bytes),
                   static_cast<long long>(r.count), "float", desc.redop.c_str());
       detail::print_time(9, r.time_us, 2);
@@ -203,7 +312,24 @@ inline int run_collective_bench(const collective_desc& desc, int argc, char** ar
       detail::print_time(9, r.time.p50, 1);
       std::printf(" ");
       detail::print_time(9, r.time.p99, 1);
+      if (desc.raw_baseline) {
+        std::printf(" ");
+        detail::print_time(9, r.raw.p50, 1);
+        std::printf(" %8.2f", r.raw.p50 > 0 ? r.time.p50 / r.raw.p50 : 0.0);
+      }
       std::printf("\n");
+      if (desc.target_small_p50_us && bytes == sizes.front()) {
+        auto limit = desc.target_small_p50_us(n);
+        if (limit > 0) {
+          b.small_evaluated = true;
+          b.small_p50 = r.time.p50;
+          b.small_limit = limit;
+          b.small_met = r.time.p50 <= limit;
+          std::printf("# target (replicas=%d): %lld B p50 %.1f us %s %.0f us: %s\n", n,
+                      static_cast<long long>(bytes), r.time.p50, b.small_met ? "<=" : ">", limit,
+                      b.small_met ? "met" : "NOT MET");
+        }
+      }
       b.wrong += r.wrong;
       busbw_sum += r.busbw;
       if (desc.target_algbw && bytes == desc.target_bytes) {
@@ -240,6 +366,10 @@ inline int run_collective_bench(const collective_desc& desc, int argc, char** ar
                   static_cast<long long>(desc.target_bytes >> 20), b.algbw, b.target_gbps,
                   b.met ? "met" : "NOT MET");
     }
+    if (b.small_evaluated)
+      std::printf(", %lld B p50 %.1f us vs target %.0f us: %s",
+                  static_cast<long long>(sizes.front()), b.small_p50, b.small_limit,
+                  b.small_met ? "met" : "NOT MET");
     std::printf("\n");
   }
   std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(total_wrong),
@@ -260,6 +390,7 @@ inline int run_collective_bench(const collective_desc& desc, int argc, char** ar
     config.str("backend", "inproc").str("replicas", opts.str("replicas"));
     config.num("min_bytes", min_bytes).num("max_bytes", max_bytes).num("factor", factor);
     config.num("warmup", warmup).num("iters", iters).num("check", check ? 1 : 0);
+    config.num("barrier", barrier ? 1 : 0);
     json_object machine;
     machine.num("nproc", static_cast<int64_t>(nproc())).str("cpu", cpu_model());
     machine.num("memcpy_gbps", memcpy_gbps);
@@ -272,6 +403,8 @@ inline int run_collective_bench(const collective_desc& desc, int argc, char** ar
       o.num("wrong", r.wrong).num("p50_us", r.time.p50).num("p99_us", r.time.p99);
       o.num("min_us", r.time.min).num("max_us", r.time.max);
       o.num("last_arrival_p50_us", r.last_arrival.p50);
+      if (desc.raw_baseline)
+        o.num("raw_p50_us", r.raw.p50);
       items.push_back(o);
     }
     std::vector<json_object> summary;

@@ -193,6 +193,114 @@ TEST_F(CollectiveActorTest, PeerFailureIsForwardedWithItsReason) {
   EXPECT_NE(r.message.find("boom on replica 1"), std::string::npos) << r.message;
 }
 
+/// A collective actor whose state is shared with its replicas (a board), as the runtime makes it:
+/// replicas call `direct_collect` on their own threads; a harness still sends messages.
+class CollectiveBoardTest : public test::test_coordinator_fixture {
+protected:
+  CollectiveBoardTest() {
+    collective_config cfg;
+    cfg.replica_ids = {0, 1, 2};
+    cfg.default_timeout = 5s;
+    board_ = make_collective_board(cfg);
+    cfg.board = board_;
+    coll_ = spawn_collective(sys(), cfg, /*detached=*/false);
+  }
+
+  ~CollectiveBoardTest() override {
+    caf::anon_send_exit(coll_, caf::exit_reason::user_shutdown);
+    run();
+  }
+
+  /// Replica `call.replica`'s direct call; its future.
+  future<nest> direct(collective_call call) {
+    auto [state, fut] = make_future<nest>();
+    direct_collect(*board_, sys(), coll_, std::move(call), state);
+    return fut;
+  }
+
+  static errc code_of(future<nest>& f) {
+    try {
+      (void)f.get();
+    } catch (const error& e) {
+      return e.code();
+    }
+    return errc::none;
+  }
+
+  std::shared_ptr<detail::collective_board> board_;
+  collective_actor coll_;
+};
+
+TEST_F(CollectiveBoardTest, TheLastReplicaToArriveComputesOnItsOwnThreadWithoutTheActor) {
+  auto f0 = direct(all_reduce_call(0, 0, 0, 1));
+  auto f1 = direct(all_reduce_call(0, 0, 1, 2));
+  EXPECT_FALSE(f0.ready());
+  EXPECT_FALSE(f1.ready());
+  auto f2 = direct(all_reduce_call(0, 0, 2, 3));
+  // No message was processed: the third call completed every future on this thread.
+  for (auto* f : {&f0, &f1, &f2}) {
+    ASSERT_TRUE(f->ready());
+    EXPECT_EQ(f->get().as_tensor().to_vector<float>(), (std::vector<float>{6, 12}));
+  }
+}
+
+TEST_F(CollectiveBoardTest, DirectCallsAndMessagesMeetOnTheSameSlot) {
+  caf::scoped_actor harness{sys()};
+  auto f0 = direct(all_reduce_call(1, 0, 0, 1));
+  auto f2 = direct(all_reduce_call(1, 0, 2, 1));
+  harness->send(coll_, collect_atom_v, all_reduce_call(1, 0, 1, 1));
+  run(); // the actor's handler completes the slot for everyone
+  ASSERT_TRUE(f0.ready());
+  ASSERT_TRUE(f2.ready());
+  EXPECT_EQ(f0.get().as_tensor().to_vector<float>(), (std::vector<float>{3, 6}));
+  bool received = false;
+  harness->receive(
+      [&](nest& v) {
+        received = true;
+        EXPECT_EQ(v.as_tensor().to_vector<float>(), (std::vector<float>{3, 6}));
+      },
+      [&](caf::error& err) { ADD_FAILURE() << to_consort_error(err, "").what(); },
+      caf::after(0s) >> [] {});
+  EXPECT_TRUE(received);
+}
+
+TEST_F(CollectiveBoardTest, ADirectMismatchFailsEveryReplicaOnItsCallersThread) {
+  auto f0 = direct(all_reduce_call(2, 0, 0, 1));
+  auto f1 = direct(make_call(2, 0, 1, collective_kind::broadcast, tensor::scalar<float>(1)));
+  ASSERT_TRUE(f0.ready());
+  ASSERT_TRUE(f1.ready());
+  EXPECT_EQ(code_of(f0), errc::collective_mismatch);
+  EXPECT_EQ(code_of(f1), errc::collective_mismatch);
+  // The late arrival learns it at once too.
+  auto f2 = direct(all_reduce_call(2, 0, 2, 1));
+  ASSERT_TRUE(f2.ready());
+  EXPECT_EQ(code_of(f2), errc::collective_mismatch);
+}
+
+TEST_F(CollectiveBoardTest, ADirectCallsDeadlineIsKeptByTheActorsTick) {
+  auto f0 = direct(all_reduce_call(3, 0, 0, 1));
+  run();
+  EXPECT_FALSE(f0.ready());
+  fire_timeouts(); // virtual time: the tick that the direct call armed fires
+  ASSERT_TRUE(f0.ready());
+  try {
+    (void)f0.get();
+    ADD_FAILURE() << "the call should have timed out";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::collective_timeout);
+    EXPECT_NE(std::string{e.what()}.find("replicas [0] arrived, replicas [1, 2] did not"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(CollectiveBoardTest, ADirectReportFailsTheWaitersAtOnce) {
+  auto f0 = direct(all_reduce_call(4, 0, 0, 1));
+  direct_report(*board_, sys(), coll_, step_report{4, 1, 0, caf::error{}});
+  ASSERT_TRUE(f0.ready());
+  EXPECT_EQ(code_of(f0), errc::collective_aborted);
+}
+
 TEST_F(CollectiveActorTest, BroadcastRootOutOfRangeIsRejected) {
   auto call = make_call(0, 0, 0, collective_kind::broadcast, tensor::scalar<int32_t>(1));
   call.request.root = 7;

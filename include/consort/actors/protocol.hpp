@@ -61,6 +61,7 @@ namespace consort {
 namespace detail {
 class cross_worker;
 class replica_queue;
+struct collective_board;
 } // namespace detail
 
 /// A step number, assigned by the strategy actor in submission order from 0.
@@ -343,6 +344,10 @@ struct replica_config {
   /// replica's collectives then run the cross-worker phase on its own thread
   /// (lone_cross_collective). Null otherwise.
   std::shared_ptr<detail::cross_worker> cross;
+  /// The state of the replica's collective actor (make_collective_board): a CPU replica makes
+  /// its calls and step reports there on its own thread, and the last one to arrive computes the
+  /// result. Null: every call goes to the actor as a message.
+  std::shared_ptr<detail::collective_board> board;
 };
 
 /// How the collective actor is set up.
@@ -360,6 +365,9 @@ struct collective_config {
   /// With several workers: the NCCL unique id from the membership view, for the first
   /// communicator over every worker's GPU replicas (empty: worker 0 makes one at the first call).
   std::vector<uint8_t> nccl_unique_id;
+  /// The actor's state, when its replicas share it (make_collective_board); null: the actor
+  /// makes its own from this config.
+  std::shared_ptr<detail::collective_board> board;
 };
 
 /// Spawns a replica actor. `detached` gives it a thread of its own (always, outside tests: a
@@ -379,6 +387,21 @@ nest solo_collective(const collective_call& call);
 /// @throws error with the code the collective actor would answer with.
 nest lone_cross_collective(detail::cross_worker& cross, const collective_call& call,
                            int num_replicas_in_sync);
+
+/// The state of a collective actor over `cfg`, to share between the actor (collective_config::
+/// board) and its replicas (replica_config::board). `cfg.board` is ignored.
+std::shared_ptr<detail::collective_board> make_collective_board(collective_config cfg);
+
+/// A replica's own collective call, on its own thread: matched on `board` as the actor would
+/// match the message `(collect_atom, call, state)`; `state` completes when the call does. The
+/// call that completes its slot computes the result here, on its caller's thread, and answers
+/// every participant; cross-worker phases and NCCL still go to the lane and the actor `coll`.
+void direct_collect(detail::collective_board& board, caf::actor_system& sys,
+                    const collective_actor& coll, collective_call call, nest_state state);
+
+/// A replica's step report, on its own thread, as the message `(done_atom, report)` would be.
+void direct_report(detail::collective_board& board, caf::actor_system& sys,
+                   const collective_actor& coll, step_report report);
 
 /// Spawns the collective actor. Detached by default, because reductions of large tensors are
 /// long computations that must not hold a scheduler thread.
