@@ -31,6 +31,7 @@
 
 #include "transport/address.hpp"
 #include "transport/auth.hpp"
+#include "transport/framed_connection.hpp"
 #include "transport/membership/codec.hpp"
 
 #include <consort/caf_error.hpp>
@@ -44,19 +45,15 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/write.hpp>
 
 #include <caf/error.hpp>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <deque>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -93,17 +90,14 @@ using auth::random_bytes;
 /// The longest a graceful close (leave, refusal) waits for the peer to close its side.
 constexpr milliseconds max_linger{2000};
 
+static_assert(framed_connection::prefix_bytes == codec::prefix_bytes);
+
 using transport::endpoint_text;
+using transport::framed_connection;
 using transport::host_port;
 using transport::ms_text;
+using transport::reason_of;
 using transport::split_address;
-
-/// Asio's message, except for end of file, which reads better in a sentence.
-std::string reason_of(const error_code& ec) {
-  if (ec == asio::error::eof)
-    return "end of file";
-  return ec.message();
-}
 
 /// The worker's proof of the secret in its Join. It binds the role (the label), both nonces (the
 /// chief's challenge makes it fresh; the worker's own ties the view's proof to this connection),
@@ -219,7 +213,7 @@ std::string check_options(const options& opts) {
 ///
 /// Thread safety: the public functions are thread-safe. Everything Asio and the membership state
 /// belong to the I/O thread; `outcome_`, `on_lost_` and the done flags are guarded by `mu_`.
-class service::impl {
+class service::impl : private transport::framed_connection::owner {
 public:
   explicit impl(options opts);
   ~impl();
@@ -238,6 +232,15 @@ public:
   void shutdown();
 
 private:
+  // -- I/O thread: what the connections report (framed_connection::owner) ----------------------
+
+  bool stopped() const noexcept override { return stopped_; }
+  std::string frame_length(std::span<const std::byte, codec::prefix_bytes> prefix,
+                           uint32_t& length) override;
+  void on_frame(const std::shared_ptr<framed_connection>& fc, std::vector<std::byte> body) override;
+  void on_read_error(const std::shared_ptr<framed_connection>& fc, const error_code& ec) override;
+  void on_failure(const std::shared_ptr<framed_connection>& fc, const std::string& what) override;
+
   /// Where a connection is in the protocol.
   enum class phase {
     handshake, // chief: accepted, no Join yet; worker: connecting, no Challenge yet
@@ -247,40 +250,27 @@ private:
     lost,      // reported lost
   };
 
-  struct connection {
-    explicit connection(asio::io_context& io) : socket(io) {}
-    asio_tcp::socket socket;
-    std::string remote; // "host:port" of the other end, for logs and errors
+  /// A framed connection with the membership protocol's state of it.
+  struct connection : transport::framed_connection {
+    using framed_connection::framed_connection;
     phase state = phase::handshake;
     int rank = -1;                 // the peer's rank once known
     codec::join join;              // chief: the accepted Join
     std::vector<std::byte> nonce;  // chief: the challenge it sent
     clock::time_point opened_at{}; // accepted, or the attempt started
     clock::time_point last_rx{};   // the last message received
-    std::array<std::byte, codec::prefix_bytes> prefix{};
-    std::vector<std::byte> body;
-    std::deque<std::vector<std::byte>> queue; // frames to write, the front one in flight
-    bool writing = false;
-    clock::time_point write_started{};
-    bool graceful = false; // shut down the sending side once the queue is written
-    bool send_shut = false;
-    clock::time_point linger_until{};
-    bool closed = false;
   };
   using conn_ptr = std::shared_ptr<connection>;
 
   // -- I/O thread: common ----------------------------------------------------------------------
 
+  conn_ptr new_connection();
   void log_line(const std::string& line) const;
   std::string name_of(int rank) const;
   void arm_tick();
   void tick();
-  void read_frames(const conn_ptr& c);
-  void on_read_error(const conn_ptr& c, const error_code& ec, std::size_t got, std::size_t want,
-                     const char* part);
   void on_message(const conn_ptr& c, codec::message& m);
   void send(const conn_ptr& c, const codec::message& m);
-  void start_write(const conn_ptr& c);
   void close(const conn_ptr& c);
   void close_gracefully(const conn_ptr& c);
   void failed(const conn_ptr& c, const std::string& what);
@@ -403,10 +393,8 @@ void service::impl::shutdown() {
   // The I/O thread is gone: close every Asio object here, before io_ goes.
   error_code ignored;
   acceptor_.close(ignored);
-  for (const auto& c : conns_) {
-    c->closed = true;
-    c->socket.close(ignored);
-  }
+  for (const auto& c : conns_)
+    c->close();
   conns_.clear();
   by_rank_.clear();
   chief_conn_.reset();
@@ -517,6 +505,11 @@ void service::impl::crash() {
 
 // -- I/O thread: common --------------------------------------------------------------------------
 
+service::impl::conn_ptr service::impl::new_connection() {
+  // The cast here, where the private base is accessible, and not inside make_shared.
+  return std::make_shared<connection>(io_, static_cast<framed_connection::owner&>(*this));
+}
+
 void service::impl::log_line(const std::string& line) const {
   auto text = self_ + ": " + line;
   if (opts_.log) {
@@ -582,7 +575,7 @@ void service::impl::tick() {
   // Graceful closes whose peer did not close in time.
   std::vector<conn_ptr> expired;
   for (const auto& c : conns_)
-    if (c->graceful && now >= c->linger_until)
+    if (c->linger_expired(now))
       expired.push_back(c);
   for (const auto& c : expired)
     close(c);
@@ -595,7 +588,7 @@ void service::impl::tick() {
       stale.push_back(c);
   for (const auto& c : stale) {
     if (chief_) {
-      log_line("closed the connection from " + c->remote + ": no valid Join within " +
+      log_line("closed the connection from " + c->remote() + ": no valid Join within " +
                ms_text(opts_.handshake_timeout));
       close(c);
     } else {
@@ -611,8 +604,8 @@ void service::impl::tick() {
       } else if (!decided()) {
         rendezvous_failed_ = true;
         auto why = last_error_.empty() ? std::string{"no attempt finished"} : last_error_;
-        if (chief_conn_ && !chief_conn_->closed && chief_conn_->state == phase::joined)
-          why = "joined the chief at " + chief_conn_->remote +
+        if (chief_conn_ && !chief_conn_->closed() && chief_conn_->state == phase::joined)
+          why = "joined the chief at " + chief_conn_->remote() +
                 ", but no view arrived (the chief waits for every task to join)";
         auto text = self_ + " could not join the cluster at chief " + opts_.chief_address +
                     " within " + ms_text(opts_.rendezvous_timeout) + ": " + why;
@@ -642,14 +635,14 @@ void service::impl::tick() {
            codec::heartbeat{view_.epoch, static_cast<uint32_t>(opts_.rank), heartbeat_sequence_});
   }
   for (const auto& c : members) {
-    if (c->closed || c->state != phase::member)
+    if (c->closed() || c->state != phase::member)
       continue; // lost through an earlier one of this loop
     std::string cause;
     if (now - c->last_rx >= opts_.peer_timeout)
       cause = name_of(c->rank) + " sent no heartbeat for " + ms_text(opts_.peer_timeout);
-    else if (c->writing && now - c->write_started >= opts_.peer_timeout)
-      cause = name_of(c->rank) + ": a write of " + std::to_string(c->queue.front().size()) +
-              " bytes to " + c->remote + " did not complete within " + ms_text(opts_.peer_timeout);
+    else if (c->writing() && now - c->write_started() >= opts_.peer_timeout)
+      cause = name_of(c->rank) + ": a write of " + std::to_string(c->front_bytes()) + " bytes to " +
+              c->remote() + " did not complete within " + ms_text(opts_.peer_timeout);
     if (cause.empty())
       continue;
     if (chief_)
@@ -659,45 +652,28 @@ void service::impl::tick() {
   }
 }
 
-void service::impl::read_frames(const conn_ptr& c) {
-  asio::async_read(
-      c->socket, asio::buffer(c->prefix), [this, c](const error_code& ec, std::size_t n) {
-        if (stopped_ || c->closed)
-          return;
-        if (ec)
-          return on_read_error(c, ec, n, codec::prefix_bytes, "length prefix");
-        uint32_t length = 0;
-        if (auto why = codec::decode_length(c->prefix, opts_.max_message_bytes, length);
-            !why.empty())
-          return failed(c, "malformed frame: " + why);
-        c->body.resize(length); // bounded by decode_length
-        asio::async_read(
-            c->socket, asio::buffer(c->body), [this, c](const error_code& ec, std::size_t n) {
-              if (stopped_ || c->closed)
-                return;
-              if (ec)
-                return on_read_error(c, ec, n, c->body.size(), "message");
-              codec::message m;
-              auto why = codec::decode(c->body, opts_.max_message_bytes, m);
-              c->body = {}; // frames are rare: do not keep up to max_message_bytes per connection
-              if (!why.empty())
-                return failed(c, "malformed message: " + why);
-              if (!suspended_ && !c->graceful) {
-                c->last_rx = clock::now();
-                on_message(c, m);
-              }
-              if (!c->closed)
-                read_frames(c);
-            });
-      });
+std::string service::impl::frame_length(std::span<const std::byte, codec::prefix_bytes> prefix,
+                                        uint32_t& length) {
+  return codec::decode_length(prefix, opts_.max_message_bytes, length);
 }
 
-void service::impl::on_read_error(const conn_ptr& c, const error_code& ec, std::size_t got,
-                                  std::size_t want, const char* part) {
-  auto mid_frame = got > 0 || std::string_view(part) != "length prefix";
-  if (ec == asio::error::eof && mid_frame)
-    return failed(c, "truncated frame: the connection ended after " + std::to_string(got) + " of " +
-                         std::to_string(want) + " bytes of its " + part);
+void service::impl::on_frame(const std::shared_ptr<framed_connection>& fc,
+                             std::vector<std::byte> body) {
+  auto c = std::static_pointer_cast<connection>(fc);
+  codec::message m;
+  auto why = codec::decode(body, opts_.max_message_bytes, m);
+  body = {}; // frames are rare: do not keep up to max_message_bytes per connection
+  if (!why.empty())
+    return failed(c, "malformed message: " + why);
+  if (!suspended_ && !c->graceful()) {
+    c->last_rx = clock::now();
+    on_message(c, m);
+  }
+}
+
+void service::impl::on_read_error(const std::shared_ptr<framed_connection>& fc,
+                                  const error_code& ec) {
+  auto c = std::static_pointer_cast<connection>(fc);
   if (c->state == phase::handshake && chief_)
     return failed(c, "the connection closed without a Join (" + reason_of(ec) + ")");
   if (!chief_ && c->state != phase::member)
@@ -705,24 +681,29 @@ void service::impl::on_read_error(const conn_ptr& c, const error_code& ec, std::
   failed(c, "connection closed without leave (" + reason_of(ec) + ")");
 }
 
+void service::impl::on_failure(const std::shared_ptr<framed_connection>& fc,
+                               const std::string& what) {
+  failed(std::static_pointer_cast<connection>(fc), what);
+}
+
 void service::impl::failed(const conn_ptr& c, const std::string& what) {
-  if (c->closed)
+  if (c->closed())
     return;
   if (suspended_)
     return; // deaf: it does not even notice; the socket stays open until the service goes
-  if (c->graceful || leaving_ || crashed_ || c->state == phase::left || c->state == phase::lost)
+  if (c->graceful() || leaving_ || crashed_ || c->state == phase::left || c->state == phase::lost)
     return close(c); // expected: this side or the peer is closing
   if (!chief_) {
     if (c->state == phase::member)
       return lose_chief(name_of(0) + ": " + what);
-    return attempt_failed(c, "the chief at " + c->remote + ": " + what);
+    return attempt_failed(c, "the chief at " + c->remote() + ": " + what);
   }
   switch (c->state) {
   case phase::handshake:
-    log_line("closed the connection from " + c->remote + ": " + what);
+    log_line("closed the connection from " + c->remote() + ": " + what);
     return close(c);
   case phase::joined:
-    log_line(name_of(c->rank) + " at " + c->remote + " dropped out before the view: " + what +
+    log_line(name_of(c->rank) + " at " + c->remote() + " dropped out before the view: " + what +
              "; it may join again");
     by_rank_[c->rank].reset();
     return close(c);
@@ -734,66 +715,30 @@ void service::impl::failed(const conn_ptr& c, const std::string& what) {
 }
 
 void service::impl::send(const conn_ptr& c, const codec::message& m) {
-  if (c->closed || c->send_shut || suspended_ || crashed_)
+  if (c->closed() || c->send_shut() || suspended_ || crashed_)
     return;
   auto frame = codec::encode(m);
   if (frame.size() - codec::prefix_bytes > opts_.max_message_bytes) {
     // Only a view can be this large; maybe_form_view checks it before sending.
     log_line("not sending a " + std::string(codec::kind_of(m)) + " of " +
-             std::to_string(frame.size()) + " bytes to " + c->remote +
+             std::to_string(frame.size()) + " bytes to " + c->remote() +
              ": over options.max_message_bytes");
     return;
   }
-  c->queue.push_back(std::move(frame));
-  start_write(c);
-}
-
-void service::impl::start_write(const conn_ptr& c) {
-  if (c->closed || c->writing)
-    return;
-  if (c->queue.empty()) {
-    if (c->graceful && !c->send_shut) {
-      c->send_shut = true;
-      error_code ignored;
-      c->socket.shutdown(asio_tcp::socket::shutdown_send, ignored);
-    }
-    return;
-  }
-  c->writing = true;
-  c->write_started = clock::now();
-  asio::async_write(c->socket, asio::buffer(c->queue.front()),
-                    [this, c](const error_code& ec, std::size_t n) {
-                      c->writing = false;
-                      if (stopped_ || c->closed)
-                        return;
-                      if (ec)
-                        return failed(c, "write failed after " + std::to_string(n) + " of " +
-                                             std::to_string(c->queue.front().size()) + " bytes (" +
-                                             reason_of(ec) + ")");
-                      c->queue.pop_front();
-                      start_write(c);
-                    });
+  c->send(std::move(frame));
 }
 
 void service::impl::close(const conn_ptr& c) {
-  if (c->closed)
+  if (!c->close())
     return;
-  c->closed = true;
   if (c->state == phase::handshake && chief_)
     --handshakes_;
-  error_code ignored;
-  c->socket.close(ignored); // pending operations complete with operation_aborted
-  c->queue.clear();
   conns_.erase(c);
   maybe_leave_done();
 }
 
 void service::impl::close_gracefully(const conn_ptr& c) {
-  if (c->closed || c->graceful)
-    return;
-  c->graceful = true;
-  c->linger_until = clock::now() + linger_;
-  start_write(c); // shuts the sending side down at once when nothing is queued
+  c->close_gracefully(linger_);
 }
 
 void service::impl::on_message(const conn_ptr& c, codec::message& m) {
@@ -851,7 +796,7 @@ void service::impl::on_message(const conn_ptr& c, codec::message& m) {
       j.auth_proof = join_proof(opts_.secret, chief_nonce_, my_nonce_, j.task, j.address);
     j.pid = static_cast<uint32_t>(::getpid());
     c->state = phase::joined;
-    last_error_ = "joined the chief at " + c->remote + ", but no view arrived";
+    last_error_ = "joined the chief at " + c->remote() + ", but no view arrived";
     return send(c, j);
   }
   case phase::joined:
@@ -974,8 +919,8 @@ void service::impl::do_crash() {
 void service::impl::accept_next() {
   if (stopped_ || crashed_ || leaving_)
     return;
-  auto c = std::make_shared<connection>(io_);
-  acceptor_.async_accept(c->socket, [this, c](const error_code& ec) {
+  auto c = new_connection();
+  acceptor_.async_accept(c->socket(), [this, c](const error_code& ec) {
     if (stopped_ || crashed_ || leaving_ || ec == asio::error::operation_aborted)
       return;
     if (ec) {
@@ -995,21 +940,21 @@ void service::impl::accept_next() {
 
 void service::impl::on_accepted(const conn_ptr& c) {
   error_code ec;
-  auto remote = c->socket.remote_endpoint(ec);
-  c->remote = ec ? std::string{"an unknown address"} : endpoint_text(remote);
+  auto remote = c->socket().remote_endpoint(ec);
+  c->remote(ec ? std::string{"an unknown address"} : endpoint_text(remote));
   if (handshakes_ >= max_pending_handshakes) {
-    log_line("closed the connection from " + c->remote + ": " + std::to_string(handshakes_) +
+    log_line("closed the connection from " + c->remote() + ": " + std::to_string(handshakes_) +
              " connections are already in their handshake");
-    c->socket.close(ec);
+    c->close();
     return;
   }
   ++handshakes_;
   conns_.insert(c);
-  c->socket.set_option(asio_tcp::no_delay(true), ec);
+  c->socket().set_option(asio_tcp::no_delay(true), ec);
   c->opened_at = clock::now();
   c->nonce = random_bytes(nonce_bytes);
   send(c, codec::challenge{c->nonce});
-  read_frames(c);
+  c->read_frames();
 }
 
 std::string service::impl::check_join(const codec::join& j, const std::vector<std::byte>& nonce,
@@ -1054,7 +999,7 @@ std::string service::impl::check_join(const codec::join& j, const std::vector<st
            "); joining again is not supported";
   if (by_rank_[rank])
     return "task " + who + " (rank " + std::to_string(rank) + ") already joined, from " +
-           by_rank_[rank]->remote + " (a duplicate task)";
+           by_rank_[rank]->remote() + " (a duplicate task)";
   if (j.devices.size() != opts_.devices.size())
     return who + " announces " + std::to_string(j.devices.size()) + " devices but the chief (" +
            to_string(opts_.tasks[0]) + ") has " + std::to_string(opts_.devices.size()) +
@@ -1075,14 +1020,14 @@ void service::impl::on_join(const conn_ptr& c, codec::join& j) {
   c->rank = rank;
   c->join = std::move(j);
   by_rank_[rank] = c;
-  log_line(name_of(rank) + " joined from " + c->remote + " (collective address " + c->join.address +
-           ", " + std::to_string(c->join.devices.size()) + " devices, pid " +
+  log_line(name_of(rank) + " joined from " + c->remote() + " (collective address " +
+           c->join.address + ", " + std::to_string(c->join.devices.size()) + " devices, pid " +
            std::to_string(c->join.pid) + ")");
   maybe_form_view();
 }
 
 void service::impl::refuse(const conn_ptr& c, const codec::join& j, const std::string& reason) {
-  log_line("refused the Join of " + to_string(j.task) + " from " + c->remote + ": " + reason);
+  log_line("refused the Join of " + to_string(j.task) + " from " + c->remote() + ": " + reason);
   send(c, codec::refusal{j.task, reason});
   --handshakes_;
   c->state = phase::left;
@@ -1194,7 +1139,7 @@ void service::impl::lose_member(int rank, const std::string& cause) {
   if (!c || c->state != phase::member)
     return;
   c->state = phase::lost;
-  log_line("lost " + cause + " (connection from " + c->remote + ")");
+  log_line("lost " + cause + " (connection from " + c->remote() + ")");
   close(c);
   report({rank}, cause);
   for (const auto& other : std::vector<conn_ptr>(conns_.begin(), conns_.end()))
@@ -1207,8 +1152,8 @@ void service::impl::lose_member(int rank, const std::string& cause) {
 void service::impl::start_attempt() {
   if (stopped_ || crashed_ || leaving_ || rendezvous_failed_ || view_formed_ || decided())
     return;
-  auto c = std::make_shared<connection>(io_);
-  c->remote = opts_.chief_address;
+  auto c = new_connection();
+  c->remote(opts_.chief_address);
   c->rank = 0;
   c->opened_at = clock::now();
   chief_conn_ = c;
@@ -1216,14 +1161,14 @@ void service::impl::start_attempt() {
   resolver_.async_resolve(
       chief_hp_.host, chief_hp_.port, asio_tcp::resolver::numeric_service,
       [this, c](const error_code& ec, asio_tcp::resolver::results_type results) {
-        if (stopped_ || c->closed)
+        if (stopped_ || c->closed())
           return;
         if (ec || results.empty())
           return attempt_failed(c, "resolve " + chief_hp_.host + ": " +
                                        (ec ? ec.message() : std::string{"no address"}));
         asio::async_connect(
-            c->socket, results, [this, c](const error_code& ec, const asio_tcp::endpoint& ep) {
-              if (stopped_ || c->closed)
+            c->socket(), results, [this, c](const error_code& ec, const asio_tcp::endpoint& ep) {
+              if (stopped_ || c->closed())
                 return;
               if (ec)
                 return attempt_failed(c, "connect to " + opts_.chief_address + ": " + ec.message());
@@ -1231,13 +1176,13 @@ void service::impl::start_attempt() {
               // given that very port as its source: a TCP self-connect, which would read its
               // own Join back. Treat it as the refusal it stands for.
               error_code local_ec;
-              if (c->socket.local_endpoint(local_ec) == ep && !local_ec)
+              if (c->socket().local_endpoint(local_ec) == ep && !local_ec)
                 return attempt_failed(c, "connect to " + opts_.chief_address +
                                              ": connected to itself (nobody listens there yet)");
-              c->remote = endpoint_text(ep);
+              c->remote(endpoint_text(ep));
               error_code ignored;
-              c->socket.set_option(asio_tcp::no_delay(true), ignored);
-              read_frames(c);
+              c->socket().set_option(asio_tcp::no_delay(true), ignored);
+              c->read_frames();
             });
       });
 }
@@ -1304,7 +1249,7 @@ void service::impl::on_view(const conn_ptr& c, codec::view_message& m) {
   c->last_rx = now;
   next_heartbeat_ = now + opts_.heartbeat_interval;
   log_line("received the view of epoch " + std::to_string(v.epoch) + " from the chief at " +
-           c->remote + ": " + std::to_string(v.members.size()) + " members, group " +
+           c->remote() + ": " + std::to_string(v.members.size()) + " members, group " +
            std::to_string(v.group_id));
   set_outcome(std::move(v));
 }
@@ -1314,7 +1259,7 @@ void service::impl::lose_chief(const std::string& cause) {
   if (!c || c->state != phase::member)
     return;
   c->state = phase::lost;
-  log_line("lost the chief: " + cause + " (connection to " + c->remote + ")");
+  log_line("lost the chief: " + cause + " (connection to " + c->remote() + ")");
   close(c);
   report({0}, cause);
 }
