@@ -14,12 +14,7 @@
 // (retrying refused, reset or timed-out attempts with back-off until its rendezvous deadline),
 // answers the Challenge with its Join and waits for the View, a Refusal or an Abort.
 //
-// Authentication (with a shared secret; docs/multi_worker.md): mutual challenge-response. The
-// chief's Challenge carries its nonce Nc; the worker's Join carries its nonce Nw and
-// HMAC(secret, "consort-membership-v1|join", Nc, Nw, task, address); the View sent to that worker
-// carries HMAC(secret, "consort-membership-v1|view", Nc, Nw, task, epoch, group id). Both nonces
-// are fresh per connection, so a recorded Join or View proves nothing on another connection, and
-// the two labels keep one side's proof from being reflected as the other's.
+// Authentication (with a shared secret): the proofs and their checks are in proofs.hpp.
 //
 // Deadlines. One periodic tick (at most 50 ms apart) enforces all of them: handshakes, connection
 // attempts, the rendezvous, heartbeats sent and expected, writes that do not complete, and the
@@ -33,6 +28,7 @@
 #include "transport/auth.hpp"
 #include "transport/framed_connection.hpp"
 #include "transport/membership/codec.hpp"
+#include "transport/membership/proofs.hpp"
 
 #include <consort/caf_error.hpp>
 #include <consort/error.hpp>
@@ -82,8 +78,6 @@ constexpr milliseconds max_backoff{200};
 /// The longest period of the tick that enforces every deadline.
 constexpr milliseconds max_tick{50};
 
-using auth::max_nonce_bytes;
-using auth::min_nonce_bytes;
 using auth::nonce_bytes;
 using auth::random_bytes;
 
@@ -98,41 +92,6 @@ using transport::host_port;
 using transport::ms_text;
 using transport::reason_of;
 using transport::split_address;
-
-/// The worker's proof of the secret in its Join. It binds the role (the label), both nonces (the
-/// chief's challenge makes it fresh; the worker's own ties the view's proof to this connection),
-/// and the identity the worker claims: its task (hence its rank) and its collective address.
-std::vector<std::byte> join_proof(const std::string& secret,
-                                  const std::vector<std::byte>& chief_nonce,
-                                  const std::vector<std::byte>& worker_nonce,
-                                  const consort::task_id& task, const std::string& address) {
-  auto mac = auth::transcript("consort-membership-v1|join")
-                 .bytes(chief_nonce)
-                 .bytes(worker_nonce)
-                 .text(task.type)
-                 .u32(static_cast<uint32_t>(task.index))
-                 .text(address)
-                 .sign(secret);
-  return {mac.begin(), mac.end()};
-}
-
-/// The chief's proof of the secret in the view it sends a worker: the other role's label, both
-/// nonces of that worker's connection, the worker's task, and the epoch and group id of the view
-/// (the group id the mesh handshakes then bind).
-std::vector<std::byte> view_proof(const std::string& secret,
-                                  const std::vector<std::byte>& chief_nonce,
-                                  const std::vector<std::byte>& worker_nonce,
-                                  const consort::task_id& task, uint64_t epoch, uint64_t group_id) {
-  auto mac = auth::transcript("consort-membership-v1|view")
-                 .bytes(chief_nonce)
-                 .bytes(worker_nonce)
-                 .text(task.type)
-                 .u32(static_cast<uint32_t>(task.index))
-                 .u64(epoch)
-                 .u64(group_id)
-                 .sign(secret);
-  return {mac.begin(), mac.end()};
-}
 
 std::string join_names(const std::vector<std::string>& names) {
   std::string out;
@@ -782,10 +741,8 @@ void service::impl::on_message(const conn_ptr& c, codec::message& m) {
     if (!ch)
       return failed(c, std::string("protocol error: expected a Challenge, got a ") +
                            codec::kind_of(m) + " message");
-    if (ch->nonce.size() < min_nonce_bytes || ch->nonce.size() > max_nonce_bytes)
-      return failed(c, "protocol error: its challenge has " + std::to_string(ch->nonce.size()) +
-                           " bytes of nonce, expected " + std::to_string(min_nonce_bytes) + " to " +
-                           std::to_string(max_nonce_bytes));
+    if (auto why = proofs::check_challenge(*ch); !why.empty())
+      return failed(c, why);
     codec::join j;
     j.task = opts_.tasks[opts_.rank];
     j.address = opts_.address;
@@ -793,7 +750,7 @@ void service::impl::on_message(const conn_ptr& c, codec::message& m) {
     j.nonce = my_nonce_ = random_bytes(nonce_bytes);
     chief_nonce_ = ch->nonce;
     if (!opts_.secret.empty())
-      j.auth_proof = join_proof(opts_.secret, chief_nonce_, my_nonce_, j.task, j.address);
+      j.auth_proof = proofs::join_proof(opts_.secret, chief_nonce_, my_nonce_, j.task, j.address);
     j.pid = static_cast<uint32_t>(::getpid());
     c->state = phase::joined;
     last_error_ = "joined the chief at " + c->remote() + ", but no view arrived";
@@ -964,24 +921,9 @@ std::string service::impl::check_join(const codec::join& j, const std::vector<st
            ", this chief speaks version " + std::to_string(codec::protocol_version);
   if (rendezvous_failed_)
     return "the rendezvous of this cluster has failed already (" + failure_ + ")";
+  if (auto why = proofs::check_join(opts_.secret, nonce, j); !why.empty())
+    return why;
   auto who = to_string(j.task);
-  // The nonce first: the proof covers it.
-  if (j.nonce.size() < min_nonce_bytes || j.nonce.size() > max_nonce_bytes)
-    return "its Join has " + std::to_string(j.nonce.size()) + " bytes of nonce, expected " +
-           std::to_string(min_nonce_bytes) + " to " + std::to_string(max_nonce_bytes);
-  if (!opts_.secret.empty()) {
-    if (j.auth_proof.empty())
-      return "authentication failed: " + who +
-             " presented no proof of the shared secret, which this cluster requires (set the "
-             "same secret on every task)";
-    if (!auth::equal(join_proof(opts_.secret, nonce, j.nonce, j.task, j.address), j.auth_proof))
-      return "authentication failed: the shared secret does not match (or the Join was not "
-             "made for this connection's challenge: a replay)";
-  } else if (!j.auth_proof.empty()) {
-    return "authentication failed: " + who +
-           " presented a proof of a shared secret, but this chief has none (set the same "
-           "secret on every task, or none on all)";
-  }
   auto it = std::find(opts_.tasks.begin(), opts_.tasks.end(), j.task);
   if (it == opts_.tasks.end()) {
     std::vector<std::string> names;
@@ -1092,8 +1034,8 @@ void service::impl::maybe_form_view() {
     c->last_rx = now;
     codec::view_message m{v, {}};
     if (!opts_.secret.empty())
-      m.auth_proof =
-          view_proof(opts_.secret, c->nonce, c->join.nonce, c->join.task, v.epoch, v.group_id);
+      m.auth_proof = proofs::view_proof(opts_.secret, c->nonce, c->join.nonce, c->join.task,
+                                        v.epoch, v.group_id);
     send(c, m);
   }
   log_line("formed the view of epoch " + std::to_string(v.epoch) + ": " +
@@ -1212,17 +1154,7 @@ void service::impl::attempt_failed(const conn_ptr& c, const std::string& why) {
 
 void service::impl::on_view(const conn_ptr& c, codec::view_message& m) {
   auto& v = m.view;
-  std::string why;
-  if (!opts_.secret.empty()) {
-    auto expected = view_proof(opts_.secret, chief_nonce_, my_nonce_, opts_.tasks[opts_.rank],
-                               v.epoch, v.group_id);
-    if (!auth::equal(expected, m.auth_proof))
-      why = "it did not prove the shared secret (the view's proof does not match): it is not "
-            "the chief of this cluster, or its secret differs";
-  } else if (!m.auth_proof.empty()) {
-    why = "it proves a shared secret but this worker has none (set the same secret on every "
-          "task)";
-  }
+  auto why = proofs::check_view(opts_.secret, chief_nonce_, my_nonce_, opts_.tasks[opts_.rank], m);
   if (why.empty() && v.epoch == 0)
     why = "its view has epoch 0";
   if (why.empty() && v.members.size() != opts_.tasks.size())
