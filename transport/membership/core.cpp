@@ -1,0 +1,312 @@
+// The membership service's I/O thread, the part common to both roles (see service_impl.hpp):
+// the tick, frames in and out, failures, the losses reported, leave and crash.
+//
+// Deadlines. One periodic tick (at most 50 ms apart) enforces all of them: handshakes, connection
+// attempts, the rendezvous, heartbeats sent and expected, writes that do not complete, and the
+// linger of graceful closes. Nothing else waits.
+//
+// Closing. A clean close (Leave, Refusal, Abort before the view) queues its last message and
+// closes the connection gracefully (transport/framed_connection.hpp): the sending side is shut
+// down once the queue is written, and what arrives until the peer closes too or the linger
+// passes is dropped (`on_frame`): the last message is never lost to a reset.
+
+#include "transport/membership/service_impl.hpp"
+
+#include <consort/caf_error.hpp>
+#include <consort/error.hpp>
+
+#include <cstdio>
+
+namespace consort::transport::membership {
+
+// -- I/O thread: common --------------------------------------------------------------------------
+
+service::impl::conn_ptr service::impl::new_connection() {
+  // The cast here, where the private base is accessible, and not inside make_shared.
+  return std::make_shared<connection>(io_, static_cast<framed_connection::owner&>(*this));
+}
+
+void service::impl::log_line(const std::string& line) const {
+  auto text = self_ + ": " + line;
+  if (opts_.log) {
+    opts_.log(text);
+    return;
+  }
+  text = "consort membership: " + text + "\n";
+  std::fwrite(text.data(), 1, text.size(), stderr); // one write: lines of threads do not mix
+}
+
+std::string service::impl::name_of(int rank) const {
+  return to_string(opts_.tasks[rank]) + " (rank " + std::to_string(rank) + ")";
+}
+
+void service::impl::set_outcome(caf::expected<view> outcome) {
+  {
+    std::lock_guard lock(mu_);
+    if (outcome_)
+      return;
+    outcome_ = std::move(outcome);
+  }
+  cv_.notify_all();
+}
+
+bool service::impl::decided() {
+  std::lock_guard lock(mu_);
+  return outcome_.has_value();
+}
+
+void service::impl::report(std::vector<int> ranks, const std::string& cause) {
+  if (suspended_ || crashed_ || leaving_ || stopped_)
+    return;
+  auto had_ranks = !ranks.empty();
+  std::erase_if(ranks, [this](int r) {
+    if (r < 0 || static_cast<std::size_t>(r) >= reported_.size() || reported_[r])
+      return true;
+    reported_[r] = true;
+    return false;
+  });
+  if (had_ranks && ranks.empty())
+    return; // every rank of it was reported already
+  std::function<void(const lost_event&)> fn;
+  {
+    std::lock_guard lock(mu_);
+    fn = on_lost_;
+  }
+  if (fn)
+    fn(lost_event{std::move(ranks), cause});
+}
+
+void service::impl::arm_tick() {
+  tick_timer_.expires_after(tick_period_);
+  tick_timer_.async_wait([this](const error_code& ec) {
+    if (ec || stopped_ || crashed_)
+      return;
+    tick();
+    arm_tick();
+  });
+}
+
+void service::impl::tick() {
+  auto now = clock::now();
+  // Graceful closes whose peer did not close in time.
+  std::vector<conn_ptr> expired;
+  for (const auto& c : conns_)
+    if (c->linger_expired(now))
+      expired.push_back(c);
+  for (const auto& c : expired)
+    close(c);
+  if (suspended_ || leaving_)
+    return;
+  // Handshakes and connection attempts.
+  std::vector<conn_ptr> stale;
+  for (const auto& c : conns_)
+    if (c->state == phase::handshake && now - c->opened_at >= opts_.handshake_timeout)
+      stale.push_back(c);
+  for (const auto& c : stale) {
+    if (chief_) {
+      log_line("closed the connection from " + c->remote() + ": no valid Join within " +
+               ms_text(opts_.handshake_timeout));
+      close(c);
+    } else {
+      attempt_failed(c, "no challenge from the chief at " + opts_.chief_address + " within " +
+                            ms_text(opts_.handshake_timeout) + " (connecting or waiting)");
+    }
+  }
+  // The rendezvous.
+  if (rendezvous_started_ && !view_formed_ && !rendezvous_failed_) {
+    if (now >= rendezvous_deadline_) {
+      if (chief_) {
+        rendezvous_timed_out();
+      } else if (!decided()) {
+        join_timed_out();
+      }
+    } else if (chief_ && now >= next_missing_log_) {
+      log_missing();
+      next_missing_log_ = now + opts_.missing_log_interval;
+    }
+  }
+  if (!view_formed_)
+    return;
+  // Heartbeats out, liveness and stuck writes in.
+  std::vector<conn_ptr> members;
+  for (const auto& c : conns_)
+    if (c->state == phase::member)
+      members.push_back(c);
+  if (now >= next_heartbeat_) {
+    next_heartbeat_ = now + opts_.heartbeat_interval;
+    ++heartbeat_sequence_;
+    for (const auto& c : members)
+      send(c,
+           codec::heartbeat{view_.epoch, static_cast<uint32_t>(opts_.rank), heartbeat_sequence_});
+  }
+  for (const auto& c : members) {
+    if (c->closed() || c->state != phase::member)
+      continue; // lost through an earlier one of this loop
+    std::string cause;
+    if (now - c->last_rx >= opts_.peer_timeout)
+      cause = name_of(c->rank) + " sent no heartbeat for " + ms_text(opts_.peer_timeout);
+    else if (c->writing() && now - c->write_started() >= opts_.peer_timeout)
+      cause = name_of(c->rank) + ": a write of " + std::to_string(c->front_bytes()) + " bytes to " +
+              c->remote() + " did not complete within " + ms_text(opts_.peer_timeout);
+    if (cause.empty())
+      continue;
+    if (chief_)
+      lose_member(c->rank, cause);
+    else
+      lose_chief(cause);
+  }
+}
+
+std::string service::impl::frame_length(std::span<const std::byte, codec::prefix_bytes> prefix,
+                                        uint32_t& length) {
+  return codec::decode_length(prefix, opts_.max_message_bytes, length);
+}
+
+void service::impl::on_frame(const std::shared_ptr<framed_connection>& fc,
+                             std::vector<std::byte> body) {
+  auto c = std::static_pointer_cast<connection>(fc);
+  codec::message m;
+  auto why = codec::decode(body, opts_.max_message_bytes, m);
+  body = {}; // frames are rare: do not keep up to max_message_bytes per connection
+  if (!why.empty())
+    return failed(c, "malformed message: " + why);
+  if (!suspended_ && !c->graceful()) {
+    c->last_rx = clock::now();
+    on_message(c, m);
+  }
+}
+
+void service::impl::on_read_error(const std::shared_ptr<framed_connection>& fc,
+                                  const error_code& ec) {
+  auto c = std::static_pointer_cast<connection>(fc);
+  if (c->state == phase::handshake && chief_)
+    return failed(c, "the connection closed without a Join (" + reason_of(ec) + ")");
+  if (!chief_ && c->state != phase::member)
+    return failed(c, "the connection closed (" + reason_of(ec) + ")");
+  failed(c, "connection closed without leave (" + reason_of(ec) + ")");
+}
+
+void service::impl::on_failure(const std::shared_ptr<framed_connection>& fc,
+                               const std::string& what) {
+  failed(std::static_pointer_cast<connection>(fc), what);
+}
+
+void service::impl::failed(const conn_ptr& c, const std::string& what) {
+  if (c->closed())
+    return;
+  if (suspended_)
+    return; // deaf: it does not even notice; the socket stays open until the service goes
+  if (c->graceful() || leaving_ || crashed_ || c->state == phase::left || c->state == phase::lost)
+    return close(c); // expected: this side or the peer is closing
+  if (chief_)
+    return chief_failed(c, what);
+  worker_failed(c, what);
+}
+
+void service::impl::send(const conn_ptr& c, const codec::message& m) {
+  if (c->closed() || c->send_shut() || suspended_ || crashed_)
+    return;
+  auto frame = codec::encode(m);
+  if (frame.size() - codec::prefix_bytes > opts_.max_message_bytes) {
+    // Only a view can be this large; maybe_form_view checks it before sending.
+    log_line("not sending a " + std::string(codec::kind_of(m)) + " of " +
+             std::to_string(frame.size()) + " bytes to " + c->remote() +
+             ": over options.max_message_bytes");
+    return;
+  }
+  c->send(std::move(frame));
+}
+
+void service::impl::close(const conn_ptr& c) {
+  if (!c->close())
+    return;
+  if (c->state == phase::handshake && chief_)
+    --handshakes_;
+  conns_.erase(c);
+  maybe_leave_done();
+}
+
+void service::impl::close_gracefully(const conn_ptr& c) {
+  c->close_gracefully(linger_);
+}
+
+void service::impl::on_message(const conn_ptr& c, codec::message& m) {
+  if (chief_)
+    return on_chief_message(c, m);
+  on_worker_message(c, m);
+}
+
+void service::impl::unexpected(const conn_ptr& c, const codec::message& m) {
+  failed(c, std::string("protocol error: unexpected ") + codec::kind_of(m) + " message " +
+                (c->state == phase::handshake ? "before the handshake finished"
+                 : c->state == phase::joined  ? "before the view"
+                                              : "after the view"));
+}
+
+void service::impl::start_rendezvous() {
+  if (rendezvous_started_ || leaving_ || crashed_ || decided())
+    return;
+  rendezvous_started_ = true;
+  auto now = clock::now();
+  rendezvous_deadline_ = now + opts_.rendezvous_timeout;
+  next_missing_log_ = now + opts_.missing_log_interval;
+  if (chief_)
+    maybe_form_view();
+  else
+    start_attempt();
+}
+
+void service::impl::do_leave(const std::string& reason) {
+  if (crashed_ || leaving_)
+    return maybe_leave_done();
+  leaving_ = true;
+  set_outcome(
+      make_caf_error(errc::shutdown, self_ + " left the cluster before the view: " + reason));
+  error_code ignored;
+  acceptor_.close(ignored);
+  retry_timer_.cancel();
+  resolver_.cancel();
+  log_line("leaving the cluster: " + reason);
+  auto epoch = view_formed_ ? view_.epoch : 0;
+  for (const auto& c : std::vector<conn_ptr>(conns_.begin(), conns_.end())) {
+    if (c->state == phase::handshake) {
+      close(c);
+      continue;
+    }
+    if (c->state == phase::joined || c->state == phase::member)
+      send(c, codec::leave{epoch, static_cast<uint32_t>(opts_.rank), reason});
+    c->state = phase::left;
+    close_gracefully(c);
+  }
+  maybe_leave_done();
+}
+
+void service::impl::maybe_leave_done() {
+  if (!leaving_ || !conns_.empty())
+    return;
+  {
+    std::lock_guard lock(mu_);
+    leave_done_ = true;
+  }
+  cv_.notify_all();
+}
+
+void service::impl::do_crash() {
+  crashed_ = true;
+  set_outcome(make_caf_error(errc::shutdown, self_ + " crashed (test hook) before the view"));
+  error_code ignored;
+  acceptor_.close(ignored);
+  retry_timer_.cancel();
+  resolver_.cancel();
+  tick_timer_.cancel();
+  for (const auto& c : std::vector<conn_ptr>(conns_.begin(), conns_.end()))
+    close(c);
+  {
+    std::lock_guard lock(mu_);
+    crash_done_ = true;
+    leave_done_ = true;
+  }
+  cv_.notify_all();
+}
+
+} // namespace consort::transport::membership

@@ -1,0 +1,230 @@
+#pragma once
+
+// The membership service's implementation (include/consort/transport/membership.hpp): one class,
+// `service::impl`, whose member functions are defined by concern:
+//
+//   service.cpp   the options' checks, start and stop, the calls from callers' threads
+//   core.cpp      the I/O thread's common part: deadlines (the tick), frames in and out, failures,
+//                 losses reported, leave and crash
+//   chief.cpp     rank 0: the server, the Joins, the view, losing a member
+//   worker.cpp    every other rank: the connection to the chief, its Join, the view received
+//   proofs.hpp    the proofs of the shared secret and their checks (authentication)
+//
+// and transport/framed_connection.hpp, each connection's socket, write queue, frame reading and
+// graceful close. The roles stay member functions of one class rather than classes of their own:
+// they share one phase machine per connection, the rendezvous and view state, the tick and the
+// leave/crash paths, so that a role class would need an interface as wide as this one.
+//
+// Threads. One I/O thread per service runs its io_context and owns every socket, timer and the
+// membership state. Callers' threads post work to it and wait on `mu_`/`cv_` for outcomes
+// (rendezvous, leave, crash), always with a deadline.
+//
+// Private to transport/membership.
+
+#include "transport/address.hpp"
+#include "transport/framed_connection.hpp"
+#include "transport/membership/codec.hpp"
+
+#include <consort/transport/membership.hpp>
+
+#include <utility> // Boost 1.74's Asio needs <utility> before it on C++20
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <caf/error.hpp>
+#include <caf/expected.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace consort::transport::membership {
+
+namespace asio = boost::asio;
+using asio_tcp = boost::asio::ip::tcp;
+using error_code = boost::system::error_code;
+using clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+using transport::endpoint_text;
+using transport::framed_connection;
+using transport::host_port;
+using transport::ms_text;
+using transport::reason_of;
+using transport::split_address;
+
+static_assert(framed_connection::prefix_bytes == codec::prefix_bytes);
+
+/// Back-off between attempts to reach a chief that is not up yet (worker.cpp).
+inline constexpr milliseconds first_backoff{2};
+inline constexpr milliseconds max_backoff{200};
+
+/// The service (see the file comment and include/consort/transport/membership.hpp).
+///
+/// Thread safety: the public functions are thread-safe. Everything Asio and the membership state
+/// belong to the I/O thread; `outcome_`, `on_lost_` and the done flags are guarded by `mu_`.
+class service::impl : private transport::framed_connection::owner {
+public:
+  explicit impl(options opts);
+  ~impl();
+
+  impl(const impl&) = delete;
+  impl& operator=(const impl&) = delete;
+
+  caf::error start();
+  std::string listen_address() const { return listen_address_; }
+  int rank() const noexcept { return opts_.rank; }
+  caf::expected<view> rendezvous();
+  void on_lost(std::function<void(const lost_event&)> fn);
+  void leave(const std::string& reason);
+  void suspend() { suspended_.store(true); }
+  void crash();
+  void shutdown();
+
+private:
+  // -- I/O thread: what the connections report (framed_connection::owner) ----------------------
+
+  bool stopped() const noexcept override { return stopped_; }
+  std::string frame_length(std::span<const std::byte, codec::prefix_bytes> prefix,
+                           uint32_t& length) override;
+  void on_frame(const std::shared_ptr<framed_connection>& fc, std::vector<std::byte> body) override;
+  void on_read_error(const std::shared_ptr<framed_connection>& fc, const error_code& ec) override;
+  void on_failure(const std::shared_ptr<framed_connection>& fc, const std::string& what) override;
+
+  /// Where a connection is in the protocol.
+  enum class phase {
+    handshake, // chief: accepted, no Join yet; worker: connecting, no Challenge yet
+    joined,    // chief: Join accepted; worker: Join sent; no view yet
+    member,    // the view was sent (chief) or received (worker)
+    left,      // the peer left cleanly, or this side is leaving: nothing is reported
+    lost,      // reported lost
+  };
+
+  /// A framed connection with the membership protocol's state of it.
+  struct connection : transport::framed_connection {
+    using framed_connection::framed_connection;
+    phase state = phase::handshake;
+    int rank = -1;                 // the peer's rank once known
+    codec::join join;              // chief: the accepted Join
+    std::vector<std::byte> nonce;  // chief: the challenge it sent
+    clock::time_point opened_at{}; // accepted, or the attempt started
+    clock::time_point last_rx{};   // the last message received
+  };
+  using conn_ptr = std::shared_ptr<connection>;
+
+  // -- I/O thread: common ----------------------------------------------------------------------
+
+  conn_ptr new_connection();
+  void log_line(const std::string& line) const;
+  std::string name_of(int rank) const;
+  void arm_tick();
+  void tick();
+  void on_message(const conn_ptr& c, codec::message& m);
+  void unexpected(const conn_ptr& c, const codec::message& m);
+  void send(const conn_ptr& c, const codec::message& m);
+  void close(const conn_ptr& c);
+  void close_gracefully(const conn_ptr& c);
+  void failed(const conn_ptr& c, const std::string& what);
+  void report(std::vector<int> ranks, const std::string& cause);
+  void set_outcome(caf::expected<view> outcome);
+  bool decided();
+  void start_rendezvous();
+  void do_leave(const std::string& reason);
+  void do_crash();
+  void maybe_leave_done();
+
+  // -- I/O thread: chief -----------------------------------------------------------------------
+
+  void on_chief_message(const conn_ptr& c, codec::message& m);
+  void chief_failed(const conn_ptr& c, const std::string& what);
+  void accept_next();
+  void on_accepted(const conn_ptr& c);
+  void on_join(const conn_ptr& c, codec::join& j);
+  std::string check_join(const codec::join& j, const std::vector<std::byte>& nonce,
+                         int& rank) const;
+  void refuse(const conn_ptr& c, const codec::join& j, const std::string& reason);
+  void maybe_form_view();
+  void rendezvous_timed_out();
+  void log_missing();
+  void lose_member(int rank, const std::string& cause);
+  std::vector<int> missing_ranks() const;
+
+  // -- I/O thread: worker ----------------------------------------------------------------------
+
+  void on_worker_message(const conn_ptr& c, codec::message& m);
+  void worker_failed(const conn_ptr& c, const std::string& what);
+  void join_timed_out();
+  void start_attempt();
+  void attempt_failed(const conn_ptr& c, const std::string& why);
+  void on_view(const conn_ptr& c, codec::view_message& m);
+  void lose_chief(const std::string& cause);
+
+  options opts_;
+  bool chief_;
+  std::string self_;           // "worker:1 (rank 1)", the prefix of log lines
+  std::string listen_address_; // chief only
+  host_port chief_hp_;
+  milliseconds tick_period_;
+  milliseconds linger_;
+
+  // Declared before every Asio object of this class, so that it is destroyed after them.
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  asio_tcp::acceptor acceptor_;
+  asio::steady_timer tick_timer_;
+  asio::steady_timer retry_timer_;
+  asio_tcp::resolver resolver_;
+  std::thread thread_;
+
+  // I/O thread only
+  std::set<conn_ptr> conns_;      // every open connection
+  std::size_t handshakes_ = 0;    // chief: accepted connections without a Join yet
+  std::vector<conn_ptr> by_rank_; // chief: the joined connection of each rank
+  conn_ptr chief_conn_;           // worker: the current connection to the chief
+  bool rendezvous_started_ = false;
+  clock::time_point rendezvous_deadline_{};
+  clock::time_point next_missing_log_{};
+  bool view_formed_ = false;
+  bool rendezvous_failed_ = false;
+  std::string failure_; // chief: why the rendezvous failed
+  view view_;
+  clock::time_point next_heartbeat_{};
+  uint64_t heartbeat_sequence_ = 0;
+  std::vector<bool> reported_; // by rank: reported lost
+  bool leaving_ = false;
+  bool crashed_ = false;
+  std::string last_error_; // worker: why the last attempt to reach the chief failed
+  bool warned_ = false;    // worker: a failed attempt was logged
+  milliseconds backoff_{first_backoff};
+  std::vector<std::byte> my_nonce_;    // worker: the nonce of its Join
+  std::vector<std::byte> chief_nonce_; // worker: the nonce of the chief's Challenge
+
+  std::atomic<bool> suspended_{false};
+  std::atomic<bool> stopped_{false};
+  std::atomic<bool> leave_called_{false};
+  std::atomic<bool> crash_called_{false};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;                     // guarded by mu_
+  bool rendezvous_requested_ = false;              // guarded by mu_
+  std::optional<caf::expected<view>> outcome_;     // guarded by mu_
+  std::function<void(const lost_event&)> on_lost_; // guarded by mu_
+  bool leave_done_ = false;                        // guarded by mu_
+  bool crash_done_ = false;                        // guarded by mu_
+};
+
+} // namespace consort::transport::membership

@@ -1,0 +1,226 @@
+// The membership service's workers (every rank but 0; see service_impl.hpp): the connection to
+// the chief, the Join, the view received, and losing the chief.
+//
+// Connections. A worker connects to the chief (retrying refused, reset or timed-out attempts
+// with back-off until its rendezvous deadline), answers the Challenge with its Join (with its
+// proof of the secret: proofs.hpp) and waits for the View, a Refusal or an Abort. After the view
+// it reports the chief's Aborts, and the chief's own loss, through on_lost.
+
+#include "transport/auth.hpp"
+#include "transport/membership/proofs.hpp"
+#include "transport/membership/service_impl.hpp"
+
+#include <consort/caf_error.hpp>
+#include <consort/error.hpp>
+
+#include <boost/asio/connect.hpp>
+
+#include <algorithm>
+
+#include <unistd.h>
+
+namespace consort::transport::membership {
+
+using auth::nonce_bytes;
+using auth::random_bytes;
+
+// -- I/O thread: worker --------------------------------------------------------------------------
+
+void service::impl::start_attempt() {
+  if (stopped_ || crashed_ || leaving_ || rendezvous_failed_ || view_formed_ || decided())
+    return;
+  auto c = new_connection();
+  c->remote(opts_.chief_address);
+  c->rank = 0;
+  c->opened_at = clock::now();
+  chief_conn_ = c;
+  conns_.insert(c);
+  resolver_.async_resolve(
+      chief_hp_.host, chief_hp_.port, asio_tcp::resolver::numeric_service,
+      [this, c](const error_code& ec, asio_tcp::resolver::results_type results) {
+        if (stopped_ || c->closed())
+          return;
+        if (ec || results.empty())
+          return attempt_failed(c, "resolve " + chief_hp_.host + ": " +
+                                       (ec ? ec.message() : std::string{"no address"}));
+        asio::async_connect(
+            c->socket(), results, [this, c](const error_code& ec, const asio_tcp::endpoint& ep) {
+              if (stopped_ || c->closed())
+                return;
+              if (ec)
+                return attempt_failed(c, "connect to " + opts_.chief_address + ": " + ec.message());
+              // A connect to a port of the ephemeral range on which nobody listens yet can be
+              // given that very port as its source: a TCP self-connect, which would read its
+              // own Join back. Treat it as the refusal it stands for.
+              error_code local_ec;
+              if (c->socket().local_endpoint(local_ec) == ep && !local_ec)
+                return attempt_failed(c, "connect to " + opts_.chief_address +
+                                             ": connected to itself (nobody listens there yet)");
+              c->remote(endpoint_text(ep));
+              error_code ignored;
+              c->socket().set_option(asio_tcp::no_delay(true), ignored);
+              c->read_frames();
+            });
+      });
+}
+
+void service::impl::attempt_failed(const conn_ptr& c, const std::string& why) {
+  close(c);
+  last_error_ = why;
+  if (stopped_ || crashed_ || leaving_ || rendezvous_failed_ || view_formed_ || decided())
+    return;
+  auto now = clock::now();
+  if (now + backoff_ >= rendezvous_deadline_)
+    return; // the tick fails the rendezvous at its deadline with this error
+  if (!warned_) {
+    // Once: workers usually start before the chief listens, so a refused attempt is common.
+    warned_ = true;
+    auto left = std::chrono::duration_cast<milliseconds>(rendezvous_deadline_ - now);
+    log_line("cannot join the chief at " + opts_.chief_address + " yet (" + why +
+             "); retrying for up to " + ms_text(left));
+  }
+  retry_timer_.expires_after(backoff_);
+  backoff_ = std::min(backoff_ * 2, max_backoff);
+  retry_timer_.async_wait([this](const error_code& ec) {
+    if (!ec && !stopped_)
+      start_attempt();
+  });
+}
+
+void service::impl::on_worker_message(const conn_ptr& c, codec::message& m) {
+  switch (c->state) {
+  case phase::handshake: {
+    auto* ch = std::get_if<codec::challenge>(&m);
+    if (!ch)
+      return failed(c, std::string("protocol error: expected a Challenge, got a ") +
+                           codec::kind_of(m) + " message");
+    if (auto why = proofs::check_challenge(*ch); !why.empty())
+      return failed(c, why);
+    codec::join j;
+    j.task = opts_.tasks[opts_.rank];
+    j.address = opts_.address;
+    j.devices = opts_.devices;
+    j.nonce = my_nonce_ = random_bytes(nonce_bytes);
+    chief_nonce_ = ch->nonce;
+    if (!opts_.secret.empty())
+      j.auth_proof = proofs::join_proof(opts_.secret, chief_nonce_, my_nonce_, j.task, j.address);
+    j.pid = static_cast<uint32_t>(::getpid());
+    c->state = phase::joined;
+    last_error_ = "joined the chief at " + c->remote() + ", but no view arrived";
+    return send(c, j);
+  }
+  case phase::joined:
+    if (auto* v = std::get_if<codec::view_message>(&m))
+      return on_view(c, *v);
+    if (auto* r = std::get_if<codec::refusal>(&m)) {
+      auto text = "refused by the chief at " + opts_.chief_address + ": " + r->reason;
+      log_line(text);
+      rendezvous_failed_ = true;
+      c->state = phase::left;
+      close_gracefully(c);
+      return set_outcome(make_caf_error(errc::invalid_argument, text));
+    }
+    if (auto* a = std::get_if<codec::abort>(&m)) {
+      log_line("the chief at " + opts_.chief_address + " aborted the rendezvous: " + a->cause);
+      rendezvous_failed_ = true;
+      c->state = phase::left;
+      close_gracefully(c);
+      return set_outcome(make_caf_error(errc::collective_timeout, a->cause));
+    }
+    if (auto* l = std::get_if<codec::leave>(&m)) {
+      auto text = "the chief at " + opts_.chief_address + " left before the view: " + l->reason;
+      log_line(text);
+      rendezvous_failed_ = true;
+      c->state = phase::left;
+      close_gracefully(c);
+      return set_outcome(make_caf_error(errc::peer_lost, text));
+    }
+    return unexpected(c, m);
+  case phase::member:
+    if (std::holds_alternative<codec::heartbeat>(m))
+      return;
+    if (auto* a = std::get_if<codec::abort>(&m)) {
+      log_line("the chief aborted epoch " + std::to_string(a->epoch) + ": " + a->cause);
+      std::vector<int> ranks;
+      for (auto r : a->lost_ranks)
+        if (r < opts_.tasks.size())
+          ranks.push_back(static_cast<int>(r));
+      return report(std::move(ranks), a->cause);
+    }
+    if (auto* l = std::get_if<codec::leave>(&m)) {
+      log_line("the chief left: " + l->reason);
+      c->state = phase::left;
+      return close_gracefully(c);
+    }
+    return unexpected(c, m);
+  default:
+    return;
+  }
+}
+
+void service::impl::worker_failed(const conn_ptr& c, const std::string& what) {
+  if (c->state == phase::member)
+    return lose_chief(name_of(0) + ": " + what);
+  attempt_failed(c, "the chief at " + c->remote() + ": " + what);
+}
+
+void service::impl::on_view(const conn_ptr& c, codec::view_message& m) {
+  auto& v = m.view;
+  auto why = proofs::check_view(opts_.secret, chief_nonce_, my_nonce_, opts_.tasks[opts_.rank], m);
+  if (why.empty() && v.epoch == 0)
+    why = "its view has epoch 0";
+  if (why.empty() && v.members.size() != opts_.tasks.size())
+    why = "its view has " + std::to_string(v.members.size()) + " members, expected " +
+          std::to_string(opts_.tasks.size());
+  for (std::size_t r = 0; why.empty() && r < v.members.size(); ++r)
+    if (v.members[r].rank != static_cast<int>(r) || !(v.members[r].task == opts_.tasks[r]))
+      why = "its view lists " + to_string(v.members[r].task) + " with rank " +
+            std::to_string(v.members[r].rank) + " at position " + std::to_string(r) +
+            ", expected " + to_string(opts_.tasks[r]) + " with rank " + std::to_string(r) +
+            " (do all tasks share one cluster spec?)";
+  if (!why.empty()) {
+    auto text = "the chief at " + opts_.chief_address + " sent an invalid view: " + why;
+    log_line(text);
+    rendezvous_failed_ = true;
+    c->state = phase::left;
+    close(c);
+    return set_outcome(make_caf_error(errc::invalid_argument, self_ + ": " + text));
+  }
+  view_formed_ = true;
+  view_ = v;
+  c->state = phase::member;
+  auto now = clock::now();
+  c->last_rx = now;
+  next_heartbeat_ = now + opts_.heartbeat_interval;
+  log_line("received the view of epoch " + std::to_string(v.epoch) + " from the chief at " +
+           c->remote() + ": " + std::to_string(v.members.size()) + " members, group " +
+           std::to_string(v.group_id));
+  set_outcome(std::move(v));
+}
+
+void service::impl::join_timed_out() {
+  rendezvous_failed_ = true;
+  auto why = last_error_.empty() ? std::string{"no attempt finished"} : last_error_;
+  if (chief_conn_ && !chief_conn_->closed() && chief_conn_->state == phase::joined)
+    why = "joined the chief at " + chief_conn_->remote() +
+          ", but no view arrived (the chief waits for every task to join)";
+  auto text = self_ + " could not join the cluster at chief " + opts_.chief_address + " within " +
+              ms_text(opts_.rendezvous_timeout) + ": " + why;
+  log_line(text);
+  retry_timer_.cancel();
+  if (chief_conn_)
+    close(chief_conn_);
+  set_outcome(make_caf_error(errc::collective_timeout, text));
+}
+
+void service::impl::lose_chief(const std::string& cause) {
+  auto c = chief_conn_;
+  if (!c || c->state != phase::member)
+    return;
+  c->state = phase::lost;
+  log_line("lost the chief: " + cause + " (connection to " + c->remote() + ")");
+  close(c);
+  report({0}, cause);
+}
+
+} // namespace consort::transport::membership
