@@ -12,7 +12,7 @@
 #include "actors/gpu_collectives.hpp"
 #include "device/gpu.hpp"
 
-#include <consort/actors/protocol.hpp>
+#include "actors/protocol.hpp"
 #include <consort/ops.hpp>
 
 #include <caf/all.hpp>

@@ -24,7 +24,7 @@
 // worker's lone CPU replica runs its calls on its own thread (`run` from the replica's thread, no
 // `post`); the lane's mutex keeps them from overlapping with anything posted.
 
-#include <consort/actors/protocol.hpp>
+#include "actors/protocol.hpp"
 #include <consort/error.hpp>
 #include <consort/nest.hpp>
 #include <consort/reduce_op.hpp>

@@ -13,7 +13,7 @@
 // the GPU per call; the replica waits (with the call's deadline) only where its thread must see
 // the result: a host read, a collective that takes another path, the end of its step.
 
-#include <consort/actors/protocol.hpp>
+#include "actors/protocol.hpp"
 #include <consort/error.hpp>
 #include <consort/tensor.hpp>
 

@@ -1,6 +1,6 @@
 // The replica actor: one per device, on a thread of its own, running step functions in order.
 
-#include <consort/actors/protocol.hpp>
+#include "actors/protocol.hpp"
 #include <consort/strategy.hpp>
 
 #include "actors/gpu_collectives.hpp"

@@ -4,7 +4,7 @@
 
 #include "actors/cross_worker.hpp"
 
-#include <consort/actors/protocol.hpp>
+#include "actors/protocol.hpp"
 
 #include <caf/all.hpp>
 

@@ -1,7 +1,7 @@
 // The strategy actor: numbers steps, fans each out to every replica, and watches the step
 // deadline; the replicas join their results in a step_join, the last one completing it.
 
-#include <consort/actors/protocol.hpp>
+#include "actors/protocol.hpp"
 
 #include <caf/all.hpp>
 

@@ -13,7 +13,7 @@
 
 #include "common.hpp"
 
-#include <consort/actors/protocol.hpp>
+#include <consort/caf_error.hpp>
 #include <consort/cluster.hpp>
 #include <consort/transport/algorithms.hpp>
 #include <consort/transport/tcp.hpp>

@@ -5,7 +5,7 @@
 // no calls, no branches on the element, `__restrict` pointers, signed integer arithmetic done in
 // the unsigned type (it wraps as TensorFlow's does, and stays defined behaviour).
 
-#include "core/nest_paths.hpp"
+#include "device/nest_paths.hpp"
 
 #include "device/gpu.hpp"
 #include <consort/error.hpp>

@@ -97,10 +97,18 @@ for file in "${libdir}/cmake/consort/consortConfig.cmake" \
             "${libdir}/cmake/consort/consortConfigVersion.cmake" \
             "${libdir}/cmake/consort/consortTargets.cmake" \
             "${libdir}/cmake/consort/FindCAF.cmake" \
-            include/consort/consort.hpp include/consort/config.hpp include/consort/asio.hpp \
-            include/consort/actors/protocol.hpp; do
+            include/consort/consort.hpp include/consort/config.hpp include/consort/asio.hpp; do
   [[ -f "${prefix}/${file}" ]] || fail "the install lacks ${file}"
 done
+# The engine's internals stay in the source tree (docs/architecture.md): its actor protocol header
+# is not installed, and no installed header names step_join, step_launcher or collective_request,
+# or defines replica_services (replica_context.hpp only forward-declares it).
+[[ ! -e "${prefix}/include/consort/actors/protocol.hpp" ]] ||
+  fail "the install has the engine's private actors/protocol.hpp"
+if grep -rnE 'step_join|step_launcher|collective_request|(class|struct) replica_services[^;]' \
+     "${prefix}/include"; then
+  fail "the installed headers above expose the engine's internals"
+fi
 while read -r header; do
   [[ -f "${prefix}/include/${header}" ]] || fail "the install lacks the public header ${header}"
 done < <(cd "${src}/include" && find consort -name '*.hpp')

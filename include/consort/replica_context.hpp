@@ -39,28 +39,9 @@ enum class collective_kind : uint8_t { all_reduce, all_gather, broadcast };
 const char* to_string(collective_kind kind) noexcept;
 
 namespace detail {
-
-/// What a collective call carries from the replica to the collective actor.
-struct collective_request {
-  collective_kind kind = collective_kind::all_reduce;
-  reduce_op op = reduce_op::sum; // all_reduce only
-  int64_t axis = 0;              // all_gather only
-  int root = 0;                  // broadcast only: replica id in sync group
-  nest value;
-  std::optional<std::chrono::milliseconds> timeout;
-};
-
-/// The engine side of a replica_context (implemented by the replica actor).
-class replica_services {
-public:
-  virtual ~replica_services() = default;
-  /// Runs one collective and blocks the replica's thread until its result or error (bounded by
-  /// the collective's deadline). @throws consort::error.
-  virtual nest collective(collective_request request) = 0;
-  /// Waits for the work queued on the replica's device so far. @throws consort::error.
-  virtual void synchronize() = 0;
-};
-
+/// The engine side of a replica_context: the replica actor implements it (private to the library:
+/// actors/replica_services.hpp, not installed).
+class replica_services;
 } // namespace detail
 
 /// What a step function sees of its replica (tf.distribute's `ReplicaContext`): its identity

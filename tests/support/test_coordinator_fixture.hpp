@@ -4,7 +4,7 @@
 // test calls `run()`, and timeouts fire only when it calls `trigger_timeouts()`, so actor tests
 // never sleep (actor-framework@0.17.6: libcaf_test/caf/test/dsl.hpp, test_coordinator_fixture).
 
-#include <consort/actors/protocol.hpp>
+#include "actors/protocol.hpp"
 
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>

@@ -1,3 +1,5 @@
+#include "actors/replica_services.hpp"
+
 #include <consort/replica_context.hpp>
 
 namespace consort {

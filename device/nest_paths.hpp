@@ -1,6 +1,7 @@
 #pragma once
 
-// Private helpers shared by the nest, ops and dataset sources: leaf paths for error messages.
+// Private helpers shared by the nest and ops sources (device/) and the dataset (actors/): leaf
+// paths for error messages.
 
 #include <consort/nest.hpp>
 

@@ -1,4 +1,4 @@
-#include "core/nest_paths.hpp"
+#include "device/nest_paths.hpp"
 
 #include <consort/error.hpp>
 #include <consort/nest.hpp>

@@ -1,9 +1,12 @@
 #pragma once
 
 // The actor protocol of consort: every atom, message struct and typed handle in one place, so a
-// test harness can drive the runtime message by message. Everything here is local to one process
-// (messages hold shared pointers to step functions and tensor storage), so the structs are
-// registered as unsafe message types rather than given serialising `inspect` overloads.
+// test harness can drive the runtime message by message. Private to the library (never installed):
+// it names the engine's internals (step_join, step_launcher, detail::replica_services), and no
+// public header needs it; the tests include it from the source tree. Everything here is local to
+// one process (messages hold shared pointers to step functions and tensor storage), so the
+// structs are registered as unsafe message types rather than given serialising `inspect`
+// overloads.
 //
 // Who talks to whom (DESIGN.md §3):
 //
@@ -26,6 +29,8 @@
 //      Whether one was used is settled by a handshake on the join (see step_join).
 //   5. if the join is not complete at the step deadline, the strategy expires it with
 //      step_timeout naming the replicas that had not finished.
+
+#include "actors/replica_services.hpp"
 
 #include <consort/caf_error.hpp>
 #include <consort/error.hpp>
