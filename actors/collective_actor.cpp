@@ -8,6 +8,8 @@
 // what still arrives as messages: a harness's requests, GPU replicas (whose NCCL communicators
 // it owns), the deadline tick, host reductions and the cross-worker outcomes.
 
+#include "actors/call_checks.hpp"
+#include "actors/cross_phase.hpp"
 #include "actors/cross_worker.hpp"
 #include "actors/gpu_collectives.hpp"
 #include "device/gpu.hpp"
@@ -28,43 +30,15 @@ namespace consort {
 namespace {
 
 using namespace std::chrono;
-
-/// What every participant of one (step, seq) must agree on, taken from the first arrival.
-struct call_signature {
-  collective_kind kind = collective_kind::all_reduce;
-  reduce_op op = reduce_op::sum;
-  int64_t axis = 0;
-  int root = 0;
-  std::string structure;
-  std::vector<dtype> dtypes;
-  std::vector<shape_t> shapes;
-};
-
-std::string describe_call(const call_signature& sig) {
-  std::ostringstream out;
-  out << to_string(sig.kind);
-  switch (sig.kind) {
-  case collective_kind::all_reduce:
-    out << '(' << to_string(sig.op) << ')';
-    break;
-  case collective_kind::all_gather:
-    out << "(axis=" << sig.axis << ')';
-    break;
-  case collective_kind::broadcast:
-    out << "(root=" << sig.root << ')';
-    break;
-  }
-  return out.str();
-}
-
-std::string join_ids(const std::vector<int>& ids) {
-  std::ostringstream out;
-  out << '[';
-  for (size_t i = 0; i < ids.size(); ++i)
-    out << (i ? ", " : "") << ids[i];
-  out << ']';
-  return out.str();
-}
+using detail::call_signature;
+using detail::check_against;
+using detail::check_arguments;
+using detail::cross_gather;
+using detail::cross_reduce;
+using detail::describe_call;
+using detail::error_of;
+using detail::join_ids;
+using detail::local_part;
 
 /// Where a participant's answer goes: a response promise (a `collective` request) or a future
 /// state that the replica waits on directly (the replicas' own calls).
@@ -219,148 +193,6 @@ void fail_slot(self_ptr self, slot& s, const caf::error& err) {
   hand_off_failure(self, s);
 }
 
-/// Returns an error message when `call` cannot take part in a collective described by `sig`.
-std::string check_against(const call_signature& sig, const collective_call& call, int first_replica,
-                          const std::vector<tensor>& leaves) {
-  const auto& req = call.request;
-  std::ostringstream out;
-  auto prefix = [&] {
-    out << "collective mismatch at step " << call.step << ", call #" << call.seq << ": ";
-  };
-  call_signature mine;
-  mine.kind = req.kind;
-  mine.op = req.op;
-  mine.axis = req.axis;
-  mine.root = req.root;
-  if (mine.kind != sig.kind || (sig.kind == collective_kind::all_reduce && mine.op != sig.op) ||
-      (sig.kind == collective_kind::all_gather && mine.axis != sig.axis) ||
-      (sig.kind == collective_kind::broadcast && mine.root != sig.root)) {
-    prefix();
-    out << "replica " << call.replica << " called " << describe_call(mine) << " but replica "
-        << first_replica << " called " << describe_call(sig)
-        << "; every replica must make the same collective calls in the same order";
-    return out.str();
-  }
-  auto structure = req.value.structure_string();
-  if (structure != sig.structure) {
-    prefix();
-    out << "replica " << call.replica << " passed structure " << structure << " but replica "
-        << first_replica << " passed " << sig.structure;
-    return out.str();
-  }
-  for (size_t i = 0; i < leaves.size(); ++i) {
-    const auto& t = leaves[i];
-    if (t.dtype() != sig.dtypes[i]) {
-      prefix();
-      out << "leaf " << i << ": replica " << call.replica << " passed " << to_string(t.dtype())
-          << " but replica " << first_replica << " passed " << to_string(sig.dtypes[i]);
-      return out.str();
-    }
-    if (sig.kind == collective_kind::all_gather) {
-      const auto& a = t.shape();
-      const auto& b = sig.shapes[i];
-      bool ok = a.size() == b.size();
-      for (size_t d = 0; ok && d < a.size(); ++d)
-        ok = static_cast<int64_t>(d) == sig.axis || a[d] == b[d];
-      if (!ok) {
-        prefix();
-        out << "leaf " << i << ": replica " << call.replica << " passed shape "
-            << to_string(t.shape()) << " but replica " << first_replica << " passed "
-            << to_string(b) << "; all_gather along axis " << sig.axis
-            << " needs the same rank and the same extents on every other axis";
-        return out.str();
-      }
-    } else if (t.shape() != sig.shapes[i]) {
-      prefix();
-      out << "leaf " << i << ": replica " << call.replica << " passed shape "
-          << to_string(t.shape()) << " but replica " << first_replica << " passed "
-          << to_string(sig.shapes[i]) << "; " << to_string(sig.kind) << " needs equal shapes";
-      return out.str();
-    }
-  }
-  return {};
-}
-
-/// Validates the arguments of the first arrival on their own (axis, root, ranks).
-std::string check_arguments(const collective_call& call, const std::vector<tensor>& leaves,
-                            int num_replicas, int64_t* normalized_axis) {
-  const auto& req = call.request;
-  std::ostringstream out;
-  if (req.kind == collective_kind::broadcast && (req.root < 0 || req.root >= num_replicas)) {
-    out << "broadcast at step " << call.step << ", call #" << call.seq << ": root replica "
-        << req.root << " is out of range; expected 0 <= root < " << num_replicas;
-    return out.str();
-  }
-  if (req.kind == collective_kind::all_gather) {
-    if (leaves.empty()) {
-      out << "all_gather at step " << call.step << ", call #" << call.seq
-          << ": the value has no tensors";
-      return out.str();
-    }
-    for (size_t i = 0; i < leaves.size(); ++i) {
-      auto rank = leaves[i].rank();
-      if (rank == 0) {
-        out << "all_gather at step " << call.step << ", call #" << call.seq << ": leaf " << i
-            << " is a scalar (rank 0); all_gather needs rank >= 1, reshape it to [1]";
-        return out.str();
-      }
-      if (req.axis < -rank || req.axis >= rank) {
-        out << "all_gather at step " << call.step << ", call #" << call.seq << ": axis " << req.axis
-            << " is out of range for leaf " << i << " of rank " << rank << "; expected -" << rank
-            << " <= axis < " << rank;
-        return out.str();
-      }
-      auto axis = req.axis < 0 ? req.axis + rank : req.axis;
-      if (i == 0)
-        *normalized_axis = axis;
-      else if (axis != *normalized_axis) {
-        out << "all_gather at step " << call.step << ", call #" << call.seq << ": axis " << req.axis
-            << " means axis " << axis << " for leaf " << i << " but axis " << *normalized_axis
-            << " for leaf 0; use a non-negative axis with leaves of "
-            << "different ranks";
-        return out.str();
-      }
-    }
-  }
-  return {};
-}
-
-/// Computes the result of a complete slot, in replica-id (= local) order.
-nest compute(const slot& s) {
-  std::vector<std::vector<tensor>> leaves;
-  leaves.reserve(s.calls.size());
-  for (const auto& c : s.calls)
-    leaves.push_back(flatten(c->request.value));
-  const auto& structure = s.calls.front()->request.value;
-  auto n = leaves.front().size();
-  std::vector<tensor> out(n);
-  std::vector<tensor> inputs(leaves.size());
-  for (size_t i = 0; i < n; ++i) {
-    switch (s.sig.kind) {
-    case collective_kind::all_reduce:
-      for (size_t r = 0; r < leaves.size(); ++r)
-        inputs[r] = leaves[r][i];
-      out[i] = reduce_elementwise(s.sig.op, inputs);
-      break;
-    case collective_kind::all_gather:
-      for (size_t r = 0; r < leaves.size(); ++r)
-        inputs[r] = leaves[r][i];
-      out[i] = concat(inputs, s.sig.axis);
-      break;
-    case collective_kind::broadcast:
-      out[i] = leaves[static_cast<size_t>(s.sig.root)][i];
-      break;
-    }
-  }
-  return pack_as(structure, out);
-}
-
-caf::error error_of(const std::exception& e) {
-  if (auto* ce = dynamic_cast<const error*>(&e))
-    return make_caf_error(ce->code(), ce->what());
-  return make_caf_error(errc::invalid_argument, e.what());
-}
-
 /// The reason a replica that reported `report` will never make call `seq` of its step.
 caf::error never_called(const slot& s, uint32_t seq, const step_report& report) {
   std::ostringstream out;
@@ -383,72 +215,17 @@ int num_in_sync(const collective_board& st) {
 
 // -- the cross-worker phase ----------------------------------------------------------------------
 
-/// What every worker must agree on for a call: structure, dtypes and shapes (a gather's axis
-/// extent may differ).
-std::string signature_of(const call_signature& sig) {
-  std::ostringstream out;
-  out << describe_call(sig) << " of " << sig.structure << " with ";
-  for (size_t i = 0; i < sig.dtypes.size(); ++i) {
-    out << (i ? ", " : "") << to_string(sig.dtypes[i]);
-    auto shape = sig.shapes[i];
-    if (sig.kind == collective_kind::all_gather && static_cast<size_t>(sig.axis) < shape.size())
-      shape[static_cast<size_t>(sig.axis)] = -1;
-    out << to_string(shape);
-  }
-  return out.str();
-}
-
-/// The partial sum that an all-reduce MEAN sends between workers: floats as a SUM, integers
-/// widened to float64 (integer MEAN is float64, never truncated).
-tensor mean_partial(const std::vector<tensor>& inputs) {
-  auto type = inputs.front().dtype();
-  if (type == dtype::float32 || type == dtype::float64)
-    return reduce_elementwise(reduce_op::sum, inputs);
-  return reduce_elementwise(reduce_op::mean, inputs, 1.0);
-}
-
-/// This worker's part of a complete slot (runs on the lane thread).
-void local_part(detail::cross_call& cc, const call_signature& sig,
-                const std::vector<std::vector<tensor>>& leaves, std::optional<size_t> root_pos) {
-  auto n = sig.dtypes.size();
-  std::vector<tensor> inputs(leaves.size());
-  for (size_t i = 0; i < n; ++i) {
-    for (size_t r = 0; r < leaves.size(); ++r)
-      inputs[r] = leaves[r][i];
-    switch (sig.kind) {
-    case collective_kind::all_reduce:
-      cc.leaves.push_back(sig.op == reduce_op::mean ? mean_partial(inputs)
-                                                    : reduce_elementwise(sig.op, inputs));
-      break;
-    case collective_kind::all_gather:
-      cc.leaves.push_back(concat(inputs, sig.axis));
-      break;
-    case collective_kind::broadcast:
-      cc.leaves.push_back(root_pos ? leaves[*root_pos][i]
-                                   : tensor::empty(sig.dtypes[i], sig.shapes[i]));
-      break;
-    }
-  }
-  // The TCP algorithms work on host memory: a GPU replica's partial goes through the host (the
-  // replicas copy the result back to their GPUs).
-  for (auto& t : cc.leaves)
-    if (t.on_gpu())
-      t = t.to("CPU:0");
-  cc.count = static_cast<double>(leaves.size());
-}
-
 detail::cross_call cross_call_of(const slot& s) {
-  detail::cross_call cc;
-  cc.kind = s.sig.kind;
-  cc.op = s.sig.op;
-  cc.axis = s.sig.axis;
-  cc.root = s.sig.root;
-  cc.what = s.what;
-  cc.step = s.step;
-  cc.seq = s.seq;
-  cc.signature = signature_of(s.sig);
-  cc.timeout = s.timeout;
-  return cc;
+  return detail::cross_call_for(s.sig, s.what, s.step, s.seq, s.timeout);
+}
+
+/// The result of a complete slot, in replica-id (= local) order.
+nest compute(const slot& s) {
+  std::vector<std::vector<tensor>> leaves;
+  leaves.reserve(s.calls.size());
+  for (const auto& c : s.calls)
+    leaves.push_back(flatten(c->request.value));
+  return detail::compute(s.sig, leaves, s.calls.front()->request.value);
 }
 
 /// Splits `replies` into future states (answered from the lane) and promises (answered by this
@@ -671,156 +448,6 @@ void hand_off_failure(self_ptr self, slot& s) {
   });
 }
 
-// -- host reductions across workers ------------------------------------------------------------
-
-/// Divides a MEAN's sum by its count as a single worker's reduce along an axis does (element by
-/// element, in the tensor's dtype), so that both give the same bits.
-void divide_by(tensor& t, double count) {
-  if (t.dtype() == dtype::float32) {
-    auto* p = t.mutable_data<float>();
-    auto d = static_cast<float>(count);
-    for (int64_t i = 0; i < t.num_elements(); ++i)
-      p[i] /= d;
-  } else {
-    auto* p = t.mutable_data<double>();
-    for (int64_t i = 0; i < t.num_elements(); ++i)
-      p[i] /= count;
-  }
-}
-
-/// Strategy.reduce with several workers: this worker's partial on the host lane, then the
-/// cross-worker all-reduce (MEAN divides by the true count over every worker), leaf by leaf (each
-/// leaf of a MEAN along an axis has its own count).
-caf::expected<nest> cross_reduce(detail::cross_worker& cross, std::chrono::milliseconds timeout,
-                                 const host_reduce& req, uint64_t index) {
-  auto what =
-      std::string{"reduce("} + to_string(req.op) + ") #" + std::to_string(index) + " on the host";
-  auto prepare = [&](detail::cross_call& cc, const std::vector<tensor>& components) {
-    auto local = reduce_components(req.op == reduce_op::mean ? reduce_op::sum : req.op, components,
-                                   req.axis);
-    // The values this worker reduced: replicas, or elements along the axis.
-    double count = static_cast<double>(components.size());
-    if (req.axis) {
-      count = 0;
-      for (const auto& c : components)
-        count += static_cast<double>(
-            c.shape()[static_cast<size_t>(normalize_axis(*req.axis, c.rank(), "reduce"))]);
-    }
-    // Integers travel as float64 sums (MEAN of integers is float64).
-    if (req.op == reduce_op::mean && local.dtype() != dtype::float32 &&
-        local.dtype() != dtype::float64)
-      local = reduce_elementwise(reduce_op::mean, {local}, 1.0);
-    cc.signature = std::string{"reduce("} + to_string(req.op) + ") of " + to_string(local.dtype()) +
-                   to_string(local.shape());
-    cc.leaves = {std::move(local)};
-    cc.count = count;
-  };
-  // Per-leaf components, validated like a single-worker reduce.
-  std::vector<std::vector<tensor>> per_leaf;
-  nest structure;
-  caf::error failure;
-  try {
-    if (req.components.empty())
-      throw_error(errc::invalid_argument, "reduce needs at least one component");
-    structure = req.components.front();
-    for (const auto& c : req.components) {
-      if (c.structure_string() != structure.structure_string())
-        throw_error(errc::structure_mismatch, "reduce: components have different structures: " +
-                                                  structure.structure_string() + " and " +
-                                                  c.structure_string());
-      auto leaves = flatten(c);
-      per_leaf.resize(leaves.size());
-      for (size_t i = 0; i < leaves.size(); ++i)
-        per_leaf[i].push_back(std::move(leaves[i]));
-    }
-  } catch (const std::exception& e) {
-    failure = error_of(e);
-  }
-  // Every worker must run the same number of calls: a local failure still takes part once.
-  if (failure || per_leaf.empty()) {
-    detail::cross_call cc;
-    cc.what = what;
-    cc.step = index;
-    cc.timeout = timeout;
-    cc.local_failure = failure;
-    cc.signature = "reduce of no tensors";
-    auto out = cross.run(detail::cross_worker::lane::host, cc);
-    if (!out)
-      return out.error();
-    return structure;
-  }
-  std::vector<tensor> results;
-  for (size_t i = 0; i < per_leaf.size(); ++i) {
-    detail::cross_call cc;
-    cc.kind = collective_kind::all_reduce;
-    cc.op = req.op;
-    cc.what = per_leaf.size() == 1 ? what : what + ", leaf " + std::to_string(i);
-    cc.step = index;
-    cc.seq = static_cast<uint32_t>(i);
-    cc.timeout = timeout;
-    try {
-      prepare(cc, per_leaf[i]);
-    } catch (const std::exception& e) {
-      cc.leaves.clear();
-      cc.local_failure = error_of(e);
-    }
-    // Along an axis, MEAN divides the total like a single worker's reduce does.
-    cc.defer_mean = req.axis.has_value();
-    auto out = cross.run(detail::cross_worker::lane::host, cc);
-    if (!out)
-      return out.error();
-    auto result = std::move(out->front());
-    if (cc.defer_mean && req.op == reduce_op::mean)
-      divide_by(result, cc.total_count);
-    results.push_back(std::move(result));
-  }
-  try {
-    return pack_as(structure, results);
-  } catch (const std::exception& e) {
-    return error_of(e);
-  }
-}
-
-/// Strategy.gather with several workers: this worker's concatenation, then the cross-worker
-/// ragged all-gather along the same axis (worker order = replica-id order).
-caf::expected<nest> cross_gather(detail::cross_worker& cross, std::chrono::milliseconds timeout,
-                                 const host_gather& req, uint64_t index) {
-  detail::cross_call cc;
-  cc.kind = collective_kind::all_gather;
-  cc.what = "gather #" + std::to_string(index) + " on the host";
-  cc.step = index;
-  cc.timeout = timeout;
-  nest structure;
-  try {
-    if (req.components.empty())
-      throw_error(errc::invalid_argument, "gather needs at least one component");
-    auto local = concat_components(req.components, req.axis);
-    auto leaves = flatten(local);
-    cc.axis = normalize_axis(req.axis, leaves.front().rank(), "gather");
-    call_signature sig;
-    sig.kind = collective_kind::all_gather;
-    sig.axis = cc.axis;
-    sig.structure = local.structure_string();
-    for (const auto& leaf : leaves) {
-      sig.dtypes.push_back(leaf.dtype());
-      sig.shapes.push_back(leaf.shape());
-    }
-    cc.signature = signature_of(sig);
-    cc.leaves = std::move(leaves);
-    structure = local;
-  } catch (const std::exception& e) {
-    cc.local_failure = error_of(e);
-  }
-  auto out = cross.run(detail::cross_worker::lane::host, cc);
-  if (!out)
-    return out.error();
-  try {
-    return pack_as(structure, *out);
-  } catch (const std::exception& e) {
-    return error_of(e);
-  }
-}
-
 void on_report(self_ptr self, step_report& report);
 
 /// Runs a complete slot on NCCL when local_nccl can; false leaves it to the host kernels. NCCL
@@ -877,17 +504,8 @@ void on_call(self_ptr self, collective_call& call, reply_to reply) {
     s.seq = call.seq;
     s.calls.resize(n);
     s.replies.resize(n);
-    s.sig.kind = call.request.kind;
-    s.sig.op = call.request.op;
-    s.sig.axis = call.request.axis;
-    s.sig.root = call.request.root;
-    s.sig.structure = call.request.value.structure_string();
-    for (auto& t : leaves) {
-      s.sig.dtypes.push_back(t.dtype());
-      s.sig.shapes.push_back(t.shape());
-    }
-    s.what = describe_call(s.sig) + " #" + std::to_string(call.seq) + " of step " +
-             std::to_string(call.step);
+    s.sig = detail::signature_from(call, leaves);
+    s.what = detail::describe_slot(s.sig, call.step, call.seq);
     s.timeout = call.request.timeout.value_or(st.cfg.default_timeout);
     // A peer may already have finished the step without this call.
     for (auto& report : entry.reports) {
@@ -1074,58 +692,9 @@ nest solo_collective(const collective_call& call) {
   auto problem = check_arguments(call, leaves, 1, &axis);
   if (!problem.empty())
     throw error(errc::invalid_argument, problem);
-  slot s;
-  s.sig.kind = call.request.kind;
-  s.sig.op = call.request.op;
-  s.sig.axis = axis;
-  s.sig.root = call.request.root;
-  s.calls.emplace_back(call);
-  return compute(s);
-}
-
-nest lone_cross_collective(detail::cross_worker& cross, const collective_call& call,
-                           int num_replicas_in_sync) {
-  auto leaves = flatten(call.request.value);
-  slot s;
-  s.step = call.step;
-  s.seq = call.seq;
-  s.sig.kind = call.request.kind;
-  s.sig.op = call.request.op;
-  s.sig.axis = call.request.axis;
-  s.sig.root = call.request.root;
-  s.sig.structure = call.request.value.structure_string();
-  for (const auto& t : leaves) {
-    s.sig.dtypes.push_back(t.dtype());
-    s.sig.shapes.push_back(t.shape());
-  }
-  s.what = describe_call(s.sig) + " #" + std::to_string(call.seq) + " of step " +
-           std::to_string(call.step);
-  s.timeout = call.request.timeout.value_or(std::chrono::seconds(30));
-  int64_t axis = call.request.axis;
-  auto cc = cross_call_of(s);
-  auto problem = check_arguments(call, leaves, num_replicas_in_sync, &axis);
-  if (!problem.empty()) {
-    // The other workers learn the reason in this call's descriptor, as from the actor's path.
-    cc.local_failure = make_caf_error(errc::invalid_argument, problem);
-    (void)cross.run(detail::cross_worker::lane::step, cc);
-    throw error(errc::invalid_argument, problem);
-  }
-  s.sig.axis = axis;
-  cc.axis = axis;
-  cc.signature = signature_of(s.sig);
-  std::optional<size_t> root_pos;
-  if (s.sig.kind == collective_kind::broadcast && s.sig.root == call.replica)
-    root_pos = 0;
-  try {
-    local_part(cc, s.sig, {std::move(leaves)}, root_pos);
-  } catch (const std::exception& e) {
-    cc.leaves.clear();
-    cc.local_failure = error_of(e);
-  }
-  auto out = cross.run(detail::cross_worker::lane::step, cc);
-  if (!out)
-    throw to_consort_error(out.error(), "");
-  return pack_as(call.request.value, *out);
+  auto sig = detail::signature_from(call, leaves);
+  sig.axis = axis;
+  return detail::compute(sig, {std::move(leaves)}, call.request.value);
 }
 
 std::shared_ptr<detail::collective_board> make_collective_board(collective_config cfg) {

@@ -1,0 +1,212 @@
+#include "actors/call_checks.hpp"
+
+#include <consort/caf_error.hpp>
+#include <consort/error.hpp>
+#include <consort/ops.hpp>
+
+#include <sstream>
+
+namespace consort::detail {
+
+std::string describe_call(const call_signature& sig) {
+  std::ostringstream out;
+  out << to_string(sig.kind);
+  switch (sig.kind) {
+  case collective_kind::all_reduce:
+    out << '(' << to_string(sig.op) << ')';
+    break;
+  case collective_kind::all_gather:
+    out << "(axis=" << sig.axis << ')';
+    break;
+  case collective_kind::broadcast:
+    out << "(root=" << sig.root << ')';
+    break;
+  }
+  return out.str();
+}
+
+std::string join_ids(const std::vector<int>& ids) {
+  std::ostringstream out;
+  out << '[';
+  for (size_t i = 0; i < ids.size(); ++i)
+    out << (i ? ", " : "") << ids[i];
+  out << ']';
+  return out.str();
+}
+
+call_signature signature_from(const collective_call& call, const std::vector<tensor>& leaves) {
+  call_signature sig;
+  sig.kind = call.request.kind;
+  sig.op = call.request.op;
+  sig.axis = call.request.axis;
+  sig.root = call.request.root;
+  sig.structure = call.request.value.structure_string();
+  sig.dtypes.reserve(leaves.size());
+  sig.shapes.reserve(leaves.size());
+  for (const auto& t : leaves) {
+    sig.dtypes.push_back(t.dtype());
+    sig.shapes.push_back(t.shape());
+  }
+  return sig;
+}
+
+std::string describe_slot(const call_signature& sig, step_id step, uint32_t seq) {
+  return describe_call(sig) + " #" + std::to_string(seq) + " of step " + std::to_string(step);
+}
+
+std::string check_against(const call_signature& sig, const collective_call& call, int first_replica,
+                          const std::vector<tensor>& leaves) {
+  const auto& req = call.request;
+  std::ostringstream out;
+  auto prefix = [&] {
+    out << "collective mismatch at step " << call.step << ", call #" << call.seq << ": ";
+  };
+  call_signature mine;
+  mine.kind = req.kind;
+  mine.op = req.op;
+  mine.axis = req.axis;
+  mine.root = req.root;
+  if (mine.kind != sig.kind || (sig.kind == collective_kind::all_reduce && mine.op != sig.op) ||
+      (sig.kind == collective_kind::all_gather && mine.axis != sig.axis) ||
+      (sig.kind == collective_kind::broadcast && mine.root != sig.root)) {
+    prefix();
+    out << "replica " << call.replica << " called " << describe_call(mine) << " but replica "
+        << first_replica << " called " << describe_call(sig)
+        << "; every replica must make the same collective calls in the same order";
+    return out.str();
+  }
+  auto structure = req.value.structure_string();
+  if (structure != sig.structure) {
+    prefix();
+    out << "replica " << call.replica << " passed structure " << structure << " but replica "
+        << first_replica << " passed " << sig.structure;
+    return out.str();
+  }
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const auto& t = leaves[i];
+    if (t.dtype() != sig.dtypes[i]) {
+      prefix();
+      out << "leaf " << i << ": replica " << call.replica << " passed " << to_string(t.dtype())
+          << " but replica " << first_replica << " passed " << to_string(sig.dtypes[i]);
+      return out.str();
+    }
+    if (sig.kind == collective_kind::all_gather) {
+      const auto& a = t.shape();
+      const auto& b = sig.shapes[i];
+      bool ok = a.size() == b.size();
+      for (size_t d = 0; ok && d < a.size(); ++d)
+        ok = static_cast<int64_t>(d) == sig.axis || a[d] == b[d];
+      if (!ok) {
+        prefix();
+        out << "leaf " << i << ": replica " << call.replica << " passed shape "
+            << to_string(t.shape()) << " but replica " << first_replica << " passed "
+            << to_string(b) << "; all_gather along axis " << sig.axis
+            << " needs the same rank and the same extents on every other axis";
+        return out.str();
+      }
+    } else if (t.shape() != sig.shapes[i]) {
+      prefix();
+      out << "leaf " << i << ": replica " << call.replica << " passed shape "
+          << to_string(t.shape()) << " but replica " << first_replica << " passed "
+          << to_string(sig.shapes[i]) << "; " << to_string(sig.kind) << " needs equal shapes";
+      return out.str();
+    }
+  }
+  return {};
+}
+
+std::string check_arguments(const collective_call& call, const std::vector<tensor>& leaves,
+                            int num_replicas, int64_t* normalized_axis) {
+  const auto& req = call.request;
+  std::ostringstream out;
+  if (req.kind == collective_kind::broadcast && (req.root < 0 || req.root >= num_replicas)) {
+    out << "broadcast at step " << call.step << ", call #" << call.seq << ": root replica "
+        << req.root << " is out of range; expected 0 <= root < " << num_replicas;
+    return out.str();
+  }
+  if (req.kind == collective_kind::all_gather) {
+    if (leaves.empty()) {
+      out << "all_gather at step " << call.step << ", call #" << call.seq
+          << ": the value has no tensors";
+      return out.str();
+    }
+    for (size_t i = 0; i < leaves.size(); ++i) {
+      auto rank = leaves[i].rank();
+      if (rank == 0) {
+        out << "all_gather at step " << call.step << ", call #" << call.seq << ": leaf " << i
+            << " is a scalar (rank 0); all_gather needs rank >= 1, reshape it to [1]";
+        return out.str();
+      }
+      if (req.axis < -rank || req.axis >= rank) {
+        out << "all_gather at step " << call.step << ", call #" << call.seq << ": axis " << req.axis
+            << " is out of range for leaf " << i << " of rank " << rank << "; expected -" << rank
+            << " <= axis < " << rank;
+        return out.str();
+      }
+      auto axis = req.axis < 0 ? req.axis + rank : req.axis;
+      if (i == 0)
+        *normalized_axis = axis;
+      else if (axis != *normalized_axis) {
+        out << "all_gather at step " << call.step << ", call #" << call.seq << ": axis " << req.axis
+            << " means axis " << axis << " for leaf " << i << " but axis " << *normalized_axis
+            << " for leaf 0; use a non-negative axis with leaves of "
+            << "different ranks";
+        return out.str();
+      }
+    }
+  }
+  return {};
+}
+
+nest compute(const call_signature& sig, const std::vector<std::vector<tensor>>& leaves,
+             const nest& structure) {
+  auto n = leaves.front().size();
+  std::vector<tensor> out(n);
+  std::vector<tensor> inputs(leaves.size());
+  for (size_t i = 0; i < n; ++i) {
+    switch (sig.kind) {
+    case collective_kind::all_reduce:
+      for (size_t r = 0; r < leaves.size(); ++r)
+        inputs[r] = leaves[r][i];
+      out[i] = reduce_elementwise(sig.op, inputs);
+      break;
+    case collective_kind::all_gather:
+      for (size_t r = 0; r < leaves.size(); ++r)
+        inputs[r] = leaves[r][i];
+      out[i] = concat(inputs, sig.axis);
+      break;
+    case collective_kind::broadcast:
+      out[i] = leaves[static_cast<size_t>(sig.root)][i];
+      break;
+    }
+  }
+  return pack_as(structure, out);
+}
+
+caf::error error_of(const std::exception& e) {
+  if (auto* ce = dynamic_cast<const error*>(&e))
+    return make_caf_error(ce->code(), ce->what());
+  return make_caf_error(errc::invalid_argument, e.what());
+}
+
+std::string signature_of(const call_signature& sig) {
+  std::ostringstream out;
+  out << describe_call(sig) << " of " << sig.structure << " with ";
+  for (size_t i = 0; i < sig.dtypes.size(); ++i) {
+    out << (i ? ", " : "") << to_string(sig.dtypes[i]);
+    auto shape = sig.shapes[i];
+    if (sig.kind == collective_kind::all_gather && static_cast<size_t>(sig.axis) < shape.size())
+      shape[static_cast<size_t>(sig.axis)] = -1;
+    out << to_string(shape);
+  }
+  return out.str();
+}
+
+tensor mean_partial(const std::vector<tensor>& inputs) {
+  auto type = inputs.front().dtype();
+  if (type == dtype::float32 || type == dtype::float64)
+    return reduce_elementwise(reduce_op::sum, inputs);
+  return reduce_elementwise(reduce_op::mean, inputs, 1.0);
+}
+
+} // namespace consort::detail

@@ -1,0 +1,242 @@
+#include "actors/cross_phase.hpp"
+
+#include <consort/caf_error.hpp>
+#include <consort/error.hpp>
+#include <consort/ops.hpp>
+
+namespace consort {
+namespace detail {
+
+namespace {
+
+/// Divides a MEAN's sum by its count as a single worker's reduce along an axis does (element by
+/// element, in the tensor's dtype), so that both give the same bits.
+void divide_by(tensor& t, double count) {
+  if (t.dtype() == dtype::float32) {
+    auto* p = t.mutable_data<float>();
+    auto d = static_cast<float>(count);
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      p[i] /= d;
+  } else {
+    auto* p = t.mutable_data<double>();
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      p[i] /= count;
+  }
+}
+
+} // namespace
+
+cross_call cross_call_for(const call_signature& sig, std::string what, step_id step, uint32_t seq,
+                          std::chrono::milliseconds timeout) {
+  cross_call cc;
+  cc.kind = sig.kind;
+  cc.op = sig.op;
+  cc.axis = sig.axis;
+  cc.root = sig.root;
+  cc.what = std::move(what);
+  cc.step = step;
+  cc.seq = seq;
+  cc.signature = signature_of(sig);
+  cc.timeout = timeout;
+  return cc;
+}
+
+void local_part(cross_call& cc, const call_signature& sig,
+                const std::vector<std::vector<tensor>>& leaves, std::optional<size_t> root_pos) {
+  auto n = sig.dtypes.size();
+  std::vector<tensor> inputs(leaves.size());
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t r = 0; r < leaves.size(); ++r)
+      inputs[r] = leaves[r][i];
+    switch (sig.kind) {
+    case collective_kind::all_reduce:
+      cc.leaves.push_back(sig.op == reduce_op::mean ? mean_partial(inputs)
+                                                    : reduce_elementwise(sig.op, inputs));
+      break;
+    case collective_kind::all_gather:
+      cc.leaves.push_back(concat(inputs, sig.axis));
+      break;
+    case collective_kind::broadcast:
+      cc.leaves.push_back(root_pos ? leaves[*root_pos][i]
+                                   : tensor::empty(sig.dtypes[i], sig.shapes[i]));
+      break;
+    }
+  }
+  // The TCP algorithms work on host memory: a GPU replica's partial goes through the host (the
+  // replicas copy the result back to their GPUs).
+  for (auto& t : cc.leaves)
+    if (t.on_gpu())
+      t = t.to("CPU:0");
+  cc.count = static_cast<double>(leaves.size());
+}
+
+/// Strategy.reduce with several workers: this worker's partial on the host lane, then the
+/// cross-worker all-reduce (MEAN divides by the true count over every worker), leaf by leaf (each
+/// leaf of a MEAN along an axis has its own count).
+caf::expected<nest> cross_reduce(cross_worker& cross, std::chrono::milliseconds timeout,
+                                 const host_reduce& req, uint64_t index) {
+  auto what =
+      std::string{"reduce("} + to_string(req.op) + ") #" + std::to_string(index) + " on the host";
+  auto prepare = [&](detail::cross_call& cc, const std::vector<tensor>& components) {
+    auto local = reduce_components(req.op == reduce_op::mean ? reduce_op::sum : req.op, components,
+                                   req.axis);
+    // The values this worker reduced: replicas, or elements along the axis.
+    double count = static_cast<double>(components.size());
+    if (req.axis) {
+      count = 0;
+      for (const auto& c : components)
+        count += static_cast<double>(
+            c.shape()[static_cast<size_t>(normalize_axis(*req.axis, c.rank(), "reduce"))]);
+    }
+    // Integers travel as float64 sums (MEAN of integers is float64).
+    if (req.op == reduce_op::mean && local.dtype() != dtype::float32 &&
+        local.dtype() != dtype::float64)
+      local = reduce_elementwise(reduce_op::mean, {local}, 1.0);
+    cc.signature = std::string{"reduce("} + to_string(req.op) + ") of " + to_string(local.dtype()) +
+                   to_string(local.shape());
+    cc.leaves = {std::move(local)};
+    cc.count = count;
+  };
+  // Per-leaf components, validated like a single-worker reduce.
+  std::vector<std::vector<tensor>> per_leaf;
+  nest structure;
+  caf::error failure;
+  try {
+    if (req.components.empty())
+      throw_error(errc::invalid_argument, "reduce needs at least one component");
+    structure = req.components.front();
+    for (const auto& c : req.components) {
+      if (c.structure_string() != structure.structure_string())
+        throw_error(errc::structure_mismatch, "reduce: components have different structures: " +
+                                                  structure.structure_string() + " and " +
+                                                  c.structure_string());
+      auto leaves = flatten(c);
+      per_leaf.resize(leaves.size());
+      for (size_t i = 0; i < leaves.size(); ++i)
+        per_leaf[i].push_back(std::move(leaves[i]));
+    }
+  } catch (const std::exception& e) {
+    failure = error_of(e);
+  }
+  // Every worker must run the same number of calls: a local failure still takes part once.
+  if (failure || per_leaf.empty()) {
+    detail::cross_call cc;
+    cc.what = what;
+    cc.step = index;
+    cc.timeout = timeout;
+    cc.local_failure = failure;
+    cc.signature = "reduce of no tensors";
+    auto out = cross.run(detail::cross_worker::lane::host, cc);
+    if (!out)
+      return out.error();
+    return structure;
+  }
+  std::vector<tensor> results;
+  for (size_t i = 0; i < per_leaf.size(); ++i) {
+    detail::cross_call cc;
+    cc.kind = collective_kind::all_reduce;
+    cc.op = req.op;
+    cc.what = per_leaf.size() == 1 ? what : what + ", leaf " + std::to_string(i);
+    cc.step = index;
+    cc.seq = static_cast<uint32_t>(i);
+    cc.timeout = timeout;
+    try {
+      prepare(cc, per_leaf[i]);
+    } catch (const std::exception& e) {
+      cc.leaves.clear();
+      cc.local_failure = error_of(e);
+    }
+    // Along an axis, MEAN divides the total like a single worker's reduce does.
+    cc.defer_mean = req.axis.has_value();
+    auto out = cross.run(detail::cross_worker::lane::host, cc);
+    if (!out)
+      return out.error();
+    auto result = std::move(out->front());
+    if (cc.defer_mean && req.op == reduce_op::mean)
+      divide_by(result, cc.total_count);
+    results.push_back(std::move(result));
+  }
+  try {
+    return pack_as(structure, results);
+  } catch (const std::exception& e) {
+    return error_of(e);
+  }
+}
+
+/// Strategy.gather with several workers: this worker's concatenation, then the cross-worker
+/// ragged all-gather along the same axis (worker order = replica-id order).
+caf::expected<nest> cross_gather(cross_worker& cross, std::chrono::milliseconds timeout,
+                                 const host_gather& req, uint64_t index) {
+  detail::cross_call cc;
+  cc.kind = collective_kind::all_gather;
+  cc.what = "gather #" + std::to_string(index) + " on the host";
+  cc.step = index;
+  cc.timeout = timeout;
+  nest structure;
+  try {
+    if (req.components.empty())
+      throw_error(errc::invalid_argument, "gather needs at least one component");
+    auto local = concat_components(req.components, req.axis);
+    auto leaves = flatten(local);
+    cc.axis = normalize_axis(req.axis, leaves.front().rank(), "gather");
+    call_signature sig;
+    sig.kind = collective_kind::all_gather;
+    sig.axis = cc.axis;
+    sig.structure = local.structure_string();
+    for (const auto& leaf : leaves) {
+      sig.dtypes.push_back(leaf.dtype());
+      sig.shapes.push_back(leaf.shape());
+    }
+    cc.signature = signature_of(sig);
+    cc.leaves = std::move(leaves);
+    structure = local;
+  } catch (const std::exception& e) {
+    cc.local_failure = error_of(e);
+  }
+  auto out = cross.run(detail::cross_worker::lane::host, cc);
+  if (!out)
+    return out.error();
+  try {
+    return pack_as(structure, *out);
+  } catch (const std::exception& e) {
+    return error_of(e);
+  }
+}
+
+} // namespace detail
+
+nest lone_cross_collective(detail::cross_worker& cross, const collective_call& call,
+                           int num_replicas_in_sync) {
+  using namespace detail;
+  auto leaves = flatten(call.request.value);
+  auto sig = signature_from(call, leaves);
+  auto timeout = call.request.timeout.value_or(std::chrono::seconds(30));
+  auto cc =
+      cross_call_for(sig, describe_slot(sig, call.step, call.seq), call.step, call.seq, timeout);
+  int64_t axis = call.request.axis;
+  auto problem = check_arguments(call, leaves, num_replicas_in_sync, &axis);
+  if (!problem.empty()) {
+    // The other workers learn the reason in this call's descriptor, as from the actor's path.
+    cc.local_failure = make_caf_error(errc::invalid_argument, problem);
+    (void)cross.run(cross_worker::lane::step, cc);
+    throw error(errc::invalid_argument, problem);
+  }
+  sig.axis = axis;
+  cc.axis = axis;
+  cc.signature = signature_of(sig);
+  std::optional<size_t> root_pos;
+  if (sig.kind == collective_kind::broadcast && sig.root == call.replica)
+    root_pos = 0;
+  try {
+    local_part(cc, sig, {std::move(leaves)}, root_pos);
+  } catch (const std::exception& e) {
+    cc.leaves.clear();
+    cc.local_failure = error_of(e);
+  }
+  auto out = cross.run(cross_worker::lane::step, cc);
+  if (!out)
+    throw to_consort_error(out.error(), "");
+  return pack_as(call.request.value, *out);
+}
+
+} // namespace consort
