@@ -263,7 +263,7 @@ void answer(caf::actor_system& sys, const collective_actor& me, uint64_t key,
       outcome.value = *result;
     else
       outcome.failure = result.error();
-    caf::anon_send(me, done_atom_v, std::move(outcome));
+    caf::anon_send(me, outcome_atom_v, std::move(outcome));
   }
   (void)sys;
 }
@@ -749,7 +749,7 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
           reply.state = std::move(state);
           as_actor([&](driver* d) { on_call(d, call, std::move(reply)); });
         },
-        [as_actor](done_atom, step_report& report) {
+        [as_actor](step_done_atom, step_report& report) {
           as_actor([&](driver* d) { on_report(d, report); });
         },
         [as_actor](deadline_atom, step_id, uint32_t) {
@@ -801,7 +801,7 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
             state->set_error(std::current_exception());
           }
         },
-        [as_actor](done_atom, cross_outcome& outcome) {
+        [as_actor](outcome_atom, cross_outcome& outcome) {
           as_actor([&](driver* d) {
             auto& awaiting = d->state.awaiting;
             auto it = awaiting.find(outcome.key);

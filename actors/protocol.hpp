@@ -235,7 +235,9 @@ CAF_ADD_TYPE_ID(consort, (consort::step_function_ptr))
 CAF_ADD_TYPE_ID(consort, (consort::nest_state))
 CAF_ADD_ATOM(consort, consort, run_atom, "run")
 CAF_ADD_ATOM(consort, consort, step_atom, "step")
-CAF_ADD_ATOM(consort, consort, done_atom, "done")
+CAF_ADD_ATOM(consort, consort, step_done_atom, "stepdone")
+CAF_ADD_ATOM(consort, consort, outcome_atom, "outcome")
+CAF_ADD_ATOM(consort, consort, joined_atom, "joined")
 CAF_ADD_ATOM(consort, consort, collect_atom, "collective")
 CAF_ADD_ATOM(consort, consort, deadline_atom, "deadline")
 CAF_ADD_ATOM(consort, consort, reduce_atom, "reduce")
@@ -269,7 +271,7 @@ using collective_actor = caf::typed_actor<
     caf::reacts_to<collect_atom, collective_call, nest_state>,
     // A replica finished `step` after `calls` collectives, successfully or not. Fails pending and
     // future calls of that step that this replica will never make. No reply.
-    caf::reacts_to<done_atom, step_report>,
+    caf::reacts_to<step_done_atom, step_report>,
     // Internal: the earliest pending deadline of a call may have passed (one delayed tick is
     // armed at a time, for the earliest; the arguments are unused). No reply.
     caf::reacts_to<deadline_atom, step_id, uint32_t>,
@@ -281,7 +283,7 @@ using collective_actor = caf::typed_actor<
     caf::reacts_to<reduce_atom, host_reduce, nest_state>,
     caf::reacts_to<gather_atom, host_gather, nest_state>,
     // Internal: a cross-worker phase finished for callers waiting on promises. No reply.
-    caf::reacts_to<done_atom, cross_outcome>>;
+    caf::reacts_to<outcome_atom, cross_outcome>>;
 
 /// Numbers steps, fans them out to every replica and watches their deadline.
 using strategy_actor = caf::typed_actor<
@@ -291,7 +293,7 @@ using strategy_actor = caf::typed_actor<
     // did not finish within the step deadline.
     caf::replies_to<run_atom, step_function_ptr>::with<step_results>,
     // Internal: the join of a `run` request completed; answer the requester. No reply.
-    caf::reacts_to<done_atom, step_id>,
+    caf::reacts_to<joined_atom, step_id>,
     // The step-deadline watchdog: expires overdue steps, and re-arms itself while steps are
     // running. Sent by the step_launcher when it goes from idle to busy. No reply.
     caf::reacts_to<tick_atom>>;
@@ -404,7 +406,7 @@ std::shared_ptr<detail::collective_board> make_collective_board(collective_confi
 void direct_collect(detail::collective_board& board, caf::actor_system& sys,
                     const collective_actor& coll, collective_call call, nest_state state);
 
-/// A replica's step report, on its own thread, as the message `(done_atom, report)` would be.
+/// A replica's step report, on its own thread, as the message `(step_done_atom, report)` would be.
 void direct_report(detail::collective_board& board, caf::actor_system& sys,
                    const collective_actor& coll, step_report report);
 

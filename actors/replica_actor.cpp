@@ -173,7 +173,7 @@ void run_step(self_ptr self, step_message& msg) {
     if (st.cfg.board && !st.gpu)
       direct_report(*st.cfg.board, self->system(), st.coll, std::move(done));
     else
-      self->send(st.coll, done_atom_v, std::move(done));
+      self->send(st.coll, step_done_atom_v, std::move(done));
   }
   if (!msg.join)
     return;

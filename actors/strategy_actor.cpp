@@ -232,12 +232,12 @@ strategy_actor::behavior_type strategy_impl(self_ptr self,
         auto join =
             self->state.launcher->launch(std::move(fn), [addr = self->address()](step_join& j) {
               if (auto hdl = caf::actor_cast<strategy_actor>(addr))
-                caf::anon_send(hdl, done_atom_v, j.step());
+                caf::anon_send(hdl, joined_atom_v, j.step());
             });
         self->state.requests.emplace(join->step(), std::make_pair(join, promise));
         return promise;
       },
-      [self](done_atom, step_id step) {
+      [self](joined_atom, step_id step) {
         auto it = self->state.requests.find(step);
         if (it == self->state.requests.end())
           return;

@@ -170,7 +170,7 @@ TEST_F(CollectiveActorTest, PeerThatFinishesWithoutTheCallFailsWaitersAtOnce) {
   send(0, all_reduce_call(3, 0, 0, 1));
   send(1, all_reduce_call(3, 0, 1, 1));
   run();
-  client(2)->send(coll_, done_atom_v, step_report{3, 2, 0, caf::error{}});
+  client(2)->send(coll_, step_done_atom_v, step_report{3, 2, 0, caf::error{}});
   run(); // no timeout fired: the report alone decides
   for (int i = 0; i < 2; ++i) {
     auto r = take(i);
@@ -183,7 +183,7 @@ TEST_F(CollectiveActorTest, PeerThatFinishesWithoutTheCallFailsWaitersAtOnce) {
 }
 
 TEST_F(CollectiveActorTest, PeerFailureIsForwardedWithItsReason) {
-  client(1)->send(coll_, done_atom_v,
+  client(1)->send(coll_, step_done_atom_v,
                   step_report{5, 1, 0, make_caf_error(errc::step_failed, "boom on replica 1")});
   run();
   send(0, all_reduce_call(5, 0, 0, 1));

@@ -902,7 +902,13 @@ void context_impl::attempt_failed(const handshake_ptr& hs, const std::string& wh
   auto peer = hs->peer;
   {
     std::lock_guard lock(mesh_mu_);
-    last_error_[peer] = why;
+    // An attempt cut off by the deadline says little on its own: keep what the attempt before
+    // it learned (e.g. "refused"), which is usually why the peer is missing.
+    auto& last = last_error_[peer];
+    if (hs->timed_out && !last.empty() && last.rfind("timed out", 0) != 0)
+      last = why + " (the attempt before: " + last + ")";
+    else
+      last = why;
   }
   if (closing_ || mesh_done_ || clock::now() + backoff >= mesh_deadline_)
     return;
