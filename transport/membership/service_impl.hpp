@@ -168,6 +168,9 @@ private:
   void on_worker_message(const conn_ptr& c, codec::message& m);
   void worker_failed(const conn_ptr& c, const std::string& what);
   void join_timed_out();
+  /// The chief ended this worker's join before the view (a Refusal, an Abort or a Leave): logs
+  /// `text`, closes gracefully and fails the rendezvous with `outcome`.
+  void chief_ended_join(const conn_ptr& c, const std::string& text, caf::error outcome);
   void start_attempt();
   void attempt_failed(const conn_ptr& c, const std::string& why);
   void on_view(const conn_ptr& c, codec::view_message& m);

@@ -114,26 +114,15 @@ void service::impl::on_worker_message(const conn_ptr& c, codec::message& m) {
       return on_view(c, *v);
     if (auto* r = std::get_if<codec::refusal>(&m)) {
       auto text = "refused by the chief at " + opts_.chief_address + ": " + r->reason;
-      log_line(text);
-      rendezvous_failed_ = true;
-      c->state = phase::left;
-      close_gracefully(c);
-      return set_outcome(make_caf_error(errc::invalid_argument, text));
+      return chief_ended_join(c, text, make_caf_error(errc::invalid_argument, text));
     }
-    if (auto* a = std::get_if<codec::abort>(&m)) {
-      log_line("the chief at " + opts_.chief_address + " aborted the rendezvous: " + a->cause);
-      rendezvous_failed_ = true;
-      c->state = phase::left;
-      close_gracefully(c);
-      return set_outcome(make_caf_error(errc::collective_timeout, a->cause));
-    }
+    if (auto* a = std::get_if<codec::abort>(&m))
+      return chief_ended_join(
+          c, "the chief at " + opts_.chief_address + " aborted the rendezvous: " + a->cause,
+          make_caf_error(errc::collective_timeout, a->cause));
     if (auto* l = std::get_if<codec::leave>(&m)) {
       auto text = "the chief at " + opts_.chief_address + " left before the view: " + l->reason;
-      log_line(text);
-      rendezvous_failed_ = true;
-      c->state = phase::left;
-      close_gracefully(c);
-      return set_outcome(make_caf_error(errc::peer_lost, text));
+      return chief_ended_join(c, text, make_caf_error(errc::peer_lost, text));
     }
     return unexpected(c, m);
   case phase::member:
@@ -196,6 +185,15 @@ void service::impl::on_view(const conn_ptr& c, codec::view_message& m) {
            c->remote() + ": " + std::to_string(v.members.size()) + " members, group " +
            std::to_string(v.group_id));
   set_outcome(std::move(v));
+}
+
+void service::impl::chief_ended_join(const conn_ptr& c, const std::string& text,
+                                     caf::error outcome) {
+  log_line(text);
+  rendezvous_failed_ = true;
+  c->state = phase::left;
+  close_gracefully(c);
+  set_outcome(std::move(outcome));
 }
 
 void service::impl::join_timed_out() {
