@@ -248,16 +248,24 @@ TEST(CollectiveTest, AReplicaThatSkipsACollectiveFailsItsPeersAtOnce) {
 TEST(CollectiveTest, PerCallTimeoutNamesArrivedAndMissingReplicas) {
   mirrored_strategy strategy(cpus(3));
   std::atomic<int> late{0};
+  std::atomic<bool> one_is_calling{false};
   auto e = error_of([&] {
-    strategy.run([&late](replica_context& ctx) {
+    strategy.run([&late, &one_is_calling](replica_context& ctx) {
       auto id = ctx.replica_id_in_sync_group();
       if (id == 2) {
         // Arrives only after its peers have timed out: waits for the first error, not a clock.
         while (late.load() < 2)
           std::this_thread::yield();
       }
+      // Replica 0 calls once replica 1 is about to: the deadline must not have to cover the
+      // skew of the step's start on each replica (a CI run under ASan exceeded 50 ms there).
+      if (id == 1)
+        one_is_calling = true;
+      if (id == 0)
+        while (!one_is_calling.load())
+          std::this_thread::yield();
       try {
-        return ctx.all_reduce("SUM", tensor::scalar<float>(1), {.timeout = 50ms});
+        return ctx.all_reduce("SUM", tensor::scalar<float>(1), {.timeout = 200ms});
       } catch (const error&) {
         ++late;
         throw;
@@ -265,7 +273,7 @@ TEST(CollectiveTest, PerCallTimeoutNamesArrivedAndMissingReplicas) {
     });
   });
   EXPECT_EQ(e.code(), errc::collective_timeout) << e.what();
-  EXPECT_TRUE(contains(e, "timed out after 50 ms")) << e.what();
+  EXPECT_TRUE(contains(e, "timed out after 200 ms")) << e.what();
   EXPECT_TRUE(contains(e, "replicas [0, 1] arrived, replicas [2] did not")) << e.what();
   // The next step works normally.
   auto ok = strategy.run(
