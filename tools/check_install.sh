@@ -136,9 +136,13 @@ step "      $(cat "${tmp}/package-run.log")"
 
 # -- 2. consume with add_subdirectory -------------------------------------------------------------
 step "[5/6] build tests/install with add_subdirectory(${src})"
+# A parent that sets no build type: consort must not force its own on it (the library then builds
+# without optimisation, which is also the cheapest way to compile it a second time on CI).
 run subdirectory-configure cmake -S "${consumer}" -B "${tmp}/consumer-subdirectory" \
-  "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCONSORT_CONSUMER_MODE=subdirectory \
-  -DCONSORT_SOURCE_DIR="${src}"
+  "${generator[@]}" -DCONSORT_CONSUMER_MODE=subdirectory -DCONSORT_SOURCE_DIR="${src}"
+parent_build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "${tmp}/consumer-subdirectory/CMakeCache.txt")
+[[ -z "${parent_build_type}" ]] ||
+  fail "add_subdirectory(consort) changed its parent's CMAKE_BUILD_TYPE from none to '${parent_build_type}'"
 run subdirectory-build cmake --build "${tmp}/consumer-subdirectory" --parallel "${jobs}"
 
 step "[6/6] run the add_subdirectory consumer"
