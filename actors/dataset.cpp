@@ -98,6 +98,21 @@ std::vector<int64_t> split_batch(int64_t global_batch, int num_replicas) {
   return out;
 }
 
+std::vector<int64_t> split_batch(int64_t rows, int num_replicas, int64_t batch_size) {
+  if (rows < 0 || rows > batch_size)
+    throw_error(errc::invalid_argument, "split_batch: a batch of size " +
+                                            std::to_string(batch_size) + " cannot hold " +
+                                            std::to_string(rows) + " rows (expected 0.." +
+                                            std::to_string(batch_size) + ")");
+  // A full batch's shares; a partial batch fills them in replica order (TF's rebatch).
+  auto out = split_batch(batch_size, num_replicas);
+  for (auto& share : out) {
+    share = std::min(share, rows);
+    rows -= share;
+  }
+  return out;
+}
+
 distributed_dataset::distributed_dataset(dataset source, int num_replicas_in_sync,
                                          std::vector<int> local_replica_ids, int num_workers)
     : source_(std::move(source)), num_replicas_(num_replicas_in_sync),
@@ -131,7 +146,7 @@ per_replica<nest> distributed_dataset::get(int64_t index) const {
   const int64_t bs = *source_.batch_size();
   const int64_t begin = index * bs;
   const int64_t end = std::min(begin + bs, source_.num_rows());
-  auto sizes = split_batch(end - begin, num_replicas_);
+  auto sizes = split_batch(end - begin, num_replicas_, bs);
   // offsets[r]: the first row of replica r's contiguous chunk of the global batch.
   std::vector<int64_t> offsets(sizes.size() + 1, begin);
   for (size_t r = 0; r < sizes.size(); ++r)

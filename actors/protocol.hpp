@@ -30,6 +30,7 @@
 //   5. if the join is not complete at the step deadline, the strategy expires it with
 //      step_timeout naming the replicas that had not finished.
 
+#include "actors/merge_board.hpp"
 #include "actors/replica_services.hpp"
 
 #include <consort/caf_error.hpp>
@@ -189,8 +190,13 @@ public:
   /// finished before the flag was up.
   std::vector<step_report> mark_collective_used();
 
+  /// The step's merge_call rendezvous (replica_context::merge_call).
+  detail::merge_board& merges() noexcept { return merges_; }
+
 private:
   void finish_locked(std::unique_lock<std::mutex>& guard);
+  /// error(structure_mismatch) naming two replicas when the results differ in structure.
+  caf::error regroup_failure() const;
 
   step_id step_;
   std::vector<int> replica_ids_;
@@ -207,6 +213,7 @@ private:
   std::unique_ptr<std::atomic<int64_t>[]> finished_calls_;
   /// Per local replica: its failure, written before its `finished_calls_` entry.
   std::vector<caf::error> finish_errors_;
+  detail::merge_board merges_;
 };
 
 } // namespace consort
@@ -355,6 +362,9 @@ struct replica_config {
   /// its calls and step reports there on its own thread, and the last one to arrive computes the
   /// result. Null: every call goes to the actor as a message.
   std::shared_ptr<detail::collective_board> board;
+  /// The strategy that owns the runtime (kept current when the strategy object moves): what a
+  /// merge_call's function gets. Null when no strategy owns it (a harness's runtime).
+  const std::atomic<strategy*>* owner = nullptr;
 };
 
 /// How the collective actor is set up.

@@ -1,5 +1,6 @@
 // The replica actor: one per device, on a thread of its own, running step functions in order.
 
+#include "actors/context_scope.hpp"
 #include "actors/protocol.hpp"
 #include <consort/strategy.hpp>
 
@@ -30,6 +31,7 @@ struct replica_state : detail::replica_services {
   caf::actor_system* sys = nullptr;
   step_id current_step = 0;
   uint32_t next_seq = 0;
+  uint32_t next_merge_seq = 0;
   /// The join of the step being run (null between steps).
   step_join* join = nullptr;
   /// The collective work that other threads queued on the GPU stream below, not yet seen to
@@ -85,6 +87,32 @@ struct replica_state : detail::replica_services {
     return result;
   }
 
+  nest merge(detail::merge_function fn, std::vector<nest> args,
+             const std::type_info& signature) override {
+    auto seq = next_merge_seq++;
+    if (join == nullptr)
+      throw error(errc::invalid_argument,
+                  "merge_call #" + std::to_string(seq) + " of step " +
+                      std::to_string(current_step) + " on replica " +
+                      std::to_string(cfg.replica_id) +
+                      ": the step was not started by a strategy (no rendezvous of its replicas)");
+    strategy* owner = cfg.owner ? cfg.owner->load(std::memory_order_acquire) : nullptr;
+    if (owner == nullptr)
+      throw error(errc::invalid_argument,
+                  "merge_call #" + std::to_string(seq) + " of step " +
+                      std::to_string(current_step) + " on replica " +
+                      std::to_string(cfg.replica_id) +
+                      ": no strategy owns this runtime, so there is none to give the function");
+    const detail::thread_context merging{detail::context_kind::merge, cfg.replica_id, current_step};
+    return join->merges().call(
+        static_cast<size_t>(cfg.local_index), seq, std::move(args), signature,
+        [&](const std::vector<std::vector<nest>>& all) {
+          detail::context_scope scope{merging};
+          return fn(*owner, all);
+        },
+        cfg.collective_timeout);
+  }
+
   void synchronize() override {
     if (gpu)
       gpu->synchronize(cfg.step_timeout, "replica_context::synchronize on replica " +
@@ -118,6 +146,7 @@ void run_step(self_ptr self, step_message& msg) {
   auto& st = self->state;
   st.current_step = msg.step;
   st.next_seq = 0;
+  st.next_merge_seq = 0;
   st.join = msg.join.get();
   replica_context ctx{
       st.cfg.replica_id, st.cfg.num_replicas, st.cfg.local_index, st.cfg.device, msg.step, st};
@@ -133,7 +162,11 @@ void run_step(self_ptr self, step_message& msg) {
     st.bind_gpu();
     if (st.queue)
       st.queue->clear_failure(); // reported in the step it happened in
-    out = (*msg.fn)(ctx);
+    {
+      detail::context_scope in_replica{
+          {detail::context_kind::replica, st.cfg.replica_id, msg.step}};
+      out = (*msg.fn)(ctx);
+    }
     // The step's results leave this thread: its GPU work, the collectives queued on its stream
     // included, must be done (each collective by its own deadline, the rest by the step's).
     if (st.gpu)
@@ -164,6 +197,10 @@ void run_step(self_ptr self, step_message& msg) {
   }
   st.join = nullptr;
   auto index = static_cast<size_t>(st.cfg.local_index);
+  // Peers waiting in a merge call this replica never made fail now, not at their deadline.
+  if (msg.join)
+    msg.join->merges().finished(index, st.next_merge_seq,
+                                failure ? to_consort_error(failure, "").what() : std::string{});
   // Tell the collective actor first, so peers waiting on a call this replica never made fail
   // now rather than at their deadline; steps without collectives skip it (see step_join).
   bool report = msg.join ? msg.join->mark_finished(index, st.next_seq, failure) : true;

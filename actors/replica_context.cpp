@@ -1,8 +1,87 @@
+#include "actors/context_scope.hpp"
 #include "actors/replica_services.hpp"
 
 #include <consort/replica_context.hpp>
 
 namespace consort {
+
+namespace detail {
+
+namespace {
+
+thread_local thread_context this_thread_context;
+
+std::string describe(const thread_context& ctx) {
+  return "replica " + std::to_string(ctx.replica_id) + ", step " + std::to_string(ctx.step);
+}
+
+template <class T>
+std::vector<nest> components_of(const per_replica<T>& value, size_t replicas) {
+  if (value.size() != replicas)
+    throw_error(errc::invalid_argument,
+                "merge_call's function returned a per_replica value of " +
+                    std::to_string(value.size()) + " components for " + std::to_string(replicas) +
+                    " local replicas; return one component per replica, or a plain value for all");
+  std::vector<nest> out;
+  out.reserve(replicas);
+  for (const auto& v : value)
+    out.emplace_back(v);
+  return out;
+}
+
+} // namespace
+
+const thread_context& current_context() noexcept {
+  return this_thread_context;
+}
+
+context_scope::context_scope(thread_context ctx) noexcept : previous_(this_thread_context) {
+  this_thread_context = ctx;
+}
+
+context_scope::~context_scope() {
+  this_thread_context = previous_;
+}
+
+void require_cross_replica_context(const char* call) {
+  const auto& ctx = this_thread_context;
+  if (ctx.kind != context_kind::replica)
+    return;
+  throw_error(errc::invalid_argument,
+              std::string{call} +
+                  " requires cross-replica context, and it was called inside a "
+                  "step function (replica context of " +
+                  describe(ctx) +
+                  "); call it outside strategy.run, or from a function given to "
+                  "replica_context::merge_call, which runs in cross-replica context");
+}
+
+void require_not_in_merge(const char* call) {
+  const auto& ctx = this_thread_context;
+  if (ctx.kind != context_kind::merge)
+    return;
+  throw_error(errc::invalid_argument,
+              std::string{call} +
+                  " requires replica context, and it was called inside "
+                  "merge_call's function (cross-replica context of " +
+                  describe(ctx) +
+                  "), where the other replicas wait in merge_call; use strategy.reduce or "
+                  "strategy.gather there, or make the call in the step function");
+}
+
+std::vector<nest> merge_results(const per_replica<tensor>& value, size_t replicas) {
+  return components_of(value, replicas);
+}
+
+std::vector<nest> merge_results(const per_replica<nest>& value, size_t replicas) {
+  return components_of(value, replicas);
+}
+
+std::vector<nest> merge_results(const nest& value, size_t replicas) {
+  return std::vector<nest>(replicas, value);
+}
+
+} // namespace detail
 
 const char* to_string(collective_kind kind) noexcept {
   switch (kind) {
@@ -54,9 +133,18 @@ void replica_context::synchronize() {
   services_->synchronize();
 }
 
+nest replica_context::merge(detail::merge_function fn, std::vector<nest> args,
+                            const std::type_info& signature) {
+  detail::require_not_in_merge("replica_context::merge_call");
+  return on_device(services_->merge(std::move(fn), std::move(args), signature), device_);
+}
+
 template <class Fill>
 nest replica_context::call(collective_kind kind, const nest& value, collective_options opts,
                            Fill&& fill) {
+  if (detail::current_context().kind == detail::context_kind::merge)
+    detail::require_not_in_merge(
+        (std::string{"replica_context::"} + consort::to_string(kind)).c_str());
   detail::collective_request req;
   req.kind = kind;
   req.value = value;

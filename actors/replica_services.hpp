@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <typeinfo>
+#include <vector>
 
 namespace consort::detail {
 
@@ -34,6 +36,10 @@ public:
   virtual nest collective(collective_request request) = 0;
   /// Waits for the work queued on the replica's device so far. @throws consort::error.
   virtual void synchronize() = 0;
+  /// One merge_call (replica_context::merge_call): returns this replica's part of the result.
+  /// @throws consort::error.
+  virtual nest merge(merge_function fn, std::vector<nest> args,
+                     const std::type_info& signature) = 0;
 };
 
 } // namespace consort::detail

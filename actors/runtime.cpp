@@ -39,6 +39,8 @@ struct runtime::impl {
   collective_actor coll;
   strategy_actor strat;
   std::shared_ptr<step_launcher> launcher;
+  /// The strategy object that owns this runtime (merge_call gives it to its function).
+  std::atomic<strategy*> owner{nullptr};
 
   /// Guards `outstanding` and `closed`.
   std::mutex mtx;
@@ -104,6 +106,7 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
     if (n == 1)
       rcfg.cross = d.mw.cross;
     rcfg.board = ccfg.board;
+    rcfg.owner = &d.owner;
     d.replicas.push_back(spawn_replica(sys, rcfg, d.coll));
   }
   std::vector<int> ids(d.replicas.size());
@@ -218,6 +221,10 @@ int runtime::worker_rank() const noexcept {
 
 int runtime::num_workers() const noexcept {
   return impl_->mw.num_workers;
+}
+
+void runtime::set_owner(strategy* owner) noexcept {
+  impl_->owner.store(owner, std::memory_order_release);
 }
 
 const strategy_options& runtime::options() const noexcept {

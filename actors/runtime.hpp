@@ -82,6 +82,10 @@ public:
   int num_workers() const noexcept;
   const strategy_options& options() const noexcept;
 
+  /// The strategy object that owns this runtime, given to merge_call's functions; the strategy
+  /// sets it when it is built and when it moves.
+  void set_owner(strategy* owner) noexcept;
+
   /// The actor system, for tests that speak the actor protocol next to a running strategy.
   caf::actor_system& system() noexcept;
 

@@ -8,6 +8,7 @@
 
 #include "device/gpu.hpp"
 
+#include "actors/context_scope.hpp"
 #include "actors/runtime.hpp"
 
 #include <algorithm>
@@ -104,15 +105,34 @@ std::vector<nest> as_nests(const per_replica<tensor>& value) {
 
 strategy::strategy(std::vector<std::string> devices, strategy_options opts, kind k)
     : kind_(k), rt_(std::make_unique<detail::runtime>(canonical_devices(devices), validated(opts))),
-      cross_device_ops_(std::make_unique<reduction_to_one_device>()) {}
+      cross_device_ops_(std::make_unique<reduction_to_one_device>()) {
+  rt_->set_owner(this);
+}
 
 strategy::strategy(std::unique_ptr<detail::runtime> rt, kind k)
     : kind_(k), rt_(std::move(rt)), cross_device_ops_(std::make_unique<reduction_to_one_device>()) {
+  rt_->set_owner(this);
 }
 
 strategy::~strategy() = default;
-strategy::strategy(strategy&&) noexcept = default;
-strategy& strategy::operator=(strategy&&) noexcept = default;
+
+strategy::strategy(strategy&& other) noexcept
+    : kind_(other.kind_), rt_(std::move(other.rt_)),
+      cross_device_ops_(std::move(other.cross_device_ops_)) {
+  if (rt_)
+    rt_->set_owner(this);
+}
+
+strategy& strategy::operator=(strategy&& other) noexcept {
+  if (this != &other) {
+    kind_ = other.kind_;
+    rt_ = std::move(other.rt_);
+    cross_device_ops_ = std::move(other.cross_device_ops_);
+    if (rt_)
+      rt_->set_owner(this);
+  }
+  return *this;
+}
 
 int strategy::num_replicas_in_sync() const noexcept {
   return rt_->num_replicas_in_sync();
@@ -148,9 +168,14 @@ std::vector<int> strategy::local_replica_ids() const {
 }
 
 future<per_replica<nest>> strategy::submit(step_function fn) {
+  detail::require_cross_replica_context("strategy.run");
   if (!fn)
     throw_error(errc::invalid_argument, "run needs a step function; got an empty one");
   return rt_->submit(std::move(fn));
+}
+
+void strategy::check_local_results() const {
+  detail::require_cross_replica_context("strategy.local_results");
 }
 
 void strategy::check_components(size_t count) const {
@@ -175,6 +200,7 @@ void strategy::check_multi_replica_plain(reduce_op op) const {
 
 tensor strategy::reduce(op_arg op, const per_replica<tensor>& value,
                         std::optional<int64_t> axis) const {
+  detail::require_cross_replica_context("strategy.reduce");
   check_components(value.size());
   if (kind_ == kind::multi_worker)
     return reduce_async(op, value, axis).get();
@@ -183,6 +209,7 @@ tensor strategy::reduce(op_arg op, const per_replica<tensor>& value,
 
 nest strategy::reduce(op_arg op, const per_replica<nest>& value,
                       std::optional<int64_t> axis) const {
+  detail::require_cross_replica_context("strategy.reduce");
   check_components(value.size());
   if (kind_ == kind::multi_worker)
     return reduce_async(op, value, axis).get();
@@ -190,6 +217,7 @@ nest strategy::reduce(op_arg op, const per_replica<nest>& value,
 }
 
 tensor strategy::reduce(op_arg op, const tensor& value, std::optional<int64_t> axis) const {
+  detail::require_cross_replica_context("strategy.reduce");
   if (kind_ == kind::multi_worker) {
     // One contribution per worker, reduced across workers (DESIGN.md §2).
     return rt_->reduce(op.get(), {nest(value)}, axis).get().as_tensor();
@@ -202,17 +230,20 @@ tensor strategy::reduce(op_arg op, const tensor& value, std::optional<int64_t> a
 
 future<tensor> strategy::reduce_async(op_arg op, per_replica<tensor> value,
                                       std::optional<int64_t> axis) const {
+  detail::require_cross_replica_context("strategy.reduce_async");
   check_components(value.size());
   return rt_->reduce(op.get(), as_nests(value), axis).then([](nest v) { return v.as_tensor(); });
 }
 
 future<nest> strategy::reduce_async(op_arg op, per_replica<nest> value,
                                     std::optional<int64_t> axis) const {
+  detail::require_cross_replica_context("strategy.reduce_async");
   check_components(value.size());
   return rt_->reduce(op.get(), std::move(value.values()), axis);
 }
 
 tensor strategy::gather(const per_replica<tensor>& value, int64_t axis) const {
+  detail::require_cross_replica_context("strategy.gather");
   check_components(value.size());
   if (kind_ == kind::multi_worker)
     return gather_async(value, axis).get();
@@ -220,6 +251,7 @@ tensor strategy::gather(const per_replica<tensor>& value, int64_t axis) const {
 }
 
 nest strategy::gather(const per_replica<nest>& value, int64_t axis) const {
+  detail::require_cross_replica_context("strategy.gather");
   check_components(value.size());
   if (kind_ == kind::multi_worker)
     return rt_->gather(value.values(), axis).get();
@@ -227,6 +259,7 @@ nest strategy::gather(const per_replica<nest>& value, int64_t axis) const {
 }
 
 tensor strategy::gather(const tensor& value, int64_t axis) const {
+  detail::require_cross_replica_context("strategy.gather");
   if (kind_ == kind::multi_worker)
     return rt_->gather({nest(value)}, axis).get().as_tensor();
   // Validates rank and axis as for per-replica values, then returns the value itself.
@@ -234,6 +267,7 @@ tensor strategy::gather(const tensor& value, int64_t axis) const {
 }
 
 future<tensor> strategy::gather_async(per_replica<tensor> value, int64_t axis) const {
+  detail::require_cross_replica_context("strategy.gather_async");
   check_components(value.size());
   return rt_->gather(as_nests(value), axis).then([](nest v) { return v.as_tensor(); });
 }

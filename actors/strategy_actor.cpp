@@ -41,7 +41,7 @@ step_join::step_join(step_id step, std::vector<int> replica_ids, completion done
       values_(replica_ids_.size()), errors_(replica_ids_.size()),
       deposited_(replica_ids_.size(), false), pending_(replica_ids_.size()),
       finished_calls_(std::make_unique<std::atomic<int64_t>[]>(replica_ids_.size())),
-      finish_errors_(replica_ids_.size()) {
+      finish_errors_(replica_ids_.size()), merges_(step, replica_ids_) {
   for (size_t i = 0; i < replica_ids_.size(); ++i)
     finished_calls_[i].store(-1, std::memory_order_relaxed);
 }
@@ -73,10 +73,30 @@ void step_join::finish_locked(std::unique_lock<std::mutex>& guard) {
       best = &err;
   if (best)
     failure_ = *best;
+  else
+    failure_ = regroup_failure();
   complete_.store(true, std::memory_order_release);
   guard.unlock();
   if (done_)
     done_(*this);
+}
+
+caf::error step_join::regroup_failure() const {
+  // tf.distribute regroups run's results into one structure with a PerReplica at each leaf, and
+  // fails there when the replicas returned different structures; consort fails the run the same
+  // way rather than let a later reduce fail far from the cause.
+  for (size_t i = 1; i < values_.size(); ++i) {
+    auto difference = compare_structure(values_[0], values_[i]);
+    if (difference.empty())
+      continue;
+    return make_caf_error(
+        errc::structure_mismatch,
+        "step " + std::to_string(step_) + ": replica " + std::to_string(replica_ids_[0]) +
+            " returned " + values_[0].structure_string() + " and replica " +
+            std::to_string(replica_ids_[i]) + " returned " + values_[i].structure_string() + " (" +
+            difference + "); every replica's step must return the same structure");
+  }
+  return {};
 }
 
 bool step_join::expire(std::chrono::milliseconds timeout) {

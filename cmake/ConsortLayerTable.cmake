@@ -35,4 +35,4 @@ set(CONSORT_LAYER_transport_HEADERS
   transport/algorithms.hpp transport/local.hpp transport/membership.hpp transport/pair.hpp
   transport/tcp.hpp)
 set(CONSORT_LAYER_actors_HEADERS
-  consort.hpp cross_device_ops.hpp dataset.hpp replica_context.hpp strategy.hpp)
+  consort.hpp cross_device_ops.hpp dataset.hpp regroup.hpp replica_context.hpp strategy.hpp)

@@ -1,10 +1,10 @@
 // demo: a short tour of consort on CPU replicas, with no configuration. It builds a mirrored
 // strategy (4 CPU replicas unless told otherwise) and shows, in one program: running a step,
 // per-replica and plain arguments, the collectives of a replica_context, reduce with and without
-// an axis, a distributed dataset with a partial batch, the cross-device ops, and asynchronous use
-// (futures with deadlines and a C++20 coroutine on Asio). Every result is checked; the last line
-// says "demo: all checks passed" only when all of them hold, else the demo exits 1 naming the
-// failed checks.
+// an axis, a distributed dataset with a partial batch, merge_call and regroup, the cross-device
+// ops, and asynchronous use (futures with deadlines and a C++20 coroutine on Asio). Every result
+// is checked; the last line says "demo: all checks passed" only when all of them hold, else the
+// demo exits 1 naming the failed checks.
 //
 // Usage:
 //   ./build/examples/demo [--replicas N]     (N in 1..64, default 4)
@@ -30,7 +30,11 @@
 //     MEAN of int32 ids -> float64 1.5
 //   [dataset] 11 rows, batch(6), over 4 replicas
 //     batch 0: 6 rows split 2/2/1/1
-//     batch 1: 5 rows split 2/1/1/1
+//     batch 1: 5 rows split 2/2/1/0
+//   [contexts] merge_call runs one function over every replica's gradient
+//     the function ran 1 time(s); every replica got SUM = 10
+//     regroup(out)["grad"]: 1 | 2 | 3 | 4, MEAN -> 2.5
+//     strategy.reduce inside a step -> invalid_argument (it requires cross-replica context)
 //   [cross-device ops]
 //     reduce SUM of ids -> CPU:0: 6
 //     broadcast to every device: 4 components sharing one buffer
@@ -38,7 +42,7 @@
 //     run_async + then: SUM of ids = 6 (within the 5 s deadline)
 //     coroutine on an io_context: 6, then step_failed from a failing step
 //
-//   demo: all checks passed (23 checks)
+//   demo: all checks passed (26 checks)
 
 #include <consort/asio.hpp> // first: it includes <utility> before Asio, which Boost 1.74 needs
 #include <consort/consort.hpp>
@@ -49,6 +53,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -112,11 +118,15 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
 }
 
 /// The expected "2/2/1/1" for `rows` rows over `n` replicas: as even as possible, larger first.
-std::string expected_split(int64_t rows, int n) {
+/// TF's split of `rows` rows of a global batch of `batch` over n replicas: each replica's share of
+/// a full batch (as even as possible, in replica order), filled in replica order.
+std::string expected_split(int64_t rows, int n, int64_t batch) {
   std::string out;
   for (int i = 0; i < n; ++i) {
+    const int64_t share = std::min(batch / n + (i < batch % n ? 1 : 0), rows);
+    rows -= share;
     out += i > 0 ? "/" : "";
-    out += std::to_string(rows / n + (i < rows % n ? 1 : 0));
+    out += std::to_string(share);
   }
   return out;
 }
@@ -278,12 +288,53 @@ int run_demo(int n) {
       rows.values().push_back(r["rows"].as_tensor());
     int64_t global = index == 0 ? 6 : 5;
     std::cout << "  batch " << index << ": " << global << " rows split " << split_of(rows) << '\n';
-    check(split_of(rows) == expected_split(global, n),
-          "batch " + std::to_string(index) + " splits evenly over the replicas");
+    check(split_of(rows) == expected_split(global, n, 6),
+          "batch " + std::to_string(index) +
+              " splits as TF's rebatch does (full-batch shares, filled in replica order)");
     label_total += out[0]["sum"].as_tensor().item<int64_t>();
     ++index;
   }
   check(index == 2 && label_total == 55, "every row is seen exactly once");
+
+  // -- contexts: merge_call, regroup, and what a step may not call -----------------------------
+  std::cout << "[contexts] merge_call runs one function over every replica's gradient\n";
+  std::atomic<int> merges{0};
+  auto stepped = strategy.run([&](replica_context& ctx) {
+    auto grad = tensor::scalar<float>(static_cast<float>(ctx.replica_id_in_sync_group() + 1));
+    // As an optimizer aggregates: once, in cross-replica context, with every replica's value.
+    auto total = ctx.merge_call(
+        [&](consort::strategy& s, const per_replica<tensor>& grads) {
+          ++merges;
+          return s.reduce("SUM", grads, std::nullopt);
+        },
+        grad);
+    return nest::dict({{"grad", grad}, {"total", total}});
+  });
+  auto view = regroup(stepped); // TF's shape: the step's structure, a per_replica at each leaf
+  bool same_total = true;
+  for (const tensor& t : view["total"].leaf())
+    same_total = same_total && t.item<float>() == view["total"].leaf()[0].item<float>();
+  const float grad_total = view["total"].leaf()[0].item<float>();
+  std::cout << "  the function ran " << merges.load()
+            << " time(s); every replica got SUM = " << grad_total << '\n';
+  check(merges.load() == 1 && same_total && grad_total == n * (n + 1) / 2.0f,
+        "merge_call runs its function once and every replica gets the result");
+  const float grad_mean = strategy.reduce("MEAN", view["grad"], std::nullopt).item<float>();
+  std::cout << "  regroup(out)[\"grad\"]: " << per_replica_scalars<float>(view["grad"])
+            << ", MEAN -> " << grad_mean << '\n';
+  check(grad_mean == (n + 1) / 2.0f, "regroup gives per_replica leaves that reduce takes");
+  errc in_step = errc::none;
+  try {
+    strategy.run([&](replica_context&) {
+      strategy.reduce("SUM", ids, std::nullopt); // replica context: refused, as in TF
+      return tensor::scalar<int32_t>(0);
+    });
+  } catch (const error& e) {
+    in_step = e.code();
+  }
+  std::cout << "  strategy.reduce inside a step -> " << to_string(in_step)
+            << " (it requires cross-replica context)\n";
+  check(in_step == errc::invalid_argument, "a cross-replica call inside a step fails at once");
 
   // -- cross-device ops -------------------------------------------------------------------------
   std::cout << "[cross-device ops]\n";

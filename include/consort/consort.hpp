@@ -12,6 +12,7 @@
 #include <consort/ops.hpp>
 #include <consort/per_replica.hpp>
 #include <consort/reduce_op.hpp>
+#include <consort/regroup.hpp>
 #include <consort/replica_context.hpp>
 #include <consort/strategy.hpp>
 #include <consort/tensor.hpp>

@@ -51,10 +51,18 @@ private:
 /// row count of each replica.
 std::vector<int64_t> split_batch(int64_t global_batch, int num_replicas);
 
+/// How `rows` rows of a batch of `batch_size` split over `num_replicas` replicas, as TF's
+/// rebatching does: each replica's share of a full batch (`split_batch(batch_size, n)`) is filled
+/// in replica order, so a partial last batch leaves the last replicas short or empty (6 rows of a
+/// batch of 8 over 2 -> 4/2; 1 row -> 1/0). A full batch splits as `split_batch(rows, n)`.
+/// @throws error(invalid_argument) when `rows` is not in 0..batch_size.
+std::vector<int64_t> split_batch(int64_t rows, int num_replicas, int64_t batch_size);
+
 /// A dataset whose every global batch is split across replicas (`distribute_dataset`).
 ///
-/// With one worker, replica r takes the r-th part of `split_batch` (contiguous rows in replica
-/// order). With W workers of D replicas each, the parts are interleaved across workers as TF's
+/// With one worker, replica r takes the r-th part of `split_batch(rows, n, batch_size)`
+/// (contiguous rows in replica order; a partial last batch fills the parts in order, as TF does).
+/// With W workers of D replicas each, the parts are interleaved across workers as TF's
 /// rebatch-then-shard pipeline does: part k goes to local replica k / W of worker k % W, so
 /// replica (worker w, local i) takes part i * W + w.
 class distributed_dataset {

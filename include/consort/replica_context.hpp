@@ -1,14 +1,21 @@
 #pragma once
 
 #include <consort/nest.hpp>
+#include <consort/per_replica.hpp>
 #include <consort/reduce_op.hpp>
 #include <consort/tensor.hpp>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
 
 namespace consort {
 
@@ -38,10 +45,44 @@ enum class collective_kind : uint8_t { all_reduce, all_gather, broadcast };
 /// "all_reduce", "all_gather" or "broadcast".
 const char* to_string(collective_kind kind) noexcept;
 
+class strategy;
+
 namespace detail {
 /// The engine side of a replica_context: the replica actor implements it (private to the library:
 /// actors/replica_services.hpp, not installed).
 class replica_services;
+
+/// merge_call's function, type-erased: given the strategy and every local replica's arguments (in
+/// local order, one nest per argument), returns one result per local replica.
+using merge_function =
+    std::function<std::vector<nest>(strategy&, const std::vector<std::vector<nest>>&)>;
+
+template <class T>
+struct merge_result_traits {
+  static constexpr bool valid = std::is_void_v<T> || std::is_same_v<T, tensor> ||
+                                std::is_same_v<T, nest> || std::is_same_v<T, per_replica<tensor>> ||
+                                std::is_same_v<T, per_replica<nest>>;
+};
+
+/// Argument `position` of every replica, as one per_replica value.
+template <class T>
+per_replica<T> regroup_argument(const std::vector<std::vector<nest>>& args, size_t position) {
+  std::vector<T> values;
+  values.reserve(args.size());
+  for (const auto& replica_args : args) {
+    if constexpr (std::is_same_v<T, tensor>)
+      values.push_back(replica_args[position].as_tensor());
+    else
+      values.push_back(replica_args[position]);
+  }
+  return per_replica<T>(std::move(values));
+}
+
+/// What each of `replicas` replicas gets of the merge function's result: a per_replica value's
+/// own component (it must have one per replica), else the same value.
+std::vector<nest> merge_results(const per_replica<tensor>& value, size_t replicas);
+std::vector<nest> merge_results(const per_replica<nest>& value, size_t replicas);
+std::vector<nest> merge_results(const nest& value, size_t replicas);
 } // namespace detail
 
 /// What a step function sees of its replica (tf.distribute's `ReplicaContext`): its identity
@@ -102,7 +143,57 @@ public:
   /// every replica's collectives of that communicator fail the same way.
   void synchronize();
 
+  /// Runs `fn(strategy, args...)` once for all of this worker's replicas, in cross-replica
+  /// context, and gives every replica its part of the result (tf.distribute's
+  /// `ReplicaContext.merge_call`; optimizers use it to aggregate gradients).
+  ///
+  /// Every local replica calls merge_call; the arguments (tensors or nests) arrive regrouped, as
+  /// one `per_replica` value per argument holding every local replica's value in local order.
+  /// `fn` runs on the thread of the last replica to call, with the strategy that runs the step:
+  /// there it may call `strategy.reduce`, `gather` and `local_results` (in a multi-worker
+  /// strategy these span every worker, whose replicas make the same merge call). `fn` returns
+  /// nothing, a tensor or a nest (every replica gets it), or a per_replica value (each replica
+  /// gets its own component). Merge calls are matched by their order within the step, like
+  /// collectives, and every replica must make the same ones.
+  /// @throws error(collective_timeout) when a local peer does not call within the strategy's
+  ///         collective deadline, error(collective_aborted) when a peer finished or failed its step
+  ///         without calling, error(collective_mismatch) when peers call with different functions,
+  ///         and the error `fn` threw, on every replica (its code kept).
+  template <class F, class... Args>
+  auto merge_call(F&& fn, const Args&... args) {
+    static_assert(((std::is_same_v<Args, tensor> || std::is_same_v<Args, nest>)&&...),
+                  "merge_call's arguments are consort::tensor or consort::nest values");
+    using R = std::invoke_result_t<F&, strategy&, per_replica<Args>...>;
+    static_assert(detail::merge_result_traits<R>::valid,
+                  "merge_call's function returns void, a tensor, a nest, or a per_replica of them");
+    detail::merge_function erased = [&fn](strategy& s, const std::vector<std::vector<nest>>& all) {
+      return invoke_merge(fn, s, all, std::index_sequence_for<Args...>{},
+                          static_cast<std::tuple<Args...>*>(nullptr));
+    };
+    nest mine = merge(std::move(erased), std::vector<nest>{nest(args)...}, typeid(F));
+    if constexpr (std::is_same_v<R, tensor> || std::is_same_v<R, per_replica<tensor>>)
+      return mine.as_tensor();
+    else if constexpr (std::is_same_v<R, nest> || std::is_same_v<R, per_replica<nest>>)
+      return mine;
+  }
+
 private:
+  template <class F, size_t... I, class... Args>
+  static std::vector<nest> invoke_merge(F& fn, strategy& s,
+                                        const std::vector<std::vector<nest>>& all,
+                                        std::index_sequence<I...>, std::tuple<Args...>*) {
+    using R = std::invoke_result_t<F&, strategy&, per_replica<Args>...>;
+    if constexpr (std::is_void_v<R>) {
+      fn(s, detail::regroup_argument<Args>(all, I)...);
+      return detail::merge_results(nest(), all.size());
+    } else {
+      return detail::merge_results(fn(s, detail::regroup_argument<Args>(all, I)...), all.size());
+    }
+  }
+
+  /// The type-erased merge_call: this replica's arguments in, its part of the result out.
+  nest merge(detail::merge_function fn, std::vector<nest> args, const std::type_info& signature);
+
   /// Builds the request (`fill` sets the kind's own field), runs it, labels the result.
   template <class Fill>
   nest call(collective_kind kind, const nest& value, collective_options opts, Fill&& fill);

@@ -95,6 +95,11 @@ per_replica<tensor> leaves_of(per_replica<nest> values);
 ///
 /// Thread safety: thread-safe. Steps submitted from several threads are numbered in arrival
 /// order and run in that order on every replica.
+///
+/// Contexts, as in tf.distribute: `run`, `reduce`, `gather` and `local_results` (and their
+/// `_async` forms) need cross-replica context. Called inside a step function (replica context)
+/// they throw error(invalid_argument) saying so; `replica_context::merge_call` runs a function in
+/// cross-replica context, where they may be called.
 class strategy {
 public:
   virtual ~strategy();
@@ -193,10 +198,14 @@ public:
   /// `experimental_local_results`).
   template <class T>
   std::vector<T> local_results(const per_replica<T>& value) const {
+    check_local_results();
     return value.values();
   }
   /// A plain value is its own only local result.
-  std::vector<tensor> local_results(const tensor& value) const { return {value}; }
+  std::vector<tensor> local_results(const tensor& value) const {
+    check_local_results();
+    return {value};
+  }
 
   // -- input and devices ------------------------------------------------------------------------
 
@@ -226,6 +235,8 @@ private:
       check_components(arg.size());
   }
   void check_components(size_t count) const;
+  /// @throws error(invalid_argument) in replica context (inside a step function).
+  void check_local_results() const;
   void check_multi_replica_plain(reduce_op op) const;
 
   kind kind_;

@@ -332,5 +332,20 @@ TEST(StrategyTest, SynchronizeOnCpuReplicasReturnsAndCollectivesAfterItStillMatc
     EXPECT_EQ(t.item<int64_t>(), 3);
 }
 
+TEST(StrategyTest, AMeanOverAxis0OfAPartialBatchDividesByItsRowCount) {
+  // TF's example: a last batch of 6 of a global batch of 8 on 2 replicas goes as [0, 1, 2, 3] and
+  // [4, 5]; reduce(MEAN, axis=0) of the per-replica rows divides by 6, not by 8 or 2.
+  mirrored_strategy strategy(cpus(2));
+  auto rows = tensor::from<float>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13});
+  auto ds = strategy.distribute_dataset(dataset::from_tensor_slices(nest(rows)).batch(8));
+  auto last = ds.get(1);
+  EXPECT_EQ(last[0].as_tensor().to_vector<float>(), (std::vector<float>{8, 9, 10, 11}));
+  EXPECT_EQ(last[1].as_tensor().to_vector<float>(), (std::vector<float>{12, 13}));
+  auto out = strategy.run([](replica_context&, const nest& batch) { return batch.as_tensor(); },
+                          per_replica<nest>(last));
+  EXPECT_EQ(strategy.reduce("MEAN", out, 0).item<float>(), (8 + 9 + 10 + 11 + 12 + 13) / 6.0f);
+  EXPECT_EQ(strategy.reduce("SUM", out, 0).item<float>(), 63.0f);
+}
+
 } // namespace
 } // namespace consort

@@ -44,6 +44,21 @@ TEST(DatasetTest, SplitBatchIsAsEvenAsPossibleInReplicaOrder) {
   EXPECT_EQ(split_batch(8, 1), (std::vector<int64_t>{8}));
 }
 
+TEST(DatasetTest, APartialBatchFillsEachReplicasFullShareInReplicaOrderAsTFDoes) {
+  // TF's rebatch: a global batch of 8 over 2 replicas is 4 + 4, and a last batch of 6 is divided
+  // into [0, 1, 2, 3] and [4, 5], not 3/3.
+  EXPECT_EQ(split_batch(6, 2, 8), (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(split_batch(1, 2, 8), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(split_batch(0, 2, 8), (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(split_batch(8, 2, 8), (std::vector<int64_t>{4, 4}));
+  // 8 over 3 is 3 + 3 + 2; 7 rows fill 3, 3, 1 and 4 rows 3, 1, 0.
+  EXPECT_EQ(split_batch(7, 3, 8), (std::vector<int64_t>{3, 3, 1}));
+  EXPECT_EQ(split_batch(4, 3, 8), (std::vector<int64_t>{3, 1, 0}));
+  EXPECT_TRUE(fails_with([] { split_batch(9, 2, 8); }, errc::invalid_argument,
+                         {"a batch of size 8 cannot hold 9 rows", "0..8"}));
+  EXPECT_TRUE(fails_with([] { split_batch(-1, 2, 8); }, errc::invalid_argument, {"-1 rows"}));
+}
+
 TEST(DatasetTest, SplitBatchRejectsNoReplicasAndNegativeBatches) {
   EXPECT_TRUE(fails_with([] { split_batch(4, 0); }, errc::invalid_argument, {"replica", "0"}));
   EXPECT_TRUE(fails_with([] { split_batch(-1, 2); }, errc::invalid_argument, {"-1"}));
@@ -154,7 +169,8 @@ TEST(DatasetTest, DistributedDatasetRejectsBadReplicaCountsAndIds) {
 }
 
 TEST(DatasetTest, EachGlobalBatchIsSplitEvenlyAcrossReplicas) {
-  // 11 rows in global batches of 6: the first splits 3/3, the partial last (5 rows) 3/2.
+  // 11 rows in global batches of 6: the first splits 3/3, the partial last (5 rows) fills 3, then
+  // 2.
   auto ds = dataset::from_tensor_slices(features_and_labels(11)).batch(6);
   distributed_dataset dist(ds, 2, {0, 1});
   ASSERT_EQ(dist.cardinality(), 2);
@@ -166,6 +182,15 @@ TEST(DatasetTest, EachGlobalBatchIsSplitEvenlyAcrossReplicas) {
   EXPECT_EQ(labels(last[0]), (std::vector<int32_t>{6, 7, 8}));
   EXPECT_EQ(labels(last[1]), (std::vector<int32_t>{9, 10}));
   EXPECT_EQ(last[1]["x"].as_tensor(), tensor::from<int32_t>({18, 19, 20, 21}, {2, 2}));
+}
+
+TEST(DatasetTest, ThePartialLastBatchGoesToTheFirstReplicasFirst) {
+  // 14 rows in global batches of 8 over 2 replicas: 4/4, then the last 6 rows as 4/2.
+  auto ds = dataset::from_tensor_slices(features_and_labels(14)).batch(8);
+  distributed_dataset dist(ds, 2, {0, 1});
+  auto last = dist.get(1);
+  EXPECT_EQ(labels(last[0]), (std::vector<int32_t>{8, 9, 10, 11}));
+  EXPECT_EQ(labels(last[1]), (std::vector<int32_t>{12, 13}));
 }
 
 TEST(DatasetTest, AReplicaWithoutRowsGetsAnEmptyBatch) {
@@ -224,13 +249,14 @@ TEST(DatasetTest, WithSeveralWorkersSubBatchesAreInterleavedAcrossWorkers) {
   EXPECT_EQ(labels(b[0]), (std::vector<int32_t>{2, 3}));
   EXPECT_EQ(labels(a[1]), (std::vector<int32_t>{4, 5}));
   EXPECT_EQ(labels(b[1]), (std::vector<int32_t>{6, 7}));
-  // The partial last batch of 5 rows splits 2/1/1/1 in part order.
+  // The partial last batch of 5 rows fills the parts of 2 in part order (2/2/1/0, as TF's
+  // rebatch), then goes to the workers as the full batches do.
   a = worker0.get(1);
   b = worker1.get(1);
-  EXPECT_EQ(labels(a[0]), (std::vector<int32_t>{8, 9}));
-  EXPECT_EQ(labels(b[0]), (std::vector<int32_t>{10}));
-  EXPECT_EQ(labels(a[1]), (std::vector<int32_t>{11}));
-  EXPECT_EQ(labels(b[1]), (std::vector<int32_t>{12}));
+  EXPECT_EQ(labels(a[0]), (std::vector<int32_t>{8, 9}));   // part 0
+  EXPECT_EQ(labels(b[0]), (std::vector<int32_t>{10, 11})); // part 1
+  EXPECT_EQ(labels(a[1]), (std::vector<int32_t>{12}));     // part 2
+  EXPECT_EQ(labels(b[1]), (std::vector<int32_t>{}));       // part 3
 }
 
 TEST(DatasetTest, ReplicasMustSpreadEvenlyOverWorkers) {

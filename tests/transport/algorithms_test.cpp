@@ -261,12 +261,11 @@ std::string sweep_name(const ::testing::TestParamInfo<std::tuple<algo, int, size
          "Ranks" + std::to_string(std::get<2>(info.param)) + "Elements";
 }
 
-INSTANTIATE_TEST_SUITE_P(RanksAndCounts, AllReduceSweepTest,
-                         ::testing::Combine(::testing::Values(algo::ring, algo::doubling,
-                                                              algo::dispatcher),
-                                            ::testing::Range(1, 9),
-                                            ::testing::Values(0, 1, 7, 1001, large_count)),
-                         sweep_name);
+INSTANTIATE_TEST_SUITE_P(
+    RanksAndCounts, AllReduceSweepTest,
+    ::testing::Combine(::testing::Values(algo::ring, algo::doubling, algo::dispatcher),
+                       ::testing::Range(1, 9), ::testing::Values(0, 1, 7, 1001, large_count)),
+    sweep_name);
 // The direct exchange sends every rank's whole vector to every other rank, O(ranks^2) bytes: the
 // dispatcher uses it for small messages on few ranks only. Its 1 Mi-element sweep runs up to 4
 // ranks (at 5-8 ranks it took 72 of the suite's CPU seconds and tests no other code: 1001
