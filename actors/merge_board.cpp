@@ -1,5 +1,6 @@
 #include "actors/merge_board.hpp"
 
+#include <algorithm>
 #include <exception>
 #include <sstream>
 #include <utility>
@@ -56,9 +57,10 @@ nest merge_board::call(size_t index, uint32_t seq, std::vector<nest> args,
     s.signature = &signature;
     s.signature_of = index;
   } else if (*s.signature != signature) {
+    const auto a = std::min(replica_ids_[s.signature_of], replica_ids_[index]);
+    const auto b = std::max(replica_ids_[s.signature_of], replica_ids_[index]);
     fail_locked(s, errc::collective_mismatch,
-                where(seq) + ": replicas " + std::to_string(replica_ids_[s.signature_of]) +
-                    " and " + std::to_string(replica_ids_[index]) +
+                where(seq) + ": replicas " + std::to_string(a) + " and " + std::to_string(b) +
                     " called merge_call with different functions or arguments; every replica "
                     "must make the same merge calls in the same order");
   }
