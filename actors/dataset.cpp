@@ -2,6 +2,11 @@
 
 #include <consort/dataset.hpp>
 #include <consort/error.hpp>
+#include <consort/ops.hpp>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
 
 namespace consort {
 
@@ -49,11 +54,160 @@ dataset dataset::batch(int64_t batch_size, bool drop_remainder) const {
   return out;
 }
 
+void dataset::require_unbatched(const char* call) const {
+  if (is_batched())
+    throw_error(errc::invalid_argument,
+                std::string{call} + ": the dataset is already batched (batch_size " +
+                    std::to_string(*batch_size_) + "); apply " + call +
+                    " to the elements, before batch, as a training loop does");
+}
+
+std::vector<int64_t> dataset::order() const {
+  if (order_)
+    return *order_;
+  std::vector<int64_t> out(static_cast<size_t>(rows_));
+  std::iota(out.begin(), out.end(), int64_t{0});
+  return out;
+}
+
+namespace {
+
+/// tf.data's shuffle buffer over `in`, drawn from `seed`.
+std::vector<int64_t> shuffled(const std::vector<int64_t>& in, int64_t buffer_size, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<int64_t> out;
+  out.reserve(in.size());
+  const auto fill = std::min(in.size(), static_cast<size_t>(buffer_size));
+  std::vector<int64_t> buffer(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(fill));
+  size_t next = fill;
+  while (!buffer.empty()) {
+    // gen() % size: the same draw on every platform (std::uniform_int_distribution is not).
+    const auto j = static_cast<size_t>(gen() % buffer.size());
+    out.push_back(buffer[j]);
+    if (next < in.size()) {
+      buffer[j] = in[next++];
+    } else {
+      buffer[j] = buffer.back();
+      buffer.pop_back();
+    }
+  }
+  return out;
+}
+
+/// The seed of epoch `epoch` of a repeated shuffle (epoch 0 keeps the given seed).
+uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
+  return epoch == 0 ? seed : seed ^ (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(epoch));
+}
+
+} // namespace
+
+dataset dataset::shuffle(int64_t buffer_size, uint64_t seed) const {
+  require_unbatched("shuffle");
+  if (buffer_size < 1)
+    throw_error(errc::invalid_argument,
+                "shuffle: buffer_size must be >= 1; got " + std::to_string(buffer_size));
+  dataset out = *this;
+  auto input = std::make_shared<const std::vector<int64_t>>(order());
+  out.order_ = std::make_shared<const std::vector<int64_t>>(shuffled(*input, buffer_size, seed));
+  out.shuffle_ = shuffle_state{std::move(input), buffer_size, seed};
+  return out;
+}
+
+dataset dataset::repeat(int64_t count) const {
+  require_unbatched("repeat");
+  if (count < 1)
+    throw_error(errc::invalid_argument,
+                "repeat: count must be >= 1; got " + std::to_string(count) +
+                    " (tf.data's endless repeat() has no in-memory equivalent: give the epochs)");
+  std::vector<int64_t> out;
+  const auto once = order();
+  out.reserve(once.size() * static_cast<size_t>(count));
+  for (int64_t epoch = 0; epoch < count; ++epoch) {
+    // A shuffle reshuffles every epoch, as tf.data's reshuffle_each_iteration does by default.
+    const auto again = epoch > 0 && shuffle_ ? shuffled(*shuffle_->input, shuffle_->buffer_size,
+                                                        epoch_seed(shuffle_->seed, epoch))
+                                             : once;
+    out.insert(out.end(), again.begin(), again.end());
+  }
+  dataset result = *this;
+  result.order_ = std::make_shared<const std::vector<int64_t>>(std::move(out));
+  result.shuffle_.reset();
+  return result;
+}
+
+dataset dataset::take(int64_t count) const {
+  require_unbatched("take");
+  if (count < 0)
+    throw_error(errc::invalid_argument, "take: count must be >= 0; got " + std::to_string(count));
+  auto all = order();
+  all.resize(std::min(all.size(), static_cast<size_t>(count)));
+  dataset out = *this;
+  out.order_ = std::make_shared<const std::vector<int64_t>>(std::move(all));
+  out.shuffle_.reset();
+  return out;
+}
+
+dataset dataset::shard(int64_t num_shards, int64_t index) const {
+  require_unbatched("shard");
+  if (num_shards < 1 || index < 0 || index >= num_shards)
+    throw_error(errc::invalid_argument, "shard: needs num_shards >= 1 and index in 0.." +
+                                            std::to_string(num_shards - 1) + "; got num_shards " +
+                                            std::to_string(num_shards) + ", index " +
+                                            std::to_string(index));
+  std::vector<int64_t> kept;
+  const auto all = order();
+  for (size_t i = static_cast<size_t>(index); i < all.size(); i += static_cast<size_t>(num_shards))
+    kept.push_back(all[i]);
+  dataset out = *this;
+  out.order_ = std::make_shared<const std::vector<int64_t>>(std::move(kept));
+  out.shuffle_.reset();
+  return out;
+}
+
+dataset dataset::map(element_function fn) const {
+  require_unbatched("map");
+  if (!fn)
+    throw_error(errc::invalid_argument, "map needs a function; got an empty one");
+  dataset out = *this;
+  out.maps_.push_back(std::move(fn));
+  return out;
+}
+
 int64_t dataset::cardinality() const noexcept {
+  const auto n = num_rows();
   if (!batch_size_)
-    return rows_;
+    return n;
   auto bs = *batch_size_;
-  return drop_remainder_ ? rows_ / bs : (rows_ + bs - 1) / bs;
+  return drop_remainder_ ? n / bs : (n + bs - 1) / bs;
+}
+
+namespace {
+
+/// Row `row` of every leaf of `source`, without the sliced axis (as tf.data yields an element).
+nest row_of(const nest& source, int64_t row) {
+  return map_structure(source, [&](const tensor& t) {
+    auto row_shape = t.shape();
+    row_shape.erase(row_shape.begin());
+    return t.slice(row, row + 1).reshape(std::move(row_shape));
+  });
+}
+
+/// `element` with a new axis 0 of extent 1.
+nest with_batch_axis(const nest& element) {
+  return map_structure(element, [](const tensor& t) {
+    auto shape = t.shape();
+    shape.insert(shape.begin(), 1);
+    return t.reshape(std::move(shape));
+  });
+}
+
+} // namespace
+
+nest dataset::element(int64_t i) const {
+  auto out = row_of(elements_, source_row(i));
+  for (const auto& fn : maps_)
+    out = fn(out);
+  return out;
 }
 
 nest dataset::get(int64_t index) const {
@@ -62,24 +216,67 @@ nest dataset::get(int64_t index) const {
                 std::string{is_batched() ? "batch" : "element"} + " index " +
                     std::to_string(index) + " is out of range: the dataset has " +
                     std::to_string(cardinality()) + (is_batched() ? " batches" : " elements"));
-  if (!batch_size_) {
-    // One element: row `index` of every leaf, without the sliced axis (as tf.data yields it).
-    return map_structure(elements_, [&](const tensor& t) {
-      auto row_shape = t.shape();
-      row_shape.erase(row_shape.begin());
-      return t.slice(index, index + 1).reshape(std::move(row_shape));
-    });
-  }
+  if (!batch_size_)
+    return element(index);
   auto begin = index * *batch_size_;
-  return rows(begin, std::min(begin + *batch_size_, rows_));
+  return rows(begin, std::min(begin + *batch_size_, num_rows()));
 }
 
 nest dataset::rows(int64_t begin, int64_t end) const {
-  if (begin < 0 || end < begin || end > rows_)
+  if (begin < 0 || end < begin || end > num_rows())
     throw_error(errc::out_of_range, "rows [" + std::to_string(begin) + ", " + std::to_string(end) +
                                         ") are out of range: the dataset has " +
-                                        std::to_string(rows_) + " rows");
-  return map_structure(elements_, [&](const tensor& t) { return t.slice(begin, end); });
+                                        std::to_string(num_rows()) + " elements");
+  if (maps_.empty()) {
+    // Contiguous source rows: a view, no copy (the common, unshuffled case).
+    bool contiguous = true;
+    for (int64_t i = begin + 1; contiguous && i < end; ++i)
+      contiguous = source_row(i) == source_row(i - 1) + 1;
+    if (contiguous) {
+      const auto first = begin < end ? source_row(begin) : 0;
+      return map_structure(elements_,
+                           [&](const tensor& t) { return t.slice(first, first + (end - begin)); });
+    }
+  }
+  if (begin == end) {
+    // No element: the structure of a mapped element with extent 0 along the batch axis.
+    auto sample = rows_ > 0 ? with_batch_axis(element(0)) : elements_;
+    return map_structure(sample, [](const tensor& t) { return t.slice(0, 0); });
+  }
+  std::vector<nest> parts;
+  parts.reserve(static_cast<size_t>(end - begin));
+  for (int64_t i = begin; i < end; ++i)
+    parts.push_back(maps_.empty()
+                        ? map_structure(elements_,
+                                        [&](const tensor& t) {
+                                          return t.slice(source_row(i), source_row(i) + 1);
+                                        })
+                        : with_batch_axis(element(i)));
+  return concat_components(parts, 0);
+}
+
+// -- input_context --------------------------------------------------------------------------------
+
+input_context::input_context(int num_input_pipelines, int input_pipeline_id,
+                             int num_replicas_in_sync)
+    : num_input_pipelines_(num_input_pipelines), input_pipeline_id_(input_pipeline_id),
+      num_replicas_in_sync_(num_replicas_in_sync) {
+  if (num_input_pipelines < 1 || num_replicas_in_sync < 1 || input_pipeline_id < 0 ||
+      input_pipeline_id >= num_input_pipelines)
+    throw_error(errc::invalid_argument,
+                "input_context needs num_input_pipelines >= 1, input_pipeline_id in 0..pipelines-1 "
+                "and num_replicas_in_sync >= 1; got " +
+                    std::to_string(num_input_pipelines) + ", " + std::to_string(input_pipeline_id) +
+                    ", " + std::to_string(num_replicas_in_sync));
+}
+
+int64_t input_context::get_per_replica_batch_size(int64_t global_batch_size) const {
+  if (global_batch_size < 0 || global_batch_size % num_replicas_in_sync_ != 0)
+    throw_error(errc::invalid_argument, "The `global_batch_size` " +
+                                            std::to_string(global_batch_size) +
+                                            " is not divisible by `num_replicas_in_sync` " +
+                                            std::to_string(num_replicas_in_sync_));
+  return global_batch_size / num_replicas_in_sync_;
 }
 
 // -- splitting
@@ -138,11 +335,44 @@ distributed_dataset::distributed_dataset(dataset source, int num_replicas_in_syn
                       " replicas in sync (valid: 0.." + std::to_string(num_replicas_ - 1) + ")");
 }
 
+distributed_dataset distributed_dataset::from_per_replica_batches(dataset source,
+                                                                  int local_replicas) {
+  if (!source.is_batched())
+    throw_error(errc::invalid_argument,
+                "distribute_datasets_from_function: the input function must return a batched "
+                "dataset: call .batch(ctx.get_per_replica_batch_size(global_batch_size))");
+  if (local_replicas < 1)
+    throw_error(errc::invalid_argument, "distribute_datasets_from_function needs at least one "
+                                        "local replica; got " +
+                                            std::to_string(local_replicas));
+  distributed_dataset out;
+  out.source_ = std::move(source);
+  out.per_replica_batches_for_ = local_replicas;
+  return out;
+}
+
+int64_t distributed_dataset::cardinality() const noexcept {
+  if (per_replica_batches_for_ == 0)
+    return source_.cardinality();
+  return (source_.cardinality() + per_replica_batches_for_ - 1) / per_replica_batches_for_;
+}
+
 per_replica<nest> distributed_dataset::get(int64_t index) const {
   if (index < 0 || index >= cardinality())
     throw_error(errc::out_of_range, "global batch index " + std::to_string(index) +
                                         " is out of range: the dataset has " +
                                         std::to_string(cardinality()) + " batches");
+  if (per_replica_batches_for_ > 0) {
+    // Step `index` gives local replica i batch index * R + i; past the end, an empty batch.
+    std::vector<nest> parts;
+    for (int i = 0; i < per_replica_batches_for_; ++i) {
+      const auto batch = index * per_replica_batches_for_ + i;
+      parts.push_back(batch < source_.cardinality()
+                          ? source_.get(batch)
+                          : source_.rows(source_.num_rows(), source_.num_rows()));
+    }
+    return per_replica<nest>{std::move(parts)};
+  }
   const int64_t bs = *source_.batch_size();
   const int64_t begin = index * bs;
   const int64_t end = std::min(begin + bs, source_.num_rows());

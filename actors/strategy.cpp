@@ -276,6 +276,16 @@ distributed_dataset strategy::distribute_dataset(const dataset& ds) const {
   return distributed_dataset(ds, num_replicas_in_sync(), local_replica_ids(), rt_->num_workers());
 }
 
+distributed_dataset strategy::distribute_datasets_from_function(
+    const std::function<dataset(const input_context&)>& fn) const {
+  if (!fn)
+    throw_error(errc::invalid_argument,
+                "distribute_datasets_from_function needs an input function; got an empty one");
+  const input_context ctx(rt_->num_workers(), rt_->worker_rank(), num_replicas_in_sync());
+  return distributed_dataset::from_per_replica_batches(fn(ctx),
+                                                       static_cast<int>(num_local_replicas()));
+}
+
 const consort::cross_device_ops& strategy::cross_device_ops() const noexcept {
   return *cross_device_ops_;
 }

@@ -213,6 +213,16 @@ public:
   /// @throws error(invalid_argument) when `ds` is not batched.
   distributed_dataset distribute_dataset(const dataset& ds) const;
 
+  /// tf.distribute's `distribute_datasets_from_function`: calls `fn` once on this worker with an
+  /// input_context (one input pipeline per worker: `num_input_pipelines` workers, this one's rank
+  /// as `input_pipeline_id`). `fn` shards and batches its dataset itself, by the per-replica batch
+  /// size (`ctx.get_per_replica_batch_size(global)`); its batches go to the local replicas in turn
+  /// (see `distributed_dataset::from_per_replica_batches`).
+  /// @throws error(invalid_argument) when `fn` is empty or returns an unbatched dataset; what `fn`
+  ///         throws.
+  distributed_dataset
+  distribute_datasets_from_function(const std::function<dataset(const input_context&)>& fn) const;
+
   /// The cross-device ops that combine values between this worker's devices.
   const consort::cross_device_ops& cross_device_ops() const noexcept;
 

@@ -8,8 +8,8 @@
 #include "support/expect_error.hpp"
 #include "support/strategy_helpers.hpp"
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
+#include "support/free_port.hpp"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -27,6 +27,7 @@ using namespace std::chrono_literals;
 
 using test::cpus;
 using test::fails_with;
+using test::free_port;
 
 tensor f32(float v) {
   return tensor::scalar<float>(v);
@@ -319,13 +320,6 @@ TEST(MergeCallTest, TheFunctionGetsTheStrategyObjectAfterItMoved) {
         f32(1.0f));
   });
   EXPECT_EQ(seen.load(), &moved);
-}
-
-int free_port() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor acceptor(
-      io, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
-  return acceptor.local_endpoint().port();
 }
 
 TEST(MergeCallTest, AcrossWorkersTheFunctionReducesOverEveryReplicaOfEveryWorker) {

@@ -3,12 +3,12 @@
 // on loopback. The multi-process tests are in tests/multiworker.
 
 #include <consort/cluster.hpp>
+#include <consort/ops.hpp>
 #include <consort/strategy.hpp>
 
-#include <gtest/gtest.h>
+#include "support/free_port.hpp"
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -23,13 +23,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// A port that was free a moment ago (the kernel's choice for an ephemeral bind).
-int free_port() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor acceptor(
-      io, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
-  return acceptor.local_endpoint().port();
-}
+using consort::test::free_port;
 
 std::shared_ptr<const cluster_resolver> two_workers(int port, int index) {
   auto spec = cluster_spec::dense(
@@ -181,4 +175,36 @@ TEST(MultiWorkerStrategyTest, TwoWorkersWithASecretAuthenticateMembershipAndMesh
   // Each of the 2 replicas (one per worker) gets 2; the reduce sums them.
   EXPECT_EQ(work(0), tensor::scalar<float>(4.0f));
   EXPECT_EQ(other.get(), tensor::scalar<float>(4.0f));
+}
+
+TEST(MultiWorkerStrategyTest, EachWorkersInputFunctionGetsItsOwnPipelineId) {
+  // 2 workers x 1 replica, global batch 4: each worker's function shards the 8 elements by its
+  // pipeline id and batches by 2; the replicas' sums over both steps add up to every element once.
+  auto port = free_port();
+  auto work = [port](int index) {
+    multi_worker_mirrored_strategy strategy({}, quiet(two_workers(port, index)));
+    int pipeline = -1;
+    auto dist = strategy.distribute_datasets_from_function([&](const input_context& ctx) {
+      EXPECT_EQ(ctx.num_input_pipelines(), 2);
+      EXPECT_EQ(ctx.num_replicas_in_sync(), 2);
+      pipeline = ctx.input_pipeline_id();
+      return dataset::from_tensor_slices(nest(tensor::from<float>({1, 2, 4, 8, 16, 32, 64, 128})))
+          .shard(ctx.num_input_pipelines(), ctx.input_pipeline_id())
+          .batch(ctx.get_per_replica_batch_size(4));
+    });
+    EXPECT_EQ(pipeline, strategy.worker_rank());
+    float total = 0;
+    for (per_replica<nest> batch : dist) {
+      auto sums = strategy.run(
+          [](replica_context& ctx, const nest& b) {
+            return ctx.all_reduce("SUM", reduce_axis(reduce_op::sum, b.as_tensor(), 0));
+          },
+          batch);
+      total += sums[0].item<float>();
+    }
+    return total;
+  };
+  auto other = std::async(std::launch::async, work, 1);
+  EXPECT_EQ(work(0), 255.0f);
+  EXPECT_EQ(other.get(), 255.0f);
 }

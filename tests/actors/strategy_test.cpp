@@ -4,6 +4,7 @@
 #include <consort/config.hpp>
 #include <consort/consort.hpp>
 
+#include "support/expect_error.hpp"
 #include "support/strategy_helpers.hpp"
 
 #include <gtest/gtest.h>
@@ -345,6 +346,43 @@ TEST(StrategyTest, AMeanOverAxis0OfAPartialBatchDividesByItsRowCount) {
                           per_replica<nest>(last));
   EXPECT_EQ(strategy.reduce("MEAN", out, 0).item<float>(), (8 + 9 + 10 + 11 + 12 + 13) / 6.0f);
   EXPECT_EQ(strategy.reduce("SUM", out, 0).item<float>(), 63.0f);
+}
+
+TEST(StrategyTest, DistributeDatasetsFromFunctionGivesTheInputContextAndPerReplicaBatches) {
+  mirrored_strategy strategy(cpus(2));
+  std::vector<float> values(16);
+  std::iota(values.begin(), values.end(), 0.0f);
+  int calls = 0;
+  auto dist = strategy.distribute_datasets_from_function([&](const input_context& ctx) {
+    ++calls;
+    EXPECT_EQ(ctx.num_input_pipelines(), 1);
+    EXPECT_EQ(ctx.input_pipeline_id(), 0);
+    EXPECT_EQ(ctx.num_replicas_in_sync(), 2);
+    return dataset::from_tensor_slices(nest(tensor::from<float>(values)))
+        .shard(ctx.num_input_pipelines(), ctx.input_pipeline_id())
+        .batch(ctx.get_per_replica_batch_size(8));
+  });
+  EXPECT_EQ(calls, 1);
+  ASSERT_EQ(dist.cardinality(), 2);
+  float total = 0;
+  for (per_replica<nest> batch : dist) {
+    auto sums = strategy.run(
+        [](replica_context& ctx, const nest& b) {
+          return ctx.all_reduce("SUM", reduce_axis(reduce_op::sum, b.as_tensor(), 0));
+        },
+        batch);
+    total += sums[0].item<float>();
+  }
+  EXPECT_EQ(total, 120.0f); // every element once: 0 + 1 + ... + 15
+  EXPECT_TRUE(test::fails_with(
+      [&] {
+        strategy.distribute_datasets_from_function([&](const input_context&) {
+          return dataset::from_tensor_slices(nest(tensor::from<float>(values)));
+        });
+      },
+      errc::invalid_argument, {"must return a batched dataset"}));
+  EXPECT_TRUE(test::fails_with([&] { strategy.distribute_datasets_from_function(nullptr); },
+                               errc::invalid_argument, {"needs an input function"}));
 }
 
 } // namespace

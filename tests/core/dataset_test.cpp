@@ -4,12 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
 using consort::dataset;
 using consort::distributed_dataset;
 using consort::errc;
+using consort::input_context;
 using consort::nest;
 using consort::shape_t;
 using consort::split_batch;
@@ -138,7 +140,7 @@ TEST(DatasetTest, GetAndRowsRejectOutOfRangeIndices) {
   auto ds = dataset::from_tensor_slices(features_and_labels(4));
   EXPECT_TRUE(fails_with([&] { ds.get(4); }, errc::out_of_range, {"4", "4 elements"}));
   EXPECT_TRUE(fails_with([&] { ds.get(-1); }, errc::out_of_range, {"-1"}));
-  EXPECT_TRUE(fails_with([&] { ds.rows(3, 5); }, errc::out_of_range, {"[3, 5)", "4 rows"}));
+  EXPECT_TRUE(fails_with([&] { ds.rows(3, 5); }, errc::out_of_range, {"[3, 5)", "4 elements"}));
   EXPECT_EQ(labels(ds.rows(1, 3)), (std::vector<int32_t>{1, 2}));
 }
 
@@ -265,4 +267,157 @@ TEST(DatasetTest, ReplicasMustSpreadEvenlyOverWorkers) {
                          {"4 replicas in sync cannot be spread over 3 workers"}));
   EXPECT_TRUE(fails_with([&] { distributed_dataset(ds, 4, {0}, 0); }, errc::invalid_argument,
                          {"over 0 workers"}));
+}
+
+// -- element transformations
+// -----------------------------------------------------------------------
+
+namespace {
+
+std::vector<int32_t> all_labels(const dataset& ds) {
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < ds.cardinality(); ++i)
+    for (auto label : ds.is_batched()
+                          ? labels(ds.get(i))
+                          : std::vector<int32_t>{ds.get(i)["y"].as_tensor().item<int32_t>()})
+      out.push_back(label);
+  return out;
+}
+
+std::vector<int32_t> iota(int32_t n) {
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  std::iota(out.begin(), out.end(), 0);
+  return out;
+}
+
+} // namespace
+
+TEST(DatasetTest, ShuffleWithASeedIsARepeatablePermutation) {
+  auto ds = dataset::from_tensor_slices(features_and_labels(10));
+  auto a = all_labels(ds.shuffle(10, 7));
+  EXPECT_EQ(a, all_labels(ds.shuffle(10, 7))); // the same seed, the same order
+  EXPECT_NE(a, all_labels(ds.shuffle(10, 8))); // another seed, another order
+  EXPECT_NE(a, iota(10));
+  auto sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, iota(10));
+  // A buffer of one keeps the order.
+  EXPECT_EQ(all_labels(ds.shuffle(1, 7)), iota(10));
+}
+
+TEST(DatasetTest, ShuffleDrawsFromABufferAsTfDataDoes) {
+  // With a buffer of 3, output k is one of inputs 0..k+2 (the buffer holds 3 inputs at a time).
+  auto out = all_labels(dataset::from_tensor_slices(features_and_labels(50)).shuffle(3, 1));
+  for (size_t k = 0; k < out.size(); ++k)
+    EXPECT_LE(out[k], static_cast<int32_t>(k) + 2) << "output " << k;
+}
+
+TEST(DatasetTest, ABatchOfShuffledElementsKeepsEveryLeafsRowsTogether) {
+  auto ds = dataset::from_tensor_slices(features_and_labels(9)).shuffle(9, 5).batch(4);
+  ASSERT_EQ(ds.cardinality(), 3);
+  std::vector<int32_t> seen;
+  for (int64_t b = 0; b < 3; ++b) {
+    auto batch = ds.get(b);
+    auto y = labels(batch);
+    auto x = batch["x"].as_tensor().to_vector<int32_t>();
+    ASSERT_EQ(x.size(), y.size() * 2);
+    for (size_t i = 0; i < y.size(); ++i) {
+      EXPECT_EQ(x[2 * i], 2 * y[i]); // row r of x holds 2r, 2r+1
+      EXPECT_EQ(x[2 * i + 1], 2 * y[i] + 1);
+      seen.push_back(y[i]);
+    }
+  }
+  EXPECT_EQ(labels(ds.get(2)).size(), 1u);
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, iota(9));
+}
+
+TEST(DatasetTest, RepeatGivesEveryEpochAndReshufflesEachOne) {
+  auto ds = dataset::from_tensor_slices(features_and_labels(4));
+  EXPECT_EQ(all_labels(ds.repeat(2)), (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 3}));
+  auto twice = all_labels(ds.shuffle(4, 11).repeat(3));
+  ASSERT_EQ(twice.size(), 12u);
+  std::vector<int32_t> e0(twice.begin(), twice.begin() + 4),
+      e1(twice.begin() + 4, twice.begin() + 8);
+  EXPECT_EQ(e0, all_labels(ds.shuffle(4, 11)));
+  EXPECT_NE(e0, e1) << "tf.data reshuffles every epoch by default";
+  std::sort(e1.begin(), e1.end());
+  EXPECT_EQ(e1, iota(4));
+  EXPECT_EQ(twice, all_labels(ds.shuffle(4, 11).repeat(3))); // and repeatably so
+  // A batch may span the end of an epoch.
+  EXPECT_EQ(labels(ds.repeat(2).batch(3).get(1)), (std::vector<int32_t>{3, 0, 1}));
+}
+
+TEST(DatasetTest, TakeAndShardSelectElements) {
+  auto ds = dataset::from_tensor_slices(features_and_labels(10));
+  EXPECT_EQ(all_labels(ds.take(3)), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(ds.take(100).cardinality(), 10);
+  EXPECT_EQ(ds.take(0).cardinality(), 0);
+  EXPECT_EQ(all_labels(ds.shard(3, 1)), (std::vector<int32_t>{1, 4, 7}));
+  EXPECT_EQ(all_labels(ds.shard(3, 0).take(2)), (std::vector<int32_t>{0, 3}));
+  // A sharded batch is assembled from non-contiguous rows.
+  EXPECT_EQ(ds.shard(2, 1).batch(2).get(1)["x"].as_tensor(),
+            tensor::from<int32_t>({10, 11, 14, 15}, {2, 2}));
+}
+
+TEST(DatasetTest, MapAppliesToEveryElementBeforeBatching) {
+  auto ds = dataset::from_tensor_slices(features_and_labels(5)).map([](const nest& e) {
+    auto y = e["y"].as_tensor().item<int32_t>();
+    return nest::dict(
+        {{"y", tensor::scalar<int32_t>(10 * y)}, {"odd", tensor::scalar<int32_t>(y % 2)}});
+  });
+  EXPECT_EQ(ds.get(3)["y"].as_tensor().item<int32_t>(), 30);
+  auto batch = ds.batch(2).get(1);
+  EXPECT_EQ(labels(batch), (std::vector<int32_t>{20, 30}));
+  EXPECT_EQ(batch["odd"].as_tensor().to_vector<int32_t>(), (std::vector<int32_t>{0, 1}));
+  // A mapped dataset's empty batch has the mapped structure.
+  auto empty = ds.rows(5, 5);
+  EXPECT_EQ(empty["odd"].as_tensor().shape(), (shape_t{0}));
+}
+
+TEST(DatasetTest, ElementTransformationsNeedAnUnbatchedDatasetAndValidArguments) {
+  auto ds = dataset::from_tensor_slices(features_and_labels(4));
+  auto batched = ds.batch(2);
+  EXPECT_TRUE(fails_with([&] { batched.shuffle(4, 1); }, errc::invalid_argument,
+                         {"shuffle: the dataset is already batched", "before batch"}));
+  EXPECT_TRUE(fails_with([&] { batched.repeat(2); }, errc::invalid_argument, {"repeat"}));
+  EXPECT_TRUE(fails_with([&] { batched.map([](const nest& e) { return e; }); },
+                         errc::invalid_argument, {"map"}));
+  EXPECT_TRUE(fails_with([&] { ds.shuffle(0, 1); }, errc::invalid_argument, {"buffer_size", "0"}));
+  EXPECT_TRUE(fails_with([&] { ds.repeat(0); }, errc::invalid_argument, {"give the epochs"}));
+  EXPECT_TRUE(fails_with([&] { ds.take(-1); }, errc::invalid_argument, {"-1"}));
+  EXPECT_TRUE(
+      fails_with([&] { ds.shard(2, 2); }, errc::invalid_argument, {"index in 0..1", "index 2"}));
+  EXPECT_TRUE(fails_with([&] { ds.map(nullptr); }, errc::invalid_argument, {"empty"}));
+}
+
+// -- input_context and per-replica batches --------------------------------------------------------
+
+TEST(DatasetTest, InputContextGivesThePerReplicaBatchSizeOnlyWhenItDivides) {
+  input_context ctx(2, 1, 4);
+  EXPECT_EQ(ctx.num_input_pipelines(), 2);
+  EXPECT_EQ(ctx.input_pipeline_id(), 1);
+  EXPECT_EQ(ctx.num_replicas_in_sync(), 4);
+  EXPECT_EQ(ctx.get_per_replica_batch_size(64), 16);
+  EXPECT_TRUE(fails_with([&] { ctx.get_per_replica_batch_size(10); }, errc::invalid_argument,
+                         {"`global_batch_size` 10 is not divisible by `num_replicas_in_sync` 4"}));
+  EXPECT_TRUE(fails_with([] { input_context(2, 2, 4); }, errc::invalid_argument, {"2, 2, 4"}));
+  EXPECT_TRUE(fails_with([] { input_context(1, 0, 0); }, errc::invalid_argument, {"1, 0, 0"}));
+}
+
+TEST(DatasetTest, PerReplicaBatchesGoToTheLocalReplicasInTurn) {
+  // 5 per-replica batches of 2 over 2 local replicas: steps (0, 1), (2, 3), (4, empty).
+  auto ds = dataset::from_tensor_slices(features_and_labels(10)).batch(2);
+  auto dist = distributed_dataset::from_per_replica_batches(ds, 2);
+  ASSERT_EQ(dist.cardinality(), 3);
+  EXPECT_EQ(labels(dist.get(1)[0]), (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(labels(dist.get(1)[1]), (std::vector<int32_t>{6, 7}));
+  EXPECT_EQ(labels(dist.get(2)[0]), (std::vector<int32_t>{8, 9}));
+  EXPECT_EQ(dist.get(2)[1]["x"].as_tensor().shape(), (shape_t{0, 2}));
+  EXPECT_TRUE(fails_with(
+      [] {
+        distributed_dataset::from_per_replica_batches(
+            dataset::from_tensor_slices(features_and_labels(2)), 2);
+      },
+      errc::invalid_argument, {"must return a batched dataset"}));
 }
