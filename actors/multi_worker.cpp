@@ -118,6 +118,8 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
                 "multi_worker_options::close_timeout is " +
                     std::to_string(mw.close_timeout.count()) +
                     " ms; expected 0 (do not wait for the other workers at shutdown) or more");
+  // TF's checks of the cluster and the task belong to the strategy, not to the resolver.
+  validate_multi_worker_cluster(*resolver);
   auto devices = detail::canonical_devices(worker_devices(mw));
   auto num_workers = resolver->num_workers();
   if (resolver->is_local() || num_workers <= 1) {

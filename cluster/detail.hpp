@@ -46,11 +46,4 @@ std::optional<long long> parse_integer(std::string_view text, long long min, lon
 /// True when `address` is "host:port" with a non-empty host and a port in 1..65535.
 bool is_host_port(std::string_view address);
 
-/// Validates a non-empty cluster and a task with the rules TF's multi-worker strategies apply
-/// (see `tf_config_cluster_resolver`). `source` starts every message ("TF_CONFIG",
-/// "simple_cluster_resolver"). `task_type` "" or a missing `task_id` mean "not given".
-/// @throws error(invalid_argument).
-void validate_cluster(const cluster_spec& spec, const std::string& task_type,
-                      std::optional<int> task_id, std::string_view source);
-
 } // namespace consort::cluster_detail

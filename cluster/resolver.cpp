@@ -2,6 +2,7 @@
 // answers come from TF_CONFIG or from code.
 
 #include "cluster/detail.hpp"
+#include "device/gpu.hpp"
 
 #include <consort/error.hpp>
 
@@ -40,75 +41,69 @@ std::string jobs_text(const cluster_spec& spec) {
 
 // -- validation -----------------------------------------------------------------------------------
 
-namespace cluster_detail {
-
-void validate_cluster(const cluster_spec& spec, const std::string& task_type,
-                      std::optional<int> task_id, std::string_view source) {
-  const std::string src(source);
-  // The strategy's own check comes first in TF (CollectiveAllReduceExtended: "When
-  // `cluster_spec` is given, you must also specify `task_type` and `task_id`").
+void validate_multi_worker_cluster(const cluster_resolver& resolver, const std::string& who) {
+  const auto spec = resolver.cluster_spec();
+  if (spec.empty())
+    return;
+  const auto type = resolver.task_type();
+  const auto id = resolver.task_id();
+  const std::string& src = who;
   constexpr std::string_view task_example = "\"task\": {\"type\": \"worker\", \"index\": 0}";
-  if (task_type.empty())
+  if (!type || !id)
     throw_error(errc::invalid_argument,
-                src + ": the cluster is not empty (jobs: " + jobs_text(spec) +
-                    ") but no task type is given; expected this process's task, e.g. " +
-                    std::string(task_example));
-  if (!task_id)
-    throw_error(errc::invalid_argument,
-                src + ": the cluster is not empty (jobs: " + jobs_text(spec) + ") but task " +
-                    quote(task_type) + " has no index; expected this process's task, e.g. " +
-                    std::string(task_example));
+                src +
+                    ": When `cluster_spec` is given, you must also specify `task_type` and "
+                    "`task_id`; the cluster has jobs " +
+                    jobs_text(spec) + " but " +
+                    (type ? "task " + quote(*type) + " has no index"
+                          : std::string("no task type is given")) +
+                    " (in TF_CONFIG: " + std::string(task_example) + ")");
   // The rules of multi_worker_util._validate_cluster_spec, in its order.
   for (const auto& job : spec.jobs())
     if (!is_known_task_type(job))
       throw_error(errc::invalid_argument,
-                  src + ": the cluster has a job " + quote(job) +
-                      ", which is not a task type of a multi-worker cluster; expected jobs named " +
-                      std::string(known_task_types_text));
-  if (!is_known_task_type(task_type))
-    throw_error(errc::invalid_argument, src + ": unrecognized task type " + quote(task_type) +
-                                            "; expected " + std::string(known_task_types_text));
+                  src + ": Disallowed task type found in cluster spec: job " + quote(job) +
+                      "; allowed types are " + std::string(known_task_types_text));
+  if (!is_known_task_type(*type))
+    throw_error(errc::invalid_argument,
+                src + ": Unrecognized task_type: " + quote(*type) +
+                    ", valid task types are: " + std::string(known_task_types_text));
   // TF lets an evaluator be absent from the cluster (Estimator's TF_CONFIG lists it apart).
-  if (!spec.has_job(task_type) && task_type != "evaluator")
-    throw_error(errc::invalid_argument, src + ": task type " + quote(task_type) +
-                                            " is not a job of the cluster; expected one of its "
-                                            "jobs: " +
+  if (!spec.has_job(*type) && *type != "evaluator")
+    throw_error(errc::invalid_argument, src + ": `task_type` " + quote(*type) +
+                                            " not found in cluster_spec; its jobs are " +
                                             jobs_text(spec));
   for (std::string_view single : {"chief", "evaluator"}) {
     const std::string job(single);
     if (spec.has_job(job) && spec.num_tasks(job) > 1)
-      throw_error(errc::invalid_argument, src + ": there must be at most one '" + job +
-                                              "' task, but job " + quote(job) + " has " +
-                                              std::to_string(spec.num_tasks(job)) + " (indices " +
-                                              join(spec.task_indices(job)) + ")");
+      throw_error(errc::invalid_argument,
+                  src + ": There must be at most one '" + job + "' job; job " + quote(job) +
+                      " has " + std::to_string(spec.num_tasks(job)) + " tasks (indices " +
+                      join(spec.task_indices(job)) + ")");
   }
-  if (*task_id < 0)
-    throw_error(errc::invalid_argument,
-                src + ": task index " + std::to_string(*task_id) + " of task type " +
-                    quote(task_type) + " is negative; expected an index >= 0" +
-                    (spec.has_job(task_type) ? " naming a task of the job (indices: " +
-                                                   join(spec.task_indices(task_type)) + ")"
-                                             : std::string()));
+  if (*id < 0)
+    throw_error(errc::invalid_argument, src + ": task index " + std::to_string(*id) +
+                                            " of task type " + quote(*type) +
+                                            " is negative; expected an index >= 0");
   // TF checks `task_id < number of tasks`; for a sparse job we check that the index names one of
   // its tasks, which is the same rule for a dense job.
-  if (spec.has_job(task_type)) {
-    auto indices = spec.task_indices(task_type);
-    if (!std::binary_search(indices.begin(), indices.end(), *task_id))
+  if (spec.has_job(*type)) {
+    auto indices = spec.task_indices(*type);
+    if (!std::binary_search(indices.begin(), indices.end(), *id))
       throw_error(errc::invalid_argument,
-                  src + ": task index " + std::to_string(*task_id) + " is out of range for job " +
-                      quote(task_type) + ", which has " + std::to_string(indices.size()) +
+                  src + ": The `task_id` " + std::to_string(*id) + " exceeds the maximum id of " +
+                      *type + "; job " + quote(*type) + " has " + std::to_string(indices.size()) +
                       " task(s)" +
-                      (indices.empty() ? std::string("; expected a job with this task")
-                                       : "; expected one of its indices: " + join(indices)));
+                      (indices.empty() ? std::string()
+                                       : ", expected one of its indices: " + join(indices)));
   }
 }
-
-} // namespace cluster_detail
 
 // -- cluster_resolver -----------------------------------------------------------------------------
 
 std::unique_ptr<cluster_resolver> cluster_resolver::local() {
-  return std::make_unique<simple_cluster_resolver>(consort::cluster_spec{}, "", 0);
+  return std::make_unique<simple_cluster_resolver>(consort::cluster_spec{}, std::nullopt,
+                                                   std::nullopt);
 }
 
 bool cluster_resolver::is_chief() const {
@@ -141,8 +136,8 @@ int cluster_resolver::worker_rank() const {
   const auto type = task_type();
   if (type == "chief")
     return 0;
-  if (type == "worker")
-    return task_id() + (spec.has_job("chief") ? spec.num_tasks("chief") : 0);
+  if (type == "worker" && task_id())
+    return *task_id() + (spec.has_job("chief") ? spec.num_tasks("chief") : 0);
   throw_error(errc::invalid_argument,
               "task " + to_string(task()) +
                   " has no worker rank; expected a chief or worker task (ps and evaluator tasks "
@@ -165,12 +160,12 @@ std::string cluster_resolver::master_impl(const std::string& type, int id,
   const auto spec = cluster_spec();
   if (spec.empty())
     return {};
-  const std::string chosen_type = type.empty() ? task_type() : type;
-  const int chosen_id = id >= 0 ? id : task_id();
+  const std::string chosen_type = type.empty() ? task_type().value_or("") : type;
+  const auto chosen_id = id >= 0 ? std::optional<int>(id) : task_id();
   // As TF's Slurm and Simple resolvers: without a task there is no master to name.
-  if (chosen_type.empty())
+  if (chosen_type.empty() || !chosen_id)
     return {};
-  return format_master_url(spec.task_address(chosen_type, chosen_id),
+  return format_master_url(spec.task_address(chosen_type, *chosen_id),
                            rpc.empty() ? rpc_layer() : rpc);
 }
 
@@ -197,6 +192,17 @@ std::optional<std::string> string_key(const nlohmann::json& config, const char* 
     throw_error(errc::invalid_argument,
                 std::string("TF_CONFIG: \"") + key + "\" must be a string, got " + describe(*it));
   return it->get<std::string>();
+}
+
+// "task"."type": TF applies str(), so any JSON value names a job ("123456", "True", "None", ...).
+std::string python_str(const nlohmann::json& value) {
+  if (value.is_string())
+    return value.get<std::string>();
+  if (value.is_boolean())
+    return value.get<bool>() ? "True" : "False";
+  if (value.is_null())
+    return "None";
+  return value.dump(); // integers as Python writes them; floats, lists and objects as JSON
 }
 
 // "task"."index": TF applies int(), so an integer or a decimal string.
@@ -248,13 +254,8 @@ tf_config_cluster_resolver::tf_config_cluster_resolver(from_text_tag,
         throw_error(errc::invalid_argument,
                     "TF_CONFIG: \"task\" must be an object {\"type\": ..., \"index\": ...}, got " +
                         describe(*it));
-      if (auto t = it->find("type"); t != it->end()) {
-        if (!t->is_string())
-          throw_error(errc::invalid_argument,
-                      "TF_CONFIG: \"task\".\"type\" must be a string such as \"worker\", got " +
-                          describe(*t));
-        type = t->get<std::string>();
-      }
+      if (auto t = it->find("type"); t != it->end())
+        type = python_str(*t);
       if (auto i = it->find("index"); i != it->end())
         index = task_index_of(*i);
     }
@@ -271,15 +272,17 @@ tf_config_cluster_resolver::tf_config_cluster_resolver(from_text_tag,
   if (overrides.environment)
     env = overrides.environment;
 
-  if (!spec_.empty())
-    cluster_detail::validate_cluster(spec_, type.value_or(""), index, "TF_CONFIG");
-  else if (index && *index < 0)
-    throw_error(errc::invalid_argument, "TF_CONFIG: task index " + std::to_string(*index) +
-                                            " is negative; expected an index >= 0");
-  task_type_ = type.value_or("");
-  task_id_ = index.value_or(0);
+  task_type_ = std::move(type);
+  task_id_ = index;
   rpc_layer_ = rpc.value_or("");
   environment_ = env.value_or("");
+}
+
+std::map<std::string, int> tf_config_cluster_resolver::num_accelerators() const {
+  const int gpus = detail::gpu::count();
+  if (gpus <= 0)
+    return {};
+  return {{"GPU", gpus}};
 }
 
 std::string tf_config_cluster_resolver::master_impl(const std::string& type, int id,
@@ -300,17 +303,12 @@ std::string tf_config_cluster_resolver::master_impl(const std::string& type, int
 
 // -- simple_cluster_resolver ----------------------------------------------------------------------
 
-simple_cluster_resolver::simple_cluster_resolver(consort::cluster_spec spec, std::string task_type,
-                                                 int task_id, std::string rpc_layer,
+simple_cluster_resolver::simple_cluster_resolver(consort::cluster_spec spec,
+                                                 std::optional<std::string> task_type,
+                                                 std::optional<int> task_id, std::string rpc_layer,
                                                  std::map<std::string, int> accelerators)
     : spec_(std::move(spec)), task_type_(std::move(task_type)), task_id_(task_id),
       rpc_layer_(std::move(rpc_layer)), accelerators_(std::move(accelerators)) {
-  if (!spec_.empty())
-    cluster_detail::validate_cluster(spec_, task_type_, task_id_, "simple_cluster_resolver");
-  else if (task_id_ < 0)
-    throw_error(errc::invalid_argument, "simple_cluster_resolver: task index " +
-                                            std::to_string(task_id_) +
-                                            " is negative; expected an index >= 0");
   for (const auto& [kind, count] : accelerators_)
     if (count < 0)
       throw_error(errc::invalid_argument, "simple_cluster_resolver: " + std::to_string(count) +

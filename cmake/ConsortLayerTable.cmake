@@ -10,8 +10,9 @@ set(CONSORT_LAYERS core device cluster transport actors)
 set(CONSORT_LAYER_core_USES "")
 # device: tensors and nests on CPU and GPU, the host and CUDA kernels, NCCL communicators.
 set(CONSORT_LAYER_device_USES core)
-# cluster: the cluster spec and its resolvers (TF_CONFIG, Slurm, Open MPI).
-set(CONSORT_LAYER_cluster_USES core)
+# cluster: the cluster spec and its resolvers (TF_CONFIG, Slurm, Open MPI); the device layer for
+# the GPUs a resolver reports (num_accelerators).
+set(CONSORT_LAYER_cluster_USES core device)
 # transport: pairs and contexts (local, TCP), membership, the collective algorithms.
 set(CONSORT_LAYER_transport_USES core device cluster)
 # actors: the engine (replica, collective, strategy actors) and the public API over it.

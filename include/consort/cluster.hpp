@@ -153,7 +153,7 @@ class cluster_resolver {
 public:
   virtual ~cluster_resolver() = default;
 
-  /// A resolver for a local, single-process run: an empty cluster, no task type, index 0.
+  /// A resolver for a local, single-process run: an empty cluster, no task.
   static std::unique_ptr<cluster_resolver> local();
 
   // -- what every resolver supplies ---------------------------------------------------------------
@@ -161,11 +161,12 @@ public:
   /// The cluster. Empty for a local run.
   virtual consort::cluster_spec cluster_spec() const = 0;
 
-  /// The job name of this process's task ("" when not known, e.g. a local run without one).
-  virtual std::string task_type() const = 0;
+  /// The job name of this process's task; none when not known (TF's None, e.g. a TF_CONFIG
+  /// without a "task"). Any job name: the strategy, not the resolver, decides which it supports.
+  virtual std::optional<std::string> task_type() const = 0;
 
-  /// The index of this process's task in its job (0 when not known).
-  virtual int task_id() const = 0;
+  /// The index of this process's task in its job; none when not known (TF's None).
+  virtual std::optional<int> task_id() const = 0;
 
   /// The RPC protocol name used in `master()` URLs, e.g. "grpc"; "" for none.
   virtual std::string rpc_layer() const = 0;
@@ -179,8 +180,9 @@ public:
 
   // -- derived answers ----------------------------------------------------------------------------
 
-  /// This process's task, {task_type(), task_id()}.
-  consort::task_id task() const { return {task_type(), task_id()}; }
+  /// This process's task, {task_type(), task_id()}, with "" and 0 for what is not known (a
+  /// local run); use task_type() and task_id() to tell "none" apart.
+  consort::task_id task() const { return {task_type().value_or(""), task_id().value_or(0)}; }
 
   /// The address of a task as a URL for TF's session master, with TF's semantics:
   /// "" for an empty cluster or when no task type is known; otherwise the address of
@@ -226,6 +228,18 @@ protected:
                                   const std::string& rpc_layer) const;
 };
 
+/// The checks a multi-worker strategy makes of its resolver's cluster and task when it starts:
+/// TF's `multi_worker_util._validate_cluster_spec` plus the strategy's own "a cluster needs a
+/// task", with TF's messages. Nothing to check for an empty (local) cluster. The rules:
+/// - a task type and index are given, and the index is not negative;
+/// - every job is one of chief, worker, ps, evaluator, and so is the task type;
+/// - the task type is a job of the cluster (an evaluator may be absent, as TF allows);
+/// - the chief job and the evaluator job have at most one task each;
+/// - the task index names a task of its job.
+/// @throws error(invalid_argument) whose message starts with `who`.
+void validate_multi_worker_cluster(const cluster_resolver& resolver,
+                                   const std::string& who = "MultiWorkerMirroredStrategy");
+
 // -- tf_config_cluster_resolver -------------------------------------------------------------------
 
 /// Values that override what TF_CONFIG says, TF's `TFConfigClusterResolver(task_type, task_id,
@@ -249,25 +263,25 @@ struct tf_config_overrides {
 /// ```
 /// - "cluster": job name → list of addresses or object from decimal index to address; missing or
 ///   `{}` means a local run.
-/// - "task": {"type": string, "index": integer (or a decimal string, as TF's `int()` accepts)}.
+/// - "task": {"type": ..., "index": ...}. The type is read as TF's `str()` reads it (a string as
+///   it is, `123456` as "123456", `true` as "True", `null` as "None"); the index as TF's `int()`
+///   (an integer or a decimal string). Either may be absent: `task_type()` / `task_id()` are then
+///   none, as TF's are None.
 /// - "rpc_layer", "environment": strings; "session_master" (a string) is returned by `master()`
 ///   as TF does. Other top-level keys are ignored, as TF ignores them.
-/// - TF_CONFIG unset, empty or only whitespace = local: empty cluster, task type and index from the
-///   overrides, else "" and 0.
+/// - TF_CONFIG unset, empty or only whitespace = local: empty cluster, task from the overrides.
+///
+/// Like TF's resolver, it accepts any job names and any task: which jobs and tasks a strategy
+/// supports is the strategy's check (`multi_worker_mirrored_strategy` applies TF's
+/// `multi_worker_util._validate_cluster_spec` when it starts, with TF's messages). What it rejects
+/// is malformed input: bad JSON, a "cluster" or "task" of the wrong shape, an index that is not
+/// an integer, each an error(invalid_argument) whose message starts with "TF_CONFIG".
 ///
 /// Unlike TF, which reads TF_CONFIG again on every call, the variable is read once, at
-/// construction, and validated at once with the rules TF's multi-worker strategies apply
-/// (`multi_worker_util._validate_cluster_spec` and the strategy's own check) when the cluster is
-/// non-empty:
-/// - every job is one of chief, worker, ps, evaluator;
-/// - a task type and index are given (by "task" or the overrides) and the index is not negative;
-/// - the task type is one of those four and is a job of the cluster (an evaluator may be absent
-///   from the cluster, as TF allows for Estimator's TF_CONFIG);
-/// - the chief job and the evaluator job have at most one task each;
-/// - the task index names a task of its job.
-/// Each violation is an error(invalid_argument) whose message starts with "TF_CONFIG".
+/// construction: a strategy's view of its cluster must not change under it, and `setenv` in
+/// another thread is a data race. Build a new resolver to read it again.
 ///
-/// Immutable after construction; safe to read from many threads.
+/// Immutable after construction except through the setters; safe to read from many threads.
 class tf_config_cluster_resolver : public cluster_resolver {
 public:
   /// Reads TF_CONFIG from the process environment.
@@ -286,14 +300,24 @@ public:
   /// The cluster of "cluster" (empty when absent).
   consort::cluster_spec cluster_spec() const override { return spec_; }
 
-  /// The override, else "task"."type", else "".
-  std::string task_type() const override { return task_type_; }
+  /// The override (or the value set), else "task"."type" as Python's `str()` writes it, else none.
+  std::optional<std::string> task_type() const override { return task_type_; }
 
-  /// The override, else "task"."index", else 0.
-  int task_id() const override { return task_id_; }
+  /// The override (or the value set), else "task"."index", else none.
+  std::optional<int> task_id() const override { return task_id_; }
 
-  /// The override, else "rpc_layer", else "".
+  /// The override (or the value set), else "rpc_layer", else "".
   std::string rpc_layer() const override { return rpc_layer_; }
+
+  /// TF's setters. They are not synchronized: set before the resolver is shared (a strategy
+  /// reads it once, when it joins the cluster).
+  void set_task_type(std::optional<std::string> type) { task_type_ = std::move(type); }
+  void set_task_id(std::optional<int> id) { task_id_ = id; }
+  void set_rpc_layer(std::string rpc_layer) { rpc_layer_ = std::move(rpc_layer); }
+
+  /// The visible GPUs of this process, as TF counts the local task's devices: {"GPU": n}, or
+  /// empty without a GPU (or in a build without CUDA).
+  std::map<std::string, int> num_accelerators() const override;
 
   /// The override, else "environment", else "".
   std::string environment() const override { return environment_; }
@@ -313,8 +337,8 @@ private:
                              tf_config_overrides overrides);
 
   consort::cluster_spec spec_;
-  std::string task_type_;
-  int task_id_ = 0;
+  std::optional<std::string> task_type_;
+  std::optional<int> task_id_;
   std::string rpc_layer_;
   std::string environment_;
   std::string session_master_;
@@ -324,37 +348,40 @@ private:
 
 /// A resolver whose answers are given in code, TF's `SimpleClusterResolver`.
 ///
-/// Beyond TF, which checks nothing here, a non-empty cluster is validated with the rules listed
-/// on `tf_config_cluster_resolver`, so that a bad spec fails at once and not inside the strategy.
+/// Like TF's, it checks nothing about the cluster and the task (the strategy does when it starts).
 ///
-/// Immutable after construction; safe to read from many threads.
+/// Immutable after construction except through the setters; safe to read from many threads.
 class simple_cluster_resolver : public cluster_resolver {
 public:
-  /// @throws error(invalid_argument) when `spec` is non-empty and `task_type`:`task_id` or the
-  ///         spec breaks a rule of `tf_config_cluster_resolver` (messages start with
-  ///         "simple_cluster_resolver").
-  simple_cluster_resolver(consort::cluster_spec spec, std::string task_type, int task_id,
-                          std::string rpc_layer = "", std::map<std::string, int> accelerators = {});
+  /// @throws error(invalid_argument) for a negative accelerator count.
+  simple_cluster_resolver(consort::cluster_spec spec, std::optional<std::string> task_type,
+                          std::optional<int> task_id, std::string rpc_layer = "",
+                          std::map<std::string, int> accelerators = {});
 
   /// The cluster given at construction.
   consort::cluster_spec cluster_spec() const override { return spec_; }
 
-  /// The task type given at construction.
-  std::string task_type() const override { return task_type_; }
+  /// The task type given at construction (or set).
+  std::optional<std::string> task_type() const override { return task_type_; }
 
-  /// The task index given at construction.
-  int task_id() const override { return task_id_; }
+  /// The task index given at construction (or set).
+  std::optional<int> task_id() const override { return task_id_; }
 
-  /// The RPC layer given at construction.
+  /// The RPC layer given at construction (or set).
   std::string rpc_layer() const override { return rpc_layer_; }
+
+  /// TF's setters; not synchronized: set before the resolver is shared.
+  void set_task_type(std::optional<std::string> type) { task_type_ = std::move(type); }
+  void set_task_id(std::optional<int> id) { task_id_ = id; }
+  void set_rpc_layer(std::string rpc_layer) { rpc_layer_ = std::move(rpc_layer); }
 
   /// The accelerator counts given at construction.
   std::map<std::string, int> num_accelerators() const override { return accelerators_; }
 
 private:
   consort::cluster_spec spec_;
-  std::string task_type_;
-  int task_id_;
+  std::optional<std::string> task_type_;
+  std::optional<int> task_id_;
   std::string rpc_layer_;
   std::map<std::string, int> accelerators_;
 };
@@ -421,10 +448,10 @@ public:
   consort::cluster_spec cluster_spec() const override { return spec_; }
 
   /// Always "worker".
-  std::string task_type() const override { return "worker"; }
+  std::optional<std::string> task_type() const override { return "worker"; }
 
   /// SLURM_PROCID.
-  int task_id() const override { return rank_; }
+  std::optional<int> task_id() const override { return rank_; }
 
   /// `slurm_options::rpc_layer`.
   std::string rpc_layer() const override { return rpc_layer_; }
@@ -502,10 +529,10 @@ public:
   consort::cluster_spec cluster_spec() const override;
 
   /// Always "worker".
-  std::string task_type() const override { return "worker"; }
+  std::optional<std::string> task_type() const override { return "worker"; }
 
   /// OMPI_COMM_WORLD_RANK.
-  int task_id() const override { return rank_; }
+  std::optional<int> task_id() const override { return rank_; }
 
   /// `mpi_options::rpc_layer`.
   std::string rpc_layer() const override { return rpc_layer_; }

@@ -71,6 +71,33 @@ TEST(MultiWorkerStrategyTest, APsTaskHasNoReplicas) {
   }
 }
 
+TEST(MultiWorkerStrategyTest, TheStrategyNotTheResolverRefusesAClusterItCannotRun) {
+  // TF_CONFIG resolvers accept these (as TF's do); the strategy refuses them with TF's messages,
+  // before any networking.
+  auto refused = [](const std::string& tf_config, const std::string& fragment) {
+    auto mw = quiet(std::make_shared<tf_config_cluster_resolver>(
+        tf_config_cluster_resolver::from_json(tf_config)));
+    try {
+      multi_worker_mirrored_strategy strategy({}, mw);
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+      EXPECT_NE(std::string{e.what()}.find("MultiWorkerMirroredStrategy: " + fragment),
+                std::string::npos)
+          << e.what();
+      return;
+    }
+    ADD_FAILURE() << "the strategy started on " << tf_config;
+  };
+  refused(R"({"cluster": {"worker": ["127.0.0.1:1"], "localhost": ["127.0.0.1:2"]},
+              "task": {"type": "worker", "index": 0}})",
+          "Disallowed task type found in cluster spec");
+  refused(R"({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}})",
+          "When `cluster_spec` is given, you must also specify `task_type` and `task_id`");
+  refused(R"({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+              "task": {"type": "worker", "index": 5}})",
+          "The `task_id` 5 exceeds the maximum id of worker");
+}
+
 TEST(MultiWorkerStrategyTest, BadDevicesAndTimeoutsAreRejectedBeforeAnyNetworking) {
   auto mw = quiet(two_workers(free_port(), 1));
   mw.devices = {"CPU:0", "CPU:0"};

@@ -86,8 +86,8 @@ TEST(ClusterResolverTest, LocalIsAnEmptyClusterWhoseOnlyWorkerIsTheChief) {
   auto r = cluster_resolver::local();
   EXPECT_TRUE(r->is_local());
   EXPECT_TRUE(r->cluster_spec().empty());
-  EXPECT_EQ(r->task_type(), "");
-  EXPECT_EQ(r->task_id(), 0);
+  EXPECT_EQ(r->task_type(), std::nullopt);
+  EXPECT_EQ(r->task_id(), std::nullopt);
   EXPECT_EQ(r->master(), "");
   EXPECT_TRUE(r->is_chief());
   EXPECT_EQ(r->worker_rank(), 0);
@@ -125,26 +125,41 @@ TEST(SimpleClusterResolverTest, MasterOfAnUnknownTaskFails) {
   EXPECT_TRUE(fails_with([&] { r.master("worker", 9); }, errc::out_of_range, {"index 9"}));
 }
 
-TEST(SimpleClusterResolverTest, ValidatesTheClusterAsTfConfigDoes) {
+TEST(SimpleClusterResolverTest, AcceptsAnyTaskAsTfDoesAndTheStrategyCheckRefusesBadOnes) {
+  using consort::validate_multi_worker_cluster;
   auto two_chiefs = cluster_spec::dense({{"chief", {"a:1", "b:1"}}, {"worker", {"w:1"}}});
-  EXPECT_TRUE(fails_with([&] { simple_cluster_resolver(two_chiefs, "worker", 0); },
-                         errc::invalid_argument,
-                         {"simple_cluster_resolver", "at most one 'chief' task"}));
-  EXPECT_TRUE(fails_with([] { simple_cluster_resolver(workers_only, "worker", 3); },
-                         errc::invalid_argument,
-                         {"simple_cluster_resolver", "task index 3 is out of range"}));
-  EXPECT_TRUE(fails_with([] { simple_cluster_resolver(workers_only, "ps", 0); },
-                         errc::invalid_argument, {"task type \"ps\" is not a job"}));
-  EXPECT_TRUE(fails_with([] { simple_cluster_resolver(workers_only, "", 0); },
-                         errc::invalid_argument, {"no task type is given"}));
-  EXPECT_TRUE(fails_with([] { simple_cluster_resolver(workers_only, "worker", -1); },
-                         errc::invalid_argument, {"task index -1", "negative"}));
+  // Constructing never fails; the strategy's check (validate_multi_worker_cluster) does.
+  auto refused = [](const simple_cluster_resolver& r, const std::vector<std::string>& fragments) {
+    return fails_with([&] { validate_multi_worker_cluster(r, "simple"); }, errc::invalid_argument,
+                      fragments);
+  };
+  EXPECT_TRUE(refused(simple_cluster_resolver(two_chiefs, "worker", 0),
+                      {"simple: There must be at most one 'chief' job"}));
+  EXPECT_TRUE(refused(simple_cluster_resolver(workers_only, "worker", 3),
+                      {"The `task_id` 3 exceeds the maximum id of worker"}));
+  EXPECT_TRUE(refused(simple_cluster_resolver(workers_only, "ps", 0),
+                      {"`task_type` \"ps\" not found in cluster_spec"}));
+  EXPECT_TRUE(refused(simple_cluster_resolver(workers_only, std::nullopt, std::nullopt),
+                      {"no task type is given"}));
+  EXPECT_TRUE(
+      refused(simple_cluster_resolver(workers_only, "worker", -1), {"task index -1", "negative"}));
+  // A valid worker passes, and so does any local resolver.
+  validate_multi_worker_cluster(simple_cluster_resolver(workers_only, "worker", 1));
+  validate_multi_worker_cluster(*cluster_resolver::local());
 }
 
-TEST(SimpleClusterResolverTest, AnEmptyClusterNeedsNoTaskButRejectsANegativeIndex) {
-  EXPECT_TRUE(simple_cluster_resolver(cluster_spec(), "", 0).is_local());
-  EXPECT_TRUE(fails_with([] { simple_cluster_resolver(cluster_spec(), "", -1); },
-                         errc::invalid_argument, {"task index -1 is negative"}));
+TEST(SimpleClusterResolverTest, SettersReplaceTheTask) {
+  simple_cluster_resolver r(workers_only, std::nullopt, std::nullopt);
+  EXPECT_EQ(r.master(), "");
+  r.set_task_type("worker");
+  r.set_task_id(1);
+  r.set_rpc_layer("grpc");
+  EXPECT_EQ(r.task(), (task_id{"worker", 1}));
+  EXPECT_EQ(r.master(), "grpc://" + workers_only.task_address("worker", 1));
+}
+
+TEST(SimpleClusterResolverTest, AnEmptyClusterNeedsNoTask) {
+  EXPECT_TRUE(simple_cluster_resolver(cluster_spec(), std::nullopt, std::nullopt).is_local());
 }
 
 TEST(SimpleClusterResolverTest, RejectsANegativeAcceleratorCount) {

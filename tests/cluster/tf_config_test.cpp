@@ -13,6 +13,7 @@ using consort::errc;
 using consort::task_id;
 using consort::tf_config_cluster_resolver;
 using consort::tf_config_overrides;
+using consort::validate_multi_worker_cluster;
 using consort::test::fails_with;
 using consort::test::fake_env;
 
@@ -217,8 +218,8 @@ TEST(TfConfigClusterResolverTest, EmptyOrBlankTfConfigIsALocalRun) {
     auto r = tf_config_cluster_resolver::from_json(text);
     EXPECT_TRUE(r.is_local());
     EXPECT_TRUE(r.cluster_spec().empty());
-    EXPECT_EQ(r.task_type(), "");
-    EXPECT_EQ(r.task_id(), 0);
+    EXPECT_EQ(r.task_type(), std::nullopt);
+    EXPECT_EQ(r.task_id(), std::nullopt);
     EXPECT_EQ(r.rpc_layer(), "");
   }
 }
@@ -318,125 +319,125 @@ TEST(TfConfigClusterResolverTest, RejectsAnAddressThatIsNotAString) {
       errc::invalid_argument, {"TF_CONFIG", "worker:1", "must be a string", "number 2222"}));
 }
 
-TEST(TfConfigClusterResolverTest, RejectsTwoChiefs) {
-  EXPECT_TRUE(fails_with(
-      [] {
-        tf_config_cluster_resolver::from_json(
-            R"({"cluster": {"chief": ["c0:1", "c1:1"], "worker": ["w:1"]},
-                "task": {"type": "worker", "index": 0}})");
-      },
-      errc::invalid_argument, {"TF_CONFIG", "at most one 'chief' task", "has 2"}));
+// -- what the resolver accepts and the strategy refuses
+// -------------------------------------------- Like TF's resolver, ours takes any jobs and any
+// task; the multi-worker strategy applies TF's multi_worker_util._validate_cluster_spec when it
+// starts (validate_multi_worker_cluster), with TF's messages.
+
+namespace {
+
+/// The strategy's check of a TF_CONFIG that the resolver itself accepts.
+::testing::AssertionResult strategy_refuses(const std::string& tf_config,
+                                            const std::vector<std::string>& fragments,
+                                            tf_config_overrides overrides = {}) {
+  std::optional<tf_config_cluster_resolver> r;
+  try {
+    r.emplace(tf_config_cluster_resolver::from_json(tf_config, std::move(overrides)));
+  } catch (const consort::error& e) {
+    return ::testing::AssertionFailure() << "the resolver refused it: " << e.what();
+  }
+  auto all = fragments;
+  all.insert(all.begin(), "MultiWorkerMirroredStrategy: ");
+  return fails_with([&] { validate_multi_worker_cluster(*r); }, errc::invalid_argument, all);
 }
 
-TEST(TfConfigClusterResolverTest, RejectsTwoEvaluators) {
-  EXPECT_TRUE(fails_with(
-      [] {
-        tf_config_cluster_resolver::from_json(
-            R"({"cluster": {"worker": ["w:1"], "evaluator": ["e0:1", "e1:1"]},
-                "task": {"type": "worker", "index": 0}})");
-      },
-      errc::invalid_argument, {"TF_CONFIG", "at most one 'evaluator' task", "has 2"}));
+} // namespace
+
+TEST(TfConfigClusterResolverTest, TheStrategyRefusesTwoChiefsOrTwoEvaluators) {
+  EXPECT_TRUE(strategy_refuses(R"({"cluster": {"chief": ["c0:1", "c1:1"], "worker": ["w:1"]},
+                                   "task": {"type": "worker", "index": 0}})",
+                               {"There must be at most one 'chief' job", "has 2 tasks"}));
+  EXPECT_TRUE(strategy_refuses(R"({"cluster": {"worker": ["w:1"], "evaluator": ["e0:1", "e1:1"]},
+                                   "task": {"type": "worker", "index": 0}})",
+                               {"There must be at most one 'evaluator' job", "has 2 tasks"}));
 }
 
-TEST(TfConfigClusterResolverTest, RejectsATaskIndexOutOfRangeForItsJob) {
-  EXPECT_TRUE(fails_with(
-      [] {
-        tf_config_cluster_resolver::from_json(
-            with_cluster(R"("task": {"type": "worker", "index": 3})"));
-      },
-      errc::invalid_argument,
-      {"TF_CONFIG", "task index 3 is out of range for job \"worker\"", "3 task(s)", "0, 1, 2"}));
+TEST(TfConfigClusterResolverTest, TheStrategyRefusesATaskIndexThatNamesNoTaskOfItsJob) {
+  EXPECT_TRUE(strategy_refuses(
+      with_cluster(R"("task": {"type": "worker", "index": 3})"),
+      {"The `task_id` 3 exceeds the maximum id of worker", "3 task(s)", "0, 1, 2"}));
+  EXPECT_TRUE(strategy_refuses(
+      R"({"cluster": {"worker": {"0": "a:1", "2": "c:1"}}, "task": {"type": "worker", "index": 1}})",
+      {"The `task_id` 1 exceeds", "0, 2"}));
+  EXPECT_TRUE(strategy_refuses(with_cluster(R"("task": {"type": "ps", "index": 0})"),
+                               {"The `task_id` 2 exceeds the maximum id of ps"}, {.task_id = 2}));
+  EXPECT_TRUE(strategy_refuses(with_cluster(R"("task": {"type": "worker", "index": -1})"),
+                               {"task index -1", "negative"}));
 }
 
-TEST(TfConfigClusterResolverTest, RejectsASparseIndexThatNamesNoTask) {
-  EXPECT_TRUE(fails_with(
-      [] {
-        tf_config_cluster_resolver::from_json(
-            R"({"cluster": {"worker": {"0": "a:1", "2": "c:1"}}, "task": {"type": "worker", "index": 1}})");
-      },
-      errc::invalid_argument, {"task index 1 is out of range", "0, 2"}));
+TEST(TfConfigClusterResolverTest, AClusterWithoutATaskIsReadAndTheStrategyAsksForTheTask) {
+  // TF: task_type and task_id are None; master() is "".
+  auto r = tf_config_cluster_resolver::from_json(with_cluster(""));
+  EXPECT_EQ(r.task_type(), std::nullopt);
+  EXPECT_EQ(r.task_id(), std::nullopt);
+  EXPECT_EQ(r.master(), "");
+  EXPECT_TRUE(strategy_refuses(with_cluster(""),
+                               {"When `cluster_spec` is given, you must also specify `task_type` "
+                                "and `task_id`",
+                                "no task type is given", "ps, worker", "\"task\""}));
+  EXPECT_TRUE(strategy_refuses(with_cluster(R"("task": {"index": 0})"), {"no task type"}));
+  EXPECT_TRUE(strategy_refuses(with_cluster(R"("task": {"type": "worker"})"),
+                               {"task \"worker\" has no index"}));
+  EXPECT_EQ(tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"type": "worker"})"))
+                .task_id(),
+            std::nullopt);
 }
 
-TEST(TfConfigClusterResolverTest, RejectsAnOverriddenIndexOutOfRange) {
-  EXPECT_TRUE(fails_with(
-      [] {
-        tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"type": "ps", "index": 0})"),
-                                              {.task_id = 2});
-      },
-      errc::invalid_argument, {"task index 2 is out of range for job \"ps\""}));
+TEST(TfConfigClusterResolverTest, TheStrategyRefusesATaskTypeOrJobItDoesNotSupport) {
+  EXPECT_TRUE(strategy_refuses(with_cluster(R"("task": {"type": "chief", "index": 0})"),
+                               {"`task_type` \"chief\" not found in cluster_spec", "ps, worker"}));
+  EXPECT_TRUE(
+      strategy_refuses(with_cluster(R"("task": {"type": "master", "index": 0})"),
+                       {"Unrecognized task_type: \"master\"", "chief, worker, ps or evaluator"}));
+  // Any job name is a job to the resolver (TF's resolver accepts it too).
+  const std::string other_job = R"({"cluster": {"worker": ["w:1"], "localhost": ["l:1"]},
+                                    "task": {"type": "localhost", "index": 0}})";
+  auto r = tf_config_cluster_resolver::from_json(other_job);
+  EXPECT_EQ(r.task_type(), "localhost");
+  EXPECT_EQ(r.master(), "l:1");
+  EXPECT_TRUE(strategy_refuses(other_job, {"Disallowed task type found in cluster spec",
+                                           "job \"localhost\"", "chief, worker, ps or evaluator"}));
 }
 
-TEST(TfConfigClusterResolverTest, RejectsANegativeTaskIndex) {
-  EXPECT_TRUE(fails_with(
-      [] {
-        tf_config_cluster_resolver::from_json(
-            with_cluster(R"("task": {"type": "worker", "index": -1})"));
-      },
-      errc::invalid_argument, {"TF_CONFIG", "task index -1", "negative", "0, 1, 2"}));
-  EXPECT_TRUE(fails_with([] { tf_config_cluster_resolver::from_json("", {.task_id = -2}); },
-                         errc::invalid_argument, {"TF_CONFIG", "task index -2 is negative"}));
+TEST(TfConfigClusterResolverTest, ATaskTypeIsReadAsPythonsStrReadsIt) {
+  auto with_type = [](const std::string& type) {
+    return tf_config_cluster_resolver::from_json(
+               R"({"cluster": {")" + std::string(type == "123456" ? "123456" : "worker") +
+               R"(": ["a:1"]}, "task": {"type": )" + type + R"(, "index": 0}})")
+        .task_type();
+  };
+  EXPECT_EQ(with_type("123456"), "123456");
+  EXPECT_EQ(with_type("true"), "True");
+  EXPECT_EQ(with_type("null"), "None");
+  EXPECT_EQ(with_type("\"worker\""), "worker");
+  // The job "123456" is a job like any other to the resolver.
+  auto r = tf_config_cluster_resolver::from_json(
+      R"({"cluster": {"123456": ["a:1", "b:1"]}, "task": {"type": 123456, "index": 1}})");
+  EXPECT_EQ(r.task(), (task_id{"123456", 1}));
+  EXPECT_EQ(r.master(), "b:1");
 }
 
-TEST(TfConfigClusterResolverTest, RejectsANonEmptyClusterWithoutATask) {
-  EXPECT_TRUE(fails_with([] { tf_config_cluster_resolver::from_json(with_cluster("")); },
-                         errc::invalid_argument,
-                         {"TF_CONFIG", "no task type is given", "ps, worker", "\"task\""}));
+TEST(TfConfigClusterResolverTest, TheSettersReplaceTheTaskAndTheRpcLayer) {
+  auto r = tf_config_cluster_resolver::from_json(with_cluster(""));
+  r.set_task_type("worker");
+  r.set_task_id(2);
+  r.set_rpc_layer("grpc");
+  EXPECT_EQ(r.task(), (task_id{"worker", 2}));
+  EXPECT_EQ(r.master(), "grpc://worker2:2222");
+  validate_multi_worker_cluster(r); // now a valid worker of the cluster
+  r.set_task_id(std::nullopt);
+  EXPECT_EQ(r.task_id(), std::nullopt);
+  EXPECT_EQ(r.master(), "");
 }
 
-TEST(TfConfigClusterResolverTest, RejectsATaskWithoutAType) {
-  EXPECT_TRUE(fails_with(
-      [] { tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"index": 0})")); },
-      errc::invalid_argument, {"no task type is given"}));
-}
-
-TEST(TfConfigClusterResolverTest, RejectsATaskWithoutAnIndex) {
-  EXPECT_TRUE(fails_with(
-      [] { tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"type": "worker"})")); },
-      errc::invalid_argument, {"task \"worker\" has no index"}));
-}
-
-TEST(TfConfigClusterResolverTest, RejectsATaskTypeThatIsNotAJobOfTheCluster) {
-  EXPECT_TRUE(fails_with(
-      [] {
-        tf_config_cluster_resolver::from_json(
-            with_cluster(R"("task": {"type": "chief", "index": 0})"));
-      },
-      errc::invalid_argument,
-      {"TF_CONFIG", "task type \"chief\" is not a job of the cluster", "ps, worker"}));
-}
-
-TEST(TfConfigClusterResolverTest, RejectsAnUnrecognizedTaskType) {
-  EXPECT_TRUE(fails_with(
-      [] {
-        tf_config_cluster_resolver::from_json(
-            with_cluster(R"("task": {"type": "master", "index": 0})"));
-      },
-      errc::invalid_argument,
-      {"unrecognized task type \"master\"", "chief, worker, ps or evaluator"}));
-}
-
-TEST(TfConfigClusterResolverTest, RejectsAJobThatIsNotAMultiWorkerTaskType) {
-  EXPECT_TRUE(fails_with(
-      [] {
-        tf_config_cluster_resolver::from_json(
-            R"({"cluster": {"worker": ["w:1"], "localhost": ["l:1"]},
-                "task": {"type": "worker", "index": 0}})");
-      },
-      errc::invalid_argument, {"job \"localhost\"", "chief, worker, ps or evaluator"}));
-}
-
-TEST(TfConfigClusterResolverTest, RejectsATaskThatIsNotAnObject) {
-  EXPECT_TRUE(fails_with(
-      [] { tf_config_cluster_resolver::from_json(with_cluster(R"("task": "worker:0")")); },
-      errc::invalid_argument, {"\"task\" must be an object", "string \"worker:0\""}));
-}
-
-TEST(TfConfigClusterResolverTest, RejectsATaskTypeThatIsNotAString) {
-  EXPECT_TRUE(fails_with(
-      [] {
-        tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"type": 1, "index": 0})"));
-      },
-      errc::invalid_argument, {"\"task\".\"type\" must be a string", "number 1"}));
+TEST(TfConfigClusterResolverTest, NumAcceleratorsCountsTheVisibleGpus) {
+  auto r = tf_config_cluster_resolver::from_json("");
+  const auto gpus = r.num_accelerators();
+  // On a machine without a GPU (or a build without CUDA) TF reports no accelerator kinds.
+  if (gpus.empty())
+    EXPECT_EQ(gpus.count("GPU"), 0u);
+  else
+    EXPECT_GT(gpus.at("GPU"), 0);
 }
 
 TEST(TfConfigClusterResolverTest, RejectsATaskIndexThatIsNotAnInteger) {

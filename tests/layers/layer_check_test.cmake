@@ -62,8 +62,8 @@ file(WRITE "${tree}/core/nest_paths.cpp"
 # A public header of a layer above, and one that has no layer.
 file(WRITE "${tree}/device/gpu.cpp"
      "#include \"core/error.hpp\"\n#include <consort/strategy.hpp>\n#include <consort/new.hpp>\n")
-# Sideways: cluster may not use device.
-file(WRITE "${tree}/cluster/slurm.cpp" "#include <consort/nest.hpp>\n")
+# Up a level that is not its own: cluster may not use transport.
+file(WRITE "${tree}/cluster/slurm.cpp" "#include <consort/transport/tcp.hpp>\n")
 run_check("${tree}" result output)
 if(result EQUAL 0)
   message(FATAL_ERROR "the layer check accepted upward includes:\n${output}")
@@ -73,7 +73,7 @@ expect_contains("${output}" "include/consort/reduce_op.hpp:3: includes <consort/
 expect_contains("${output}" "core/nest_paths.cpp:4: includes actors/protocol.hpp of layer 'actors', but layer 'core' may include only core")
 expect_contains("${output}" "device/gpu.cpp:2: includes <consort/strategy.hpp> of layer 'actors', but layer 'device' may include only device, core")
 expect_contains("${output}" "device/gpu.cpp:3: includes <consort/new.hpp>, a public header that cmake/ConsortLayerTable.cmake gives no layer")
-expect_contains("${output}" "cluster/slurm.cpp:1: includes <consort/nest.hpp> of layer 'device', but layer 'cluster' may include only cluster, core")
+expect_contains("${output}" "cluster/slurm.cpp:1: includes <consort/transport/tcp.hpp> of layer 'transport', but layer 'cluster' may include only cluster, core, device")
 expect_lacks("${output}" "device/gpu.cpp:1")
 
 # 4. A public header the table does not know fails even when nothing includes it.
