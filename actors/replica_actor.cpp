@@ -90,19 +90,16 @@ struct replica_state : detail::replica_services {
   nest merge(detail::merge_function fn, std::vector<nest> args,
              const std::type_info& signature) override {
     auto seq = next_merge_seq++;
+    auto refused = [&](const char* why) {
+      return error(errc::invalid_argument, "merge_call #" + std::to_string(seq) + " of step " +
+                                               std::to_string(current_step) + " on replica " +
+                                               std::to_string(cfg.replica_id) + ": " + why);
+    };
     if (join == nullptr)
-      throw error(errc::invalid_argument,
-                  "merge_call #" + std::to_string(seq) + " of step " +
-                      std::to_string(current_step) + " on replica " +
-                      std::to_string(cfg.replica_id) +
-                      ": the step was not started by a strategy (no rendezvous of its replicas)");
+      throw refused("the step was not started by a strategy (no rendezvous of its replicas)");
     strategy* owner = cfg.owner ? cfg.owner->load(std::memory_order_acquire) : nullptr;
     if (owner == nullptr)
-      throw error(errc::invalid_argument,
-                  "merge_call #" + std::to_string(seq) + " of step " +
-                      std::to_string(current_step) + " on replica " +
-                      std::to_string(cfg.replica_id) +
-                      ": no strategy owns this runtime, so there is none to give the function");
+      throw refused("no strategy owns this runtime, so there is none to give the function");
     const detail::thread_context merging{detail::context_kind::merge, cfg.replica_id, current_step};
     return join->merges().call(
         static_cast<size_t>(cfg.local_index), seq, std::move(args), signature,

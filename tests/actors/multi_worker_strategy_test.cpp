@@ -7,6 +7,7 @@
 #include <consort/strategy.hpp>
 
 #include "support/free_port.hpp"
+#include "support/strategy_helpers.hpp"
 
 #include <gtest/gtest.h>
 
@@ -220,16 +221,7 @@ TEST(MultiWorkerStrategyTest, EachWorkersInputFunctionGetsItsOwnPipelineId) {
           .batch(ctx.get_per_replica_batch_size(4));
     });
     EXPECT_EQ(pipeline, strategy.worker_rank());
-    float total = 0;
-    for (per_replica<nest> batch : dist) {
-      auto sums = strategy.run(
-          [](replica_context& ctx, const nest& b) {
-            return ctx.all_reduce("SUM", reduce_axis(reduce_op::sum, b.as_tensor(), 0));
-          },
-          batch);
-      total += sums[0].item<float>();
-    }
-    return total;
+    return consort::test::sum_over_steps(strategy, dist);
   };
   auto other = std::async(std::launch::async, work, 1);
   EXPECT_EQ(work(0), 255.0f);

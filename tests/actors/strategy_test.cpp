@@ -364,16 +364,7 @@ TEST(StrategyTest, DistributeDatasetsFromFunctionGivesTheInputContextAndPerRepli
   });
   EXPECT_EQ(calls, 1);
   ASSERT_EQ(dist.cardinality(), 2);
-  float total = 0;
-  for (per_replica<nest> batch : dist) {
-    auto sums = strategy.run(
-        [](replica_context& ctx, const nest& b) {
-          return ctx.all_reduce("SUM", reduce_axis(reduce_op::sum, b.as_tensor(), 0));
-        },
-        batch);
-    total += sums[0].item<float>();
-  }
-  EXPECT_EQ(total, 120.0f); // every element once: 0 + 1 + ... + 15
+  EXPECT_EQ(test::sum_over_steps(strategy, dist), 120.0f); // every element once: 0 + ... + 15
   EXPECT_TRUE(test::fails_with(
       [&] {
         strategy.distribute_datasets_from_function([&](const input_context&) {

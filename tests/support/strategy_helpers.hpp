@@ -2,7 +2,10 @@
 
 // Small helpers shared by the tests that drive strategies through the public API.
 
+#include <consort/dataset.hpp>
 #include <consort/error.hpp>
+#include <consort/ops.hpp>
+#include <consort/strategy.hpp>
 
 #include <gtest/gtest.h>
 
@@ -43,6 +46,21 @@ void expect_error(errc code, const std::string& fragment, F&& fn) {
                             << to_string(e.code()) << ": " << e.what();
   EXPECT_TRUE(contains(e, fragment))
       << "message \"" << e.what() << "\" lacks \"" << fragment << "\"";
+}
+
+/// Runs one step per global batch of `dist` that all-reduces the sum of each replica's batch (a
+/// 1-D float tensor), and returns the total over the steps: every element once.
+inline float sum_over_steps(strategy& s, const distributed_dataset& dist) {
+  float total = 0;
+  for (per_replica<nest> batch : dist) {
+    auto sums = s.run(
+        [](replica_context& ctx, const nest& b) {
+          return ctx.all_reduce("SUM", reduce_axis(reduce_op::sum, b.as_tensor(), 0));
+        },
+        batch);
+    total += sums[0].item<float>();
+  }
+  return total;
 }
 
 } // namespace consort::test
