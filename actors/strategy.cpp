@@ -169,6 +169,12 @@ std::vector<int> strategy::local_replica_ids() const {
 
 future<per_replica<nest>> strategy::submit(step_function fn) {
   detail::require_cross_replica_context("strategy.run");
+  if (const auto& ctx = detail::current_context(); ctx.kind == detail::context_kind::merge)
+    throw_error(errc::invalid_argument,
+                "strategy.run cannot be called inside merge_call's function (replica " +
+                    std::to_string(ctx.replica_id) + ", step " + std::to_string(ctx.step) +
+                    "): the replicas wait in merge_call, so they would never start the new step; "
+                    "return from the function and run the next step after this one");
   if (!fn)
     throw_error(errc::invalid_argument, "run needs a step function; got an empty one");
   return rt_->submit(std::move(fn));

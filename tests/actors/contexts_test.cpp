@@ -277,6 +277,23 @@ TEST(MergeCallTest, ReplicaCollectivesInsideTheFunctionAreRefused) {
       {"replica_context::all_reduce requires replica context", "inside merge_call's function"}));
 }
 
+TEST(MergeCallTest, RunInsideTheFunctionIsRefusedRatherThanLeftToHang) {
+  mirrored_strategy s(cpus(2));
+  EXPECT_TRUE(fails_with(
+      [&] {
+        s.run([](replica_context& ctx) {
+          return ctx.merge_call(
+              [](strategy& st, const per_replica<tensor>& v) {
+                st.run([](replica_context&) { return f32(0.0f); });
+                return v[0];
+              },
+              f32(1.0f));
+        });
+      },
+      errc::invalid_argument,
+      {"strategy.run cannot be called inside merge_call's function", "would never start"}));
+}
+
 TEST(MergeCallTest, ReplicasCallingDifferentFunctionsFailWithAMismatch) {
   mirrored_strategy s(cpus(2));
   EXPECT_TRUE(fails_with(
