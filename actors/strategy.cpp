@@ -253,7 +253,9 @@ tensor strategy::gather(const per_replica<tensor>& value, int64_t axis) const {
   check_components(value.size());
   if (kind_ == kind::multi_worker)
     return gather_async(value, axis).get();
-  return concat(value.values(), axis);
+  // Through concat_components: the result lands on the host, as tf.distribute's does, also for
+  // one GPU replica (concat alone would return that replica's GPU tensor itself).
+  return concat_components(as_nests(value), axis).as_tensor();
 }
 
 nest strategy::gather(const per_replica<nest>& value, int64_t axis) const {

@@ -4,6 +4,7 @@
 #include <consort/config.hpp>
 #include <consort/consort.hpp>
 
+#include "device/gpu.hpp"
 #include "support/expect_error.hpp"
 #include "support/strategy_helpers.hpp"
 
@@ -215,9 +216,17 @@ TEST(StrategyTest, InvalidDevicesAreClearErrors) {
   expect_error(errc::invalid_argument, "positive", [&] { mirrored_strategy s(cpus(1), bad); });
 }
 
-TEST(StrategyTest, DefaultConstructedStrategiesHaveOneCpuReplica) {
+TEST(StrategyTest, DefaultConstructedStrategiesTakeEveryGpuElseOneCpuReplica) {
+  // tf.distribute's MirroredStrategy(): every visible GPU, else the CPU; the test holds on
+  // machines with and without GPUs.
+  std::vector<std::string> expected{"CPU:0"};
+  if (const int gpus = detail::gpu::count(); gpus > 0) {
+    expected.clear();
+    for (int i = 0; i < gpus; ++i)
+      expected.push_back("GPU:" + std::to_string(i));
+  }
   mirrored_strategy mirrored;
-  EXPECT_EQ(mirrored.worker_devices(), std::vector<std::string>{"CPU:0"});
+  EXPECT_EQ(mirrored.worker_devices(), expected);
   default_strategy def;
   EXPECT_STREQ(def.name(), "DefaultStrategy");
   one_device_strategy one("/device:CPU:3");
