@@ -38,7 +38,7 @@ void merge_board::check_finished_locked(uint32_t seq, slot& s) {
 
 nest merge_board::call(size_t index, uint32_t seq, std::vector<nest> args,
                        const std::type_info& signature, const runner& run,
-                       std::chrono::milliseconds timeout) {
+                       std::chrono::milliseconds timeout, std::chrono::milliseconds run_timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const auto n = replica_ids_.size();
   std::unique_lock<std::mutex> guard{mu_};
@@ -68,6 +68,8 @@ nest merge_board::call(size_t index, uint32_t seq, std::vector<nest> args,
   if (!s.failure && s.count == n) {
     // The last to arrive runs the merge function, outside the lock: it may reduce across workers.
     s.running = true;
+    s.runner_index = index;
+    s.run_started = std::chrono::steady_clock::now();
     auto all = std::move(s.args);
     guard.unlock();
     std::vector<nest> results;
@@ -98,13 +100,20 @@ nest merge_board::call(size_t index, uint32_t seq, std::vector<nest> args,
     cv_.notify_all();
   } else {
     // Until every replica arrives the wait has the call's deadline; once the merge function runs,
-    // it waits for that (bounded by the deadlines of what the function calls, and the step's).
+    // it waits for that, up to `run_timeout` from the function's start (the step deadline).
     auto settled = [&] {
       return s.done || s.failure.has_value();
     };
     while (!settled()) {
       if (s.running) {
-        cv_.wait(guard);
+        if (cv_.wait_until(guard, s.run_started + run_timeout) == std::cv_status::timeout &&
+            !settled() && s.running)
+          throw error(errc::step_timeout,
+                      where(seq) + " on replica " + std::to_string(replica_ids_[index]) +
+                          ": the merge function, running on replica " +
+                          std::to_string(replica_ids_[s.runner_index]) +
+                          ", has not returned within " + std::to_string(run_timeout.count()) +
+                          " ms (the step deadline)");
         continue;
       }
       if (cv_.wait_until(guard, deadline) == std::cv_status::timeout && !settled() && !s.running) {

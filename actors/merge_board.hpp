@@ -39,9 +39,13 @@ public:
   /// @throws error(collective_timeout) when a peer has not called by `timeout` (counted from this
   ///         call; the peers' deadlines run from theirs), error(collective_aborted) when a peer
   ///         finished or failed its step without making the call, and the merge function's own
-  ///         error (its code kept; a std::exception becomes step_failed) on every replica.
+  ///         error (its code kept; a std::exception becomes step_failed) on every replica;
+  ///         error(step_timeout) on a replica that waited `run_timeout` for a merge function that
+  ///         has not returned (counted from its start; the step deadline: the function is user
+  ///         code, bounded by nothing else).
   nest call(size_t index, uint32_t seq, std::vector<nest> args, const std::type_info& signature,
-            const runner& run, std::chrono::milliseconds timeout);
+            const runner& run, std::chrono::milliseconds timeout,
+            std::chrono::milliseconds run_timeout);
 
   /// Local replica `index` finished its step after `calls` merge calls (`failure`: empty when it
   /// returned normally, else why it failed): every merge call it never made fails at once with
@@ -56,6 +60,8 @@ private:
     const std::type_info* signature = nullptr;
     size_t signature_of = 0; ///< the local index that brought `signature`
     bool running = false;
+    size_t runner_index = 0;
+    std::chrono::steady_clock::time_point run_started;
     bool done = false;
     std::vector<nest> results;
     /// Set when the call failed for every replica: code and message.

@@ -107,7 +107,7 @@ struct replica_state : detail::replica_services {
           detail::context_scope scope{merging};
           return fn(*owner, all);
         },
-        cfg.collective_timeout);
+        cfg.collective_timeout, cfg.step_timeout);
   }
 
   void synchronize() override {

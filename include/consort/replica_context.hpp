@@ -158,7 +158,8 @@ public:
   /// @throws error(collective_timeout) when a local peer does not call within the strategy's
   ///         collective deadline, error(collective_aborted) when a peer finished or failed its step
   ///         without calling, error(collective_mismatch) when peers call with different functions,
-  ///         and the error `fn` threw, on every replica (its code kept).
+  ///         and the error `fn` threw, on every replica (its code kept); error(step_timeout) on
+  ///         the replicas that waited for an `fn` still running at the strategy's step deadline.
   template <class F, class... Args>
   auto merge_call(F&& fn, const Args&... args) {
     static_assert(((std::is_same_v<Args, tensor> || std::is_same_v<Args, nest>)&&...),

@@ -225,7 +225,8 @@ TEST(MergeCallTest, APeerThatNeverCallsTimesOutNamingIt) {
         return v[0];
       };
       if (ctx.replica_id_in_sync_group() == 1) {
-        go.wait();
+        if (go.wait_for(60s) != std::future_status::ready)
+          throw std::runtime_error("replica 0's merge_call did not fail within 60 s");
         return ctx.merge_call(fn, f32(1.0f));
       }
       try {
