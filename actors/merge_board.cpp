@@ -71,6 +71,8 @@ nest merge_board::call(size_t index, uint32_t seq, std::vector<nest> args,
     s.runner_index = index;
     s.run_started = std::chrono::steady_clock::now();
     auto all = std::move(s.args);
+    // The waiters switch from the call's deadline to the step deadline measured from now.
+    cv_.notify_all();
     guard.unlock();
     std::vector<nest> results;
     std::optional<std::pair<errc, std::string>> failed;
