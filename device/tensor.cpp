@@ -1,4 +1,5 @@
 #include "device/gpu.hpp"
+#include "device/host_memory.hpp"
 
 #include <consort/device.hpp>
 #include <consort/error.hpp>
@@ -70,91 +71,15 @@ int64_t num_elements(const shape_t& shape) noexcept {
 
 // -- storage --------------------------------------------------------------------------------------
 
-/// One heap buffer aligned to a cache line (64 bytes), so that kernels see aligned rows and no two
-/// tensors share a cache line. Freed when the last tensor referring to it goes away.
-///
-/// Large buffers (>= `huge_threshold`) are mapped directly, 2 MiB aligned, and marked for
-/// transparent huge pages: a fresh 64 MiB output then costs 32 page faults instead of 16384,
-/// which on this class of VM is the difference between ~5 ms and ~50 ms before a kernel can
-/// write it. Fresh mappings are zero-filled by the kernel, so `zeroed` costs nothing there.
-namespace {
-
-/// Recently freed huge-page mappings, kept for reuse. A fresh 64 MiB mapping costs the kernel
-/// zero-filling every page on first touch (several ms per call here); a collective that
-/// produces one output per call would pay that every time. Bounded by `max_bytes` and by count.
-///
-/// Thread safety: thread-safe; `mtx_` guards `free_`.
-class mapping_cache {
-public:
-  static constexpr size_t max_bytes = size_t{512} << 20;
-  static constexpr size_t max_count = 8;
-
-  static mapping_cache& instance() {
-    static mapping_cache cache;
-    return cache;
-  }
-
-  /// A cached mapping of exactly `length` bytes, or null.
-  std::byte* take(size_t length) {
-    std::lock_guard<std::mutex> guard{mtx_};
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second == length) {
-        auto* p = it->first;
-        bytes_ -= length;
-        free_.erase(it);
-        return p;
-      }
-    }
-    return nullptr;
-  }
-
-  /// Keeps the mapping if there is room; returns false when the caller must unmap it.
-  bool give(std::byte* p, size_t length) {
-    std::lock_guard<std::mutex> guard{mtx_};
-    if (bytes_ + length > max_bytes || free_.size() >= max_count)
-      return false;
-    free_.emplace_back(p, length);
-    bytes_ += length;
-    return true;
-  }
-
-private:
-  std::mutex mtx_;
-  std::vector<std::pair<std::byte*, size_t>> free_;
-  size_t bytes_ = 0;
-};
-
-} // namespace
-
+/// The bytes of a tensor: a host block (device/host_memory.hpp: 64-byte aligned, from the
+/// process-wide cache from 64 KiB on, huge pages from 2 MiB on), or GPU memory. Freed when the
+/// last tensor referring to it goes away.
 struct tensor::storage {
-  static constexpr size_t alignment = 64;
-  static constexpr size_t huge_page = size_t{2} << 20;
-  static constexpr size_t huge_threshold = size_t{8} << 20;
-
-  /// Allocates `bytes` (at least one cache line, so `data` is never null), zero-filled when
+  /// `bytes` of host memory (at least one cache line, so `data` is never null), zero-filled when
   /// `zeroed`. @throws error(invalid_argument) when memory is exhausted.
-  storage(size_t bytes, bool zeroed) : size(bytes) {
-    if (bytes >= huge_threshold) {
-      const size_t length = (bytes + huge_page - 1) & ~(huge_page - 1);
-      if (auto* reused = mapping_cache::instance().take(length)) {
-        data = reused;
-        mapped_bytes = length;
-        if (zeroed)
-          std::memset(data, 0, bytes);
-        return;
-      }
-      if (map_huge(bytes))
-        return;
-    }
-    // calloc rather than malloc+memset: blocks that come from mmap are already zero.
-    size_t request = bytes + alignment;
-    raw = zeroed ? std::calloc(request, 1) : std::malloc(request);
-    if (raw == nullptr)
-      throw_error(errc::invalid_argument,
-                  "cannot allocate a tensor of " + std::to_string(bytes) + " bytes: out of memory");
-    auto addr = reinterpret_cast<uintptr_t>(raw);
-    data = reinterpret_cast<std::byte*>((addr + alignment - 1) & ~(uintptr_t{alignment} - 1));
-  }
+  storage(size_t bytes, bool zeroed)
+      : block(zeroed ? detail::host_block::zeroed(bytes) : detail::host_block(bytes)),
+        data(block.data()), size(bytes) {}
 
   /// `bytes` of memory on GPU `index` (device memory: never touched by the host).
   storage(int index, size_t bytes, bool zeroed)
@@ -162,51 +87,17 @@ struct tensor::storage {
         gpu(index) {}
 
   ~storage() {
-    if (gpu >= 0) {
+    if (gpu >= 0)
       detail::gpu::release(gpu, data, size);
-      return;
-    }
-    if (mapped_bytes > 0) {
-      if (!mapping_cache::instance().give(data, mapped_bytes))
-        ::munmap(data, mapped_bytes);
-    } else
-      std::free(raw);
   }
 
   storage(const storage&) = delete;
   storage& operator=(const storage&) = delete;
 
-  void* raw = nullptr;       // what malloc/calloc returned (heap buffers only)
-  std::byte* data = nullptr; // the first byte, 64-byte (heap) or 2 MiB (mapped) aligned
+  detail::host_block block;  // host memory (empty for GPU memory)
+  std::byte* data = nullptr; // the first byte
   size_t size = 0;           // bytes requested
-  size_t mapped_bytes = 0;   // length of the mapping at `data` (mapped buffers only)
   int gpu = -1;              // the GPU holding the bytes, or -1 for host memory
-
-private:
-  /// Maps `bytes` rounded up to whole huge pages at a 2 MiB boundary; false when mmap fails (the
-  /// caller then falls back to the heap, whose error message is the one users see).
-  bool map_huge(size_t bytes) {
-    const size_t length = (bytes + huge_page - 1) & ~(huge_page - 1);
-    const size_t padded = length + huge_page;
-    void* p = ::mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-      return false;
-    // Trim the mapping to an aligned `length`: drop the unaligned head and the tail beyond it.
-    auto addr = reinterpret_cast<uintptr_t>(p);
-    auto aligned = (addr + huge_page - 1) & ~(uintptr_t{huge_page} - 1);
-    if (aligned > addr)
-      ::munmap(p, aligned - addr);
-    auto tail = padded - (aligned - addr) - length;
-    if (tail > 0)
-      ::munmap(reinterpret_cast<void*>(aligned + length), tail);
-    data = reinterpret_cast<std::byte*>(aligned);
-    mapped_bytes = length;
-#ifdef MADV_HUGEPAGE
-    // Advice only: without THP the mapping still works with small pages.
-    ::madvise(data, length, MADV_HUGEPAGE);
-#endif
-    return true;
-  }
 };
 
 namespace {

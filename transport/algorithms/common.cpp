@@ -2,6 +2,8 @@
 
 #include "transport/algorithms/common.hpp"
 
+#include "device/host_memory.hpp"
+
 #include <sstream>
 
 namespace consort::transport::detail {
@@ -64,6 +66,14 @@ caf::error check_reduction(const char* algorithm, const context& ctx, const algo
                               " elements is float64: convert them to float64 and reduce those "
                               "with MEAN (the algorithms reduce in the input dtype)");
   return {};
+}
+
+std::shared_ptr<std::byte> scratch(size_t bytes) {
+  if (bytes == 0)
+    return nullptr;
+  auto block = std::make_shared<consort::detail::host_block>(bytes);
+  auto* data = block->data();
+  return {std::move(block), data};
 }
 
 } // namespace consort::transport::detail

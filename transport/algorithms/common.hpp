@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace consort::transport::detail {
@@ -76,6 +77,13 @@ constexpr size_t chunk_count(size_t total, size_t chunk) noexcept {
 constexpr int ring_add(int a, int b, int n) noexcept {
   return ((a + b) % n + n) % n;
 }
+
+// -- scratch --------------------------------------------------------------------------------------
+
+/// `bytes` of uninitialised scratch from the process-wide host block cache
+/// (device/host_memory.hpp), so that an algorithm run on every call does not pay for fresh pages
+/// on every call. Null for 0 bytes.
+std::shared_ptr<std::byte> scratch(size_t bytes);
 
 // -- kernels --------------------------------------------------------------------------------------
 

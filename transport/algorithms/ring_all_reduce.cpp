@@ -14,9 +14,21 @@ namespace {
 
 constexpr const char* algorithm = "ring_all_reduce";
 
-/// Receive slots of the reduce-scatter: the receive of chunk k + 1 is posted before chunk k is
-/// reduced, and chunk k + 2's once chunk k's slot is free again.
-constexpr size_t recv_window = 2;
+/// Bytes of reduce-scatter receives kept posted ahead (scratch slots of one chunk each, at least
+/// two): the receive of chunk k + w - 1 is posted before chunk k is reduced. A chunk that arrives
+/// before its receive is posted goes through the transport's stash: a copy more. The first step's
+/// sends are paced by the same window (see run()), so that a peer is sent at most about a window
+/// more than it has posted. Measured on 2 cores, 2 workers, 64 MiB (bench/README.md, "Large
+/// all-reduce across workers"): a window of 2 chunks of 256 KiB sent most of the data through the
+/// stash (p50 156 ms); 8 MiB with pacing, 46-50 ms.
+constexpr size_t window_bytes = size_t{8} << 20;
+
+/// The smallest chunk the ring picks by itself (`opts.chunk_bytes` can ask for smaller ones).
+/// Chunks are a quarter of a segment between this and `opts.chunk_bytes`: enough of them to
+/// overlap the fold of one with the receive of the next, and as few as that allows, since every
+/// chunk costs a wake-up on each side (on 2 cores, 64 MiB over 2 workers: 256 KiB chunks 69-81
+/// ms, 1 MiB 52-63 ms, 2 MiB 46-47 ms, 4 MiB 46-50 ms, 8 MiB 50-52 ms).
+constexpr size_t min_chunk_bytes = size_t{256} << 10;
 
 } // namespace
 
@@ -39,10 +51,14 @@ ring_all_reduce::ring_all_reduce(context_ptr ctx, void* data, size_t count, dtyp
     segments_[i] = detail::part_begin(count_, static_cast<size_t>(n), i);
   const size_t elem = size_of(type_);
   const size_t largest = segments_[1] - segments_[0];
-  const size_t chunk_elems = std::max<size_t>(1, opts_.chunk_bytes / elem);
+  const size_t chunk_bytes =
+      std::min(opts_.chunk_bytes, std::max(min_chunk_bytes, largest * elem / 4));
+  const size_t chunk_elems = std::max<size_t>(1, chunk_bytes / elem);
   chunks_ = detail::chunk_count(largest, chunk_elems);
   slot_bytes_ = (largest + chunks_ - 1) / chunks_ * elem;
-  scratch_ = std::make_unique_for_overwrite<std::byte[]>(recv_window * slot_bytes_);
+  const size_t total = 2 * (static_cast<size_t>(n) - 1) * chunks_;
+  window_ = std::clamp<size_t>(window_bytes / std::max<size_t>(slot_bytes_, 1), 2, total);
+  scratch_ = detail::scratch(window_ * slot_bytes_);
 }
 
 caf::error ring_all_reduce::run() {
@@ -101,8 +117,7 @@ caf::error ring_all_reduce::run() {
     auto [b, e] = range(w.recv_segment, w.chunk);
     if (b == e)
       return;
-    std::byte* into =
-        w.reduce ? scratch_.get() + (m % recv_window) * slot_bytes_ : data_ + b * elem;
+    std::byte* into = w.reduce ? scratch_.get() + (m % window_) * slot_bytes_ : data_ + b * elem;
     recvs[m] = left_->recv(tag(w), mutable_bytes{into, (e - b) * elem});
   };
   auto post_send = [&](size_t m) {
@@ -120,9 +135,10 @@ caf::error ring_all_reduce::run() {
 
   // Step 1: post the receives of the first chunks, then send this rank's own segment, read in
   // place (reduce-scatter step 1).
-  for (size_t m = 0; m < std::min(recv_window, total); ++m)
+  const size_t window = window_;
+  for (size_t m = 0; m < std::min(window, total); ++m)
     post_recv(m);
-  for (size_t j = 0; j < chunks_; ++j)
+  for (size_t j = 0; j < std::min(window, chunks_); ++j)
     post_send(j);
   for (size_t m = 0; m < total; ++m) {
     const auto w = locate(m);
@@ -138,13 +154,13 @@ caf::error ring_all_reduce::run() {
         auto [b, e] = range(w.recv_segment, w.chunk);
         auto* out = data_ + b * elem;
         const bool last = w.step + 1 == steps;
-        detail::combine(type_, op_, out, scratch_.get() + (m % recv_window) * slot_bytes_, out,
-                        e - b, op_ == reduce_op::mean && last ? n : 0);
+        detail::combine(type_, op_, out, scratch_.get() + (m % window_) * slot_bytes_, out, e - b,
+                        op_ == reduce_op::mean && last ? n : 0);
       }
     }
     // Step 4: refill the window. An all-gather receive lands in place, over the chunk that the
     // reduce-scatter send with the same step and chunk reads, so that send must be done first.
-    if (const size_t next = m + recv_window; next < total) {
+    if (const size_t next = m + window; next < total) {
       if (next >= rs_messages) {
         if (const auto& prior = sends[next - rs_messages]) {
           if (auto err = prior->wait(until))
@@ -157,8 +173,13 @@ caf::error ring_all_reduce::run() {
     // sends in step s + 1; after the last reduce-scatter step it is the reduced segment.
     if (m + chunks_ < total)
       post_send(m + chunks_);
+    // Step 6: pace the first step's sends: one more of this rank's own chunks for each chunk
+    // received, so that the right neighbour, which posts its receives the same way, is sent at
+    // most a window more than it has posted.
+    if (m + window < chunks_)
+      post_send(m + window);
   }
-  // Step 6: wait for the sends; the right neighbour has the last chunks when they complete.
+  // Step 7: wait for the sends; the right neighbour has the last chunks when they complete.
   for (size_t m = 0; m < total; ++m) {
     if (sends[m]) {
       if (auto err = sends[m]->wait(until))

@@ -34,8 +34,7 @@ direct_all_reduce::direct_all_reduce(context_ptr ctx, void* data, size_t count, 
   for (int p = 0; p < n; ++p)
     if (p != ctx_->rank())
       pairs_[static_cast<size_t>(p)] = &ctx_->to(p);
-  scratch_ =
-      std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(n) * count_ * size_of(type_));
+  scratch_ = detail::scratch(static_cast<size_t>(n) * count_ * size_of(type_));
 }
 
 caf::error direct_all_reduce::run() {
@@ -105,7 +104,7 @@ recursive_doubling_all_reduce::recursive_doubling_all_reduce(context_ptr ctx, vo
     setup_error_ = detail::check_reduction(doubling_name, *ctx_, opts_, type_, op_);
   if (setup_error_ || ctx_->size() == 1 || count_ == 0)
     return;
-  scratch_ = std::make_unique_for_overwrite<std::byte[]>(count_ * size_of(type_));
+  scratch_ = detail::scratch(count_ * size_of(type_));
 }
 
 caf::error recursive_doubling_all_reduce::run() {

@@ -2,6 +2,8 @@
 
 #include "transport/tcp/pair_impl.hpp"
 
+#include "device/host_memory.hpp"
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/socket_base.hpp>
 
@@ -172,14 +174,14 @@ void send_op::fail(const std::string& why, errc code) {
 struct pair_impl::stash_entry {
   stash_entry(std::shared_ptr<pair_env> env, uint64_t size)
       : env(std::move(env)), size(size),
-        data(size > 0 ? std::make_unique_for_overwrite<std::byte[]>(size) : nullptr) {}
+        data(size > 0 ? consort::detail::host_block(size) : consort::detail::host_block{}) {}
   ~stash_entry() { env->stash_bytes.fetch_sub(size, std::memory_order_relaxed); }
 
   std::shared_ptr<pair_env> env;
   uint64_t size;
-  std::unique_ptr<std::byte[]> data;
-  bool complete = false;           // guarded by match_mu_
-  std::shared_ptr<recv_op> waiter; // guarded by match_mu_: claimed it while it was being read
+  consort::detail::host_block data; // from the host block cache: no fresh pages per message
+  bool complete = false;            // guarded by match_mu_
+  std::shared_ptr<recv_op> waiter;  // guarded by match_mu_: claimed it while it was being read
 };
 
 // -- construction --------------------------------------------------------------------------------
@@ -314,7 +316,7 @@ operation_ptr pair_impl::post_recv(std::shared_ptr<recv_op> op) {
                                     "; the message was dropped"));
   } else if (ready) {
     if (early->size > 0)
-      std::memcpy(into.data(), early->data.get(), early->size);
+      std::memcpy(into.data(), early->data.data(), early->size);
     op->received.store(early->size, std::memory_order_relaxed);
     op->complete();
   }
@@ -639,7 +641,7 @@ bool pair_impl::begin_message(const wire::header& h) {
         auto entry = std::make_shared<stash_entry>(env_, h.payload_bytes);
         stash_[h.tag].push_back(entry);
         in_sink_ = sink::stash;
-        in_dst_ = entry->data.get();
+        in_dst_ = entry->data.data();
         in_stash_ = std::move(entry);
       }
     }
@@ -690,7 +692,7 @@ void pair_impl::finish_message() {
     }
     if (waiter) {
       if (entry->size > 0)
-        std::memcpy(waiter->into().data(), entry->data.get(), entry->size);
+        std::memcpy(waiter->into().data(), entry->data.data(), entry->size);
       waiter->received.store(entry->size, std::memory_order_relaxed);
       waiter->complete();
     }

@@ -52,7 +52,7 @@ struct algorithm_options {
   /// Largest message of the pipelined algorithms (ring all-reduce, ring all-gather, chain
   /// broadcast): each block is cut into chunks of at most this many bytes, so that reducing or
   /// forwarding chunk k overlaps receiving chunk k + 1.
-  size_t chunk_bytes = size_t{256} << 10;
+  size_t chunk_bytes = size_t{2} << 20;
 
   /// `all_reduce()` uses a latency-optimised algorithm up to this many bytes, the ring above.
   size_t small_bytes = size_t{64} << 10;
@@ -82,7 +82,7 @@ inline constexpr uint64_t max_tag = uint64_t{1} << 40;
 /// the result to its right neighbour; the receive of the next chunk is posted before the current
 /// one is reduced. Then `size - 1` all-gather steps pass the fully reduced segments around,
 /// received straight into the caller's buffer. Bytes sent and received per rank: `2 (size - 1) /
-/// size * B`. Every rank ends with bitwise identical values. Scratch: two chunks.
+/// size * B`. Every rank ends with bitwise identical values. Scratch: a window of chunks (8 MiB).
 ///
 /// Thread safety: not thread-safe (one `run()` at a time); the context is shared.
 class ring_all_reduce {
@@ -109,9 +109,11 @@ private:
   std::vector<size_t> segments_;
   /// Chunks per segment (the same for every segment, so that the steps line up).
   size_t chunks_ = 0;
-  /// Two receive slots of one chunk each (not zero-filled: every byte is received before use).
-  std::unique_ptr<std::byte[]> scratch_;
+  /// `window_` receive slots of one chunk each (not zero-filled: every byte is received before
+  /// use).
+  std::shared_ptr<std::byte> scratch_;
   size_t slot_bytes_ = 0;
+  size_t window_ = 2;
 };
 
 /// All-reduce by direct exchange: every rank sends its whole buffer to every other rank in one
@@ -142,7 +144,7 @@ private:
   caf::error setup_error_;
   std::vector<pair*> pairs_;
   /// One slot of `count` elements per rank (not zero-filled).
-  std::unique_ptr<std::byte[]> scratch_;
+  std::shared_ptr<std::byte> scratch_;
 };
 
 /// All-reduce by recursive doubling, with the standard fix-up for a size that is not a power of
@@ -174,7 +176,7 @@ private:
   algorithm_options opts_;
   caf::error setup_error_;
   /// One buffer of `count` elements (not zero-filled).
-  std::unique_ptr<std::byte[]> scratch_;
+  std::shared_ptr<std::byte> scratch_;
 };
 
 /// All-reduce that picks the algorithm by size: the direct exchange up to `opts.small_bytes`
