@@ -35,7 +35,8 @@ struct descriptor {
   char text[text_bytes] = {};
   /// cross_call::flags of the sender (OR-ed over every worker into all_flags).
   uint8_t flags = 0;
-  /// 1: the sender's data follows this descriptor in its message (a fused all-reduce).
+  /// 1: the sender's data follows this descriptor in its message (a fused all-reduce or
+  /// all-gather, or the root's worker of a fused broadcast).
   uint8_t fused = 0;
 };
 static_assert(sizeof(descriptor) == 248);
@@ -342,6 +343,11 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
     else if (call.kind == collective_kind::all_gather)
       mine.fused = !call.data_phase && size_ <= direct_max_workers &&
                    call.leaves.size() * 8 + data_bytes <= fused_max_bytes;
+    else if (call.kind == collective_kind::broadcast)
+      // Only the root's worker has data to send; the others read from its descriptor whether it
+      // came with its data (every worker sees the same descriptor, so all decide alike).
+      mine.fused = !call.data_phase && size_ <= direct_max_workers &&
+                   data_bytes <= fused_max_bytes && rank_ == call.root / devices_per_worker_;
   }
   // An all-gather's extents along its axis, leaf by leaf: they travel with the descriptor (up to
   // 8 workers), so the data needs no round of sizes first.
@@ -601,6 +607,31 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
   }
   case collective_kind::broadcast: {
     auto root_worker = call.root / devices_per_worker_;
+    if (size_ <= direct_max_workers && all[static_cast<size_t>(root_worker)].fused) {
+      // A small broadcast: the root's data came with its descriptor, so the call took one round.
+      if (rank_ != root_worker) {
+        const auto sent = got[static_cast<size_t>(root_worker)];
+        if (sent != sizeof(descriptor) + data_bytes)
+          return make_caf_error(errc::collective_mismatch,
+                                "collective mismatch between workers at " + call.what + ": " +
+                                    worker_name(root_worker) + " (the root) sent " +
+                                    std::to_string(sent - sizeof(descriptor)) +
+                                    " bytes of data where this worker " + "expects " +
+                                    std::to_string(data_bytes));
+        const std::byte* from = slot(root_worker) + sizeof(descriptor);
+        for (auto& leaf : call.leaves) {
+          auto t = std::move(leaf);
+          if (t.num_bytes() > 0)
+            std::memcpy(t.raw_mutable_data(), from, t.num_bytes());
+          from += t.num_bytes();
+          out.push_back(std::move(t));
+        }
+      } else {
+        for (auto& leaf : call.leaves)
+          out.push_back(std::move(leaf));
+      }
+      break;
+    }
     for (auto& leaf : call.leaves) {
       auto t = std::move(leaf);
       if (t.num_bytes() > 0) {

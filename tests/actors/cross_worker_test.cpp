@@ -166,6 +166,46 @@ TEST(CrossWorkerTest, BroadcastFromAReplicaOfAnotherWorker) {
     EXPECT_EQ(f.get()[0].as_tensor(), row(3));
 }
 
+class CrossWorkerBroadcastTest
+    : public ::testing::TestWithParam<std::tuple<int, int, int, int64_t>> {};
+
+TEST_P(CrossWorkerBroadcastTest, EveryReplicaGetsTheRootsValuesOnBothSidesOfTheFusedSize) {
+  // Up to 64 KiB the root's worker sends its data with its descriptor (one round); above, the
+  // broadcast algorithm follows the descriptors. One call of two leaves, so that the fused bytes
+  // must be split between them right.
+  auto [workers, replicas, root, elements] = GetParam();
+  cluster c(workers, replicas);
+  auto leaves = [elements](int r) {
+    std::vector<float> a(static_cast<size_t>(elements));
+    for (size_t k = 0; k < a.size(); ++k)
+      a[k] = static_cast<float>(r) * 1e6f + static_cast<float>(k);
+    return std::pair{tensor::from<float>(a, {elements}), tensor::from<int64_t>({r, -r, 7}, {3})};
+  };
+  auto results = c.run([leaves, root](replica_context& ctx) {
+    auto [a, b] = leaves(ctx.replica_id_in_sync_group());
+    return ctx.broadcast(nest::list({nest(a), nest(b)}), root);
+  });
+  auto [want_a, want_b] = leaves(root);
+  for (auto& f : results) {
+    auto got = f.get();
+    for (const auto& v : got.values()) {
+      EXPECT_EQ(v[0].as_tensor(), want_a);
+      EXPECT_EQ(v[1].as_tensor(), want_b);
+    }
+  }
+  // The group goes on: a small all-reduce after it.
+  for (auto& f : c.run([](replica_context& ctx) { return nest(ctx.all_reduce("SUM", row(1))); }))
+    EXPECT_EQ(f.get()[0].as_tensor().data<float>()[0], static_cast<float>(workers * replicas));
+}
+
+// With the 24 bytes of the other leaf: 16 000 float32 (64 024 B) and fewer are fused; 16 384
+// (65 560 B, just over 64 KiB) and 100 000 take the broadcast algorithm.
+INSTANTIATE_TEST_SUITE_P(
+    Sizes, CrossWorkerBroadcastTest,
+    ::testing::Values(std::tuple{2, 1, 1, int64_t{3}}, std::tuple{2, 2, 3, int64_t{16000}},
+                      std::tuple{3, 1, 0, int64_t{16384}}, std::tuple{3, 2, 2, int64_t{0}},
+                      std::tuple{3, 2, 5, int64_t{100000}}, std::tuple{4, 1, 2, int64_t{7}}));
+
 TEST(CrossWorkerTest, HostReduceAndGatherSpanWorkers) {
   cluster c(2, 1);
   std::vector<future<nest>> sums;
