@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Tests of tools/consort-launch: per-worker TF_CONFIG and environment, prefixed output, failure
 # propagation (the others are stopped, the status is passed on), the job timeout, usage errors,
-# the cluster secret (generated per launch, or the caller's).
+# the cluster secret (generated per launch, or the caller's), and each worker's GPUs
+# (CUDA_VISIBLE_DEVICES from --gpus, the caller's list or nvidia-smi; a fake nvidia-smi stands in
+# for a machine with GPUs, so this runs without one).
 # Usage: launch_test.sh <path to consort-launch>
 set -uo pipefail
 launch=$1
@@ -19,6 +21,7 @@ echo "$$" > "$PIDS/$CONSORT_LAUNCH_RANK"
 echo "rank=$CONSORT_LAUNCH_RANK size=$CONSORT_LAUNCH_SIZE devices=$CONSORT_DEVICES_PER_WORKER"
 echo "tf=$TF_CONFIG"
 echo "secret=${CONSORT_CLUSTER_SECRET:-}"
+echo "cvd=${CUDA_VISIBLE_DEVICES-unset}"
 echo "to stderr" >&2
 if [ "${FAIL_RANK:-none}" = "$CONSORT_LAUNCH_RANK" ]; then
   # Fail only once every peer is up, so that stopping them is what the test observes.
@@ -95,6 +98,45 @@ check "each launch generates another secret" [ "$(secrets_of "$out")" != "$first
 rm -rf "$PIDS"; mkdir -p "$PIDS"
 out=$(CONSORT_CLUSTER_SECRET=given "$launch" -n 2 --port 7600 -- "$tmp/job.sh" 2>&1)
 check "a given secret is passed to every worker" [ "$(secrets_of "$out")" = "given" ]
+
+# 7. GPUs: each worker gets its slice of the machine's GPUs as CUDA_VISIBLE_DEVICES.
+cvd_of() { sed -n "s/^\[worker:$2\] cvd=//p" <<<"$1"; }
+mkdir -p "$tmp/fake4" "$tmp/fake1" "$tmp/fake0"
+printf '#!/bin/sh\nprintf "0\\n1\\n2\\n3\\n"\n' > "$tmp/fake4/nvidia-smi"
+printf '#!/bin/sh\necho 0\n' > "$tmp/fake1/nvidia-smi"
+printf '#!/bin/sh\necho "NVIDIA-SMI has failed" >&2\nexit 9\n' > "$tmp/fake0/nvidia-smi"
+chmod +x "$tmp/fake4/nvidia-smi" "$tmp/fake1/nvidia-smi" "$tmp/fake0/nvidia-smi"
+run_gpus() { # run_gpus PATH_PREFIX ARGS...: the launch's output (the caller has no CUDA_VISIBLE_DEVICES)
+  local prefix=$1; shift
+  rm -rf "$PIDS"; mkdir -p "$PIDS"
+  env -u CUDA_VISIBLE_DEVICES PATH="$prefix:$PATH" "$launch" "$@" -- "$tmp/job.sh" 2>&1
+}
+out=$(run_gpus "$tmp/fake4" -n 2 --devices-per-worker 2 --port 7700)
+check "nvidia-smi's 4 GPUs: worker 0 gets 0,1" [ "$(cvd_of "$out" 0)" = "0,1" ]
+check "nvidia-smi's 4 GPUs: worker 1 gets 2,3" [ "$(cvd_of "$out" 1)" = "2,3" ]
+out=$(run_gpus "$tmp/fake4" -n 4 --port 7710)
+check "one GPU per worker: worker 3 gets GPU 3" [ "$(cvd_of "$out" 3)" = "3" ]
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$(CUDA_VISIBLE_DEVICES=5,7 PATH="$tmp/fake4:$PATH" "$launch" -n 2 --port 7720 -- "$tmp/job.sh" 2>&1)
+check "the caller's CUDA_VISIBLE_DEVICES is shared out first" [ "$(cvd_of "$out" 0),$(cvd_of "$out" 1)" = "5,7" ]
+out=$(run_gpus "$tmp/fake4" -n 2 --gpus GPU-a1,3 --port 7730)
+check "--gpus names them (UUIDs too)" [ "$(cvd_of "$out" 0),$(cvd_of "$out" 1)" = "GPU-a1,3" ]
+out=$(run_gpus "$tmp/fake1" -n 2 --port 7740)
+check "too few GPUs in auto: CUDA_VISIBLE_DEVICES is left unset" [ "$(cvd_of "$out" 0)$(cvd_of "$out" 1)" = "unsetunset" ]
+check "too few GPUs in auto: a note says so" grep -qF "2 worker(s) x 1 device(s) need 2 GPUs and nvidia-smi shows 1" <<<"$out"
+out=$(run_gpus "$tmp/fake1" -n 2 --gpus 0 --port 7750)
+rc=$?
+check "too few GPUs in --gpus is a usage error" [ "$rc" -eq 2 ]
+check "too few GPUs in --gpus names the counts" grep -qF "2 worker(s) x 1 device(s) need 2 GPUs, and --gpus names 1 (0)" <<<"$out"
+out=$(run_gpus "$tmp/fake4" -n 2 --gpus "0 1" --port 7760)
+rc=$?
+check "a malformed --gpus is a usage error" [ "$rc" -eq 2 ]
+check "a malformed --gpus says what is expected" grep -qF "a comma-separated list of GPU indices or UUIDs" <<<"$out"
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$(CUDA_VISIBLE_DEVICES=2 PATH="$tmp/fake4:$PATH" "$launch" -n 2 --gpus none --port 7770 -- "$tmp/job.sh" 2>&1)
+check "--gpus none leaves the caller's CUDA_VISIBLE_DEVICES" [ "$(cvd_of "$out" 0),$(cvd_of "$out" 1)" = "2,2" ]
+out=$(run_gpus "$tmp/fake0" -n 2 --port 7780)
+check "nvidia-smi without a GPU (it fails): nothing is set" [ "$(cvd_of "$out" 0)$(cvd_of "$out" 1)" = "unsetunset" ]
 
 [ "$failures" -eq 0 ] && echo "launch_test: all checks passed" || echo "launch_test: $failures check(s) failed"
 exit "$failures"
