@@ -248,6 +248,9 @@ TEST_P(AllReduceSweepTest, MatchesASequentialReductionForEveryDtypeAndOp) {
   // chunks per segment (24 bytes: 3 to 24 elements, not a divisor of the segments).
   if (count < large_count)
     opts.chunk_bytes = 24;
+  // A small window, so that the ring's first step is paced by its receives (3 chunks here; the
+  // smallest window, 2 chunks, at the large count).
+  opts.window_bytes = count < large_count ? 3 * 24 : size_t{512} << 10;
   // The dispatcher picks recursive doubling above 4 ranks, the direct exchange up to 4, and the
   // ring for the large count.
   opts.direct_max_ranks = 4;

@@ -7,6 +7,7 @@
 #include "support/transport_helpers.hpp"
 
 #include <consort/error.hpp>
+#include <consort/transport/algorithms.hpp>
 #include <consort/transport/pair.hpp>
 #include <consort/transport/tcp.hpp>
 
@@ -26,6 +27,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -34,6 +36,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <poll.h>
@@ -236,6 +239,111 @@ TEST(TcpWireTest, TrailingBytesAfterTheHeaderAreMalformed) {
 }
 
 // -- exchanges among all ranks -------------------------------------------------------------------
+
+// -- collective algorithms over real sockets ------------------------------------------------------
+
+/// The ring all-reduce over TCP, where early chunks go through the pair's stash (the in-memory
+/// transport has none): a small window (3 chunks) and small chunks, so that the first step's sends
+/// are paced and chunks arrive before their receives; and the dispatcher with its defaults.
+/// int32 SUM (wrapping), int32 MAX and float32 SUM of integers (exact), against a sequential
+/// reduction.
+class TcpAllReduceTest : public ::testing::TestWithParam<std::tuple<int, std::size_t>> {};
+
+TEST_P(TcpAllReduceTest, RingAndDispatcherMatchASequentialReduction) {
+  const auto [n, count] = GetParam();
+  auto ctxs = make_mesh(n);
+  ASSERT_EQ(ctxs.size(), static_cast<std::size_t>(n));
+  auto value = [](int r, std::size_t i) {
+    return static_cast<int32_t>((i * 2654435761u + static_cast<std::size_t>(r) * 40503u) %
+                                1000003u) -
+           500000;
+  };
+  struct variant {
+    consort::dtype type;
+    consort::reduce_op op;
+    bool ring; // the ring with a small window, else the dispatcher with the defaults
+  };
+  const std::vector<variant> variants{{consort::dtype::int32, consort::reduce_op::sum, true},
+                                      {consort::dtype::int32, consort::reduce_op::max, true},
+                                      {consort::dtype::float32, consort::reduce_op::sum, true},
+                                      {consort::dtype::int32, consort::reduce_op::sum, false}};
+  uint64_t tag = 1;
+  for (const auto& v : variants) {
+    SCOPED_TRACE(std::string{consort::to_string(v.type)} + " " + consort::to_string(v.op) +
+                 (v.ring ? " ring" : " dispatcher"));
+    // Every rank's input as int32 (also the float32 values: integers below 2^24, exact sums).
+    std::vector<std::vector<int32_t>> in(static_cast<std::size_t>(n), std::vector<int32_t>(count));
+    for (int r = 0; r < n; ++r)
+      for (std::size_t i = 0; i < count; ++i)
+        in[static_cast<std::size_t>(r)][i] = value(r, i);
+    std::vector<int64_t> want(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      int64_t acc = in[0][i];
+      for (int r = 1; r < n; ++r) {
+        const int64_t x = in[static_cast<std::size_t>(r)][i];
+        acc = v.op == consort::reduce_op::max ? std::max(acc, x) : acc + x;
+      }
+      want[i] = acc;
+    }
+    std::vector<std::vector<std::byte>> data(static_cast<std::size_t>(n),
+                                             std::vector<std::byte>(count * 4));
+    for (int r = 0; r < n; ++r)
+      for (std::size_t i = 0; i < count; ++i) {
+        const auto x = in[static_cast<std::size_t>(r)][i];
+        if (v.type == consort::dtype::float32) {
+          const float f = static_cast<float>(x);
+          std::memcpy(data[static_cast<std::size_t>(r)].data() + i * 4, &f, 4);
+        } else {
+          std::memcpy(data[static_cast<std::size_t>(r)].data() + i * 4, &x, 4);
+        }
+      }
+    transport::algorithm_options opts;
+    opts.tag = tag++;
+    if (v.ring) {
+      opts.chunk_bytes = 4096;
+      opts.window_bytes = 3 * 4096;
+    }
+    std::vector<caf::error> errors(static_cast<std::size_t>(n));
+    run_ranks(n, [&](int r) {
+      auto* p = data[static_cast<std::size_t>(r)].data();
+      errors[static_cast<std::size_t>(r)] =
+          v.ring ? transport::ring_all_reduce(ctxs[static_cast<std::size_t>(r)], p, count, v.type,
+                                              v.op, opts)
+                       .run()
+                 : transport::all_reduce(ctxs[static_cast<std::size_t>(r)], p, count, v.type, v.op,
+                                         opts);
+    });
+    for (int r = 0; r < n; ++r) {
+      ASSERT_FALSE(errors[static_cast<std::size_t>(r)])
+          << "rank " << r << ": " << text_of(errors[static_cast<std::size_t>(r)]);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        int64_t got = 0;
+        if (v.type == consort::dtype::float32) {
+          float f = 0;
+          std::memcpy(&f, data[static_cast<std::size_t>(r)].data() + i * 4, 4);
+          got = static_cast<int64_t>(f);
+        } else {
+          int32_t x = 0;
+          std::memcpy(&x, data[static_cast<std::size_t>(r)].data() + i * 4, 4);
+          got = x;
+        }
+        wrong += got != want[i];
+      }
+      EXPECT_EQ(wrong, 0u) << "rank " << r << ": " << wrong << " of " << count << " wrong";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndCounts, TcpAllReduceTest,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::Values(std::size_t{0}, std::size_t{7},
+                                                              std::size_t{1001},
+                                                              (std::size_t{1} << 18) + 3)),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "Ranks" +
+                                  std::to_string(std::get<1>(info.param)) + "Elements";
+                         });
 
 class TcpMeshTest : public ::testing::TestWithParam<int> {};
 

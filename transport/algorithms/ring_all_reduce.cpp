@@ -14,15 +14,6 @@ namespace {
 
 constexpr const char* algorithm = "ring_all_reduce";
 
-/// Bytes of reduce-scatter receives kept posted ahead (scratch slots of one chunk each, at least
-/// two): the receive of chunk k + w - 1 is posted before chunk k is reduced. A chunk that arrives
-/// before its receive is posted goes through the transport's stash: a copy more. The first step's
-/// sends are paced by the same window (see run()), so that a peer is sent at most about a window
-/// more than it has posted. Measured on 2 cores, 2 workers, 64 MiB (bench/README.md, "Large
-/// all-reduce across workers"): a window of 2 chunks of 256 KiB sent most of the data through the
-/// stash (p50 156 ms); 8 MiB with pacing, 46-50 ms.
-constexpr size_t window_bytes = size_t{8} << 20;
-
 /// The smallest chunk the ring picks by itself (`opts.chunk_bytes` can ask for smaller ones).
 /// Chunks are a quarter of a segment between this and `opts.chunk_bytes`: enough of them to
 /// overlap the fold of one with the receive of the next, and as few as that allows, since every
@@ -57,7 +48,7 @@ ring_all_reduce::ring_all_reduce(context_ptr ctx, void* data, size_t count, dtyp
   chunks_ = detail::chunk_count(largest, chunk_elems);
   slot_bytes_ = (largest + chunks_ - 1) / chunks_ * elem;
   const size_t total = 2 * (static_cast<size_t>(n) - 1) * chunks_;
-  window_ = std::clamp<size_t>(window_bytes / std::max<size_t>(slot_bytes_, 1), 2, total);
+  window_ = std::clamp<size_t>(opts_.window_bytes / std::max<size_t>(slot_bytes_, 1), 2, total);
   scratch_ = detail::scratch(window_ * slot_bytes_);
 }
 

@@ -54,6 +54,11 @@ struct algorithm_options {
   /// forwarding chunk k overlaps receiving chunk k + 1.
   size_t chunk_bytes = size_t{2} << 20;
 
+  /// Bytes of receives the ring all-reduce keeps posted ahead of the one it waits for (its
+  /// scratch: this many bytes of chunk slots, at least 2), and how far its first step's sends run
+  /// ahead of its receives (docs/algorithms.md, "Why a window, and why pacing").
+  size_t window_bytes = size_t{8} << 20;
+
   /// `all_reduce()` uses a latency-optimised algorithm up to this many bytes, the ring above.
   size_t small_bytes = size_t{64} << 10;
 
