@@ -110,7 +110,10 @@ caf::error chain_broadcast::run() {
     return {};
   const auto until = clock::now() + opts_.timeout;
   const uint64_t tag = detail::message_tag(opts_.tag, 0);
-  const size_t chunks = detail::chunk_count(data_.size(), opts_.chunk_bytes);
+  // About 4 chunks per hop: the chain fills after n - 2 chunks, so longer chains want smaller ones.
+  const size_t chunks = detail::chunk_count(
+      data_.size(), detail::pipeline_chunk_bytes(opts_.chunk_bytes, data_.size(),
+                                                 4 * static_cast<size_t>(ctx_->size() - 1)));
   auto chunk = [&](size_t j) {
     const size_t lo = detail::part_begin(data_.size(), chunks, j);
     return data_.subspan(lo, detail::part_begin(data_.size(), chunks, j + 1) - lo);

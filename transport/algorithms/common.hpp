@@ -73,6 +73,22 @@ constexpr size_t chunk_count(size_t total, size_t chunk) noexcept {
   return total == 0 ? 1 : (total + chunk - 1) / chunk;
 }
 
+/// The smallest chunk the pipelined algorithms pick by themselves (`chunk_bytes` can ask for
+/// smaller ones).
+inline constexpr size_t min_chunk_bytes = size_t{256} << 10;
+
+/// The chunk size of a pipelined algorithm for a block of `block_bytes` that it cuts into about
+/// `pieces` chunks: `block_bytes / pieces` between `min_chunk_bytes` and `chunk_bytes` (the
+/// option, which wins when it is smaller). Enough chunks to overlap one chunk's forwarding or
+/// folding with the next one's receive, and no more: on 2 cores each chunk costs a wake-up on both
+/// sides (docs/algorithms.md, "ring_all_reduce", has the measurements).
+constexpr size_t pipeline_chunk_bytes(size_t chunk_bytes, size_t block_bytes,
+                                      size_t pieces) noexcept {
+  const size_t wanted = block_bytes / (pieces > 0 ? pieces : 1);
+  const size_t at_least = wanted > min_chunk_bytes ? wanted : min_chunk_bytes;
+  return chunk_bytes < at_least ? chunk_bytes : at_least;
+}
+
 /// `(a + b) mod n` for ranks, with `b` possibly negative.
 constexpr int ring_add(int a, int b, int n) noexcept {
   return ((a + b) % n + n) % n;

@@ -81,7 +81,8 @@ caf::error ring_all_gather::run() {
   const size_t steps = static_cast<size_t>(n) - 1;
   // Chunk j of block b: a byte range of the output; every rank computes the same cuts.
   auto chunks_of = [&](size_t b) {
-    return detail::chunk_count(sizes_[b], opts_.chunk_bytes);
+    return detail::chunk_count(sizes_[b],
+                               detail::pipeline_chunk_bytes(opts_.chunk_bytes, sizes_[b], 4));
   };
   auto range = [&](size_t b, size_t j) {
     const size_t c = chunks_of(b);

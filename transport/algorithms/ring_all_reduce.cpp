@@ -14,13 +14,6 @@ namespace {
 
 constexpr const char* algorithm = "ring_all_reduce";
 
-/// The smallest chunk the ring picks by itself (`opts.chunk_bytes` can ask for smaller ones).
-/// Chunks are a quarter of a segment between this and `opts.chunk_bytes`: enough of them to
-/// overlap the fold of one with the receive of the next, and as few as that allows, since every
-/// chunk costs a wake-up on each side (on 2 cores, 64 MiB over 2 workers: 256 KiB chunks 69-81
-/// ms, 1 MiB 52-63 ms, 2 MiB 46-47 ms, 4 MiB 46-50 ms, 8 MiB 50-52 ms).
-constexpr size_t min_chunk_bytes = size_t{256} << 10;
-
 } // namespace
 
 ring_all_reduce::ring_all_reduce(context_ptr ctx, void* data, size_t count, dtype type,
@@ -42,8 +35,9 @@ ring_all_reduce::ring_all_reduce(context_ptr ctx, void* data, size_t count, dtyp
     segments_[i] = detail::part_begin(count_, static_cast<size_t>(n), i);
   const size_t elem = size_of(type_);
   const size_t largest = segments_[1] - segments_[0];
-  const size_t chunk_bytes =
-      std::min(opts_.chunk_bytes, std::max(min_chunk_bytes, largest * elem / 4));
+  // A quarter of a segment per chunk (on 2 cores, 64 MiB over 2 workers: 256 KiB chunks 69-81 ms,
+  // 1 MiB 52-63 ms, 2 MiB 46-47 ms, 4 MiB 46-50 ms, 8 MiB 50-52 ms).
+  const size_t chunk_bytes = detail::pipeline_chunk_bytes(opts_.chunk_bytes, largest * elem, 4);
   const size_t chunk_elems = std::max<size_t>(1, chunk_bytes / elem);
   chunks_ = detail::chunk_count(largest, chunk_elems);
   slot_bytes_ = (largest + chunks_ - 1) / chunks_ * elem;
