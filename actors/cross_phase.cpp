@@ -50,8 +50,17 @@ void local_part(cross_call& cc, const call_signature& sig,
       inputs[r] = leaves[r][i];
     switch (sig.kind) {
     case collective_kind::all_reduce:
-      cc.leaves.push_back(sig.op == reduce_op::mean ? mean_partial(inputs)
-                                                    : reduce_elementwise(sig.op, inputs));
+      if (leaves.size() == 1 && !inputs.front().on_gpu() &&
+          (sig.op != reduce_op::mean || is_floating(inputs.front().dtype()))) {
+        // A lone replica's value is its partial: no copy here, the cross-worker phase reads it
+        // in place and writes the result to a tensor of its own (an integer MEAN still widens
+        // to float64 first).
+        cc.leaves.push_back(inputs.front());
+        cc.leaves_are_inputs = true;
+      } else {
+        cc.leaves.push_back(sig.op == reduce_op::mean ? mean_partial(inputs)
+                                                      : reduce_elementwise(sig.op, inputs));
+      }
       break;
     case collective_kind::all_gather:
       cc.leaves.push_back(concat(inputs, sig.axis));

@@ -476,14 +476,24 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
       total += d.count;
     call.total_count = total;
     for (auto& leaf : call.leaves) {
-      auto t = std::move(leaf); // the partial is ours alone: written in place, no copy
-      if (t.num_elements() > 0) {
+      tensor t;
+      if (call.leaves_are_inputs && leaf.num_elements() > 0) {
+        // The caller's tensor: read in place, the result in a tensor of its own.
+        t = tensor::empty(leaf.dtype(), leaf.shape());
+        auto err = transport::all_reduce(ctx_, leaf.raw_data(), t.raw_mutable_data(),
+                                         static_cast<size_t>(leaf.num_elements()), leaf.dtype(),
+                                         wire_op, options());
+        if (err)
+          return wrap(err, call.what);
+      } else if (leaf.num_elements() > 0) {
+        t = std::move(leaf); // the partial is ours alone: written in place, no copy
         auto err =
             transport::all_reduce(ctx_, t.raw_mutable_data(), static_cast<size_t>(t.num_elements()),
                                   t.dtype(), wire_op, options());
         if (err)
           return wrap(err, call.what);
       } else {
+        t = std::move(leaf);
         (void)take_tag(l); // keeps the tag sequence equal on every worker
       }
       if (call.op == reduce_op::mean && !call.defer_mean)

@@ -70,6 +70,9 @@ struct cross_call {
   /// SUM, integers widened to float64), the local concatenation (all_gather), the root's value or
   /// an uninitialised tensor of the same dtype and shape (broadcast).
   std::vector<tensor> leaves;
+  /// all_reduce: `leaves` are the caller's own tensors (a lone replica's inputs, not a partial
+  /// made for the call), so the reduction writes fresh outputs and only reads them.
+  bool leaves_are_inputs = false;
   /// all_reduce MEAN: the number of values this worker summed (replicas, or elements along the
   /// reduced axis); the result is divided by the sum over all workers.
   double count = 0;

@@ -206,6 +206,56 @@ INSTANTIATE_TEST_SUITE_P(
                       std::tuple{3, 1, 0, int64_t{16384}}, std::tuple{3, 2, 2, int64_t{0}},
                       std::tuple{3, 2, 5, int64_t{100000}}, std::tuple{4, 1, 2, int64_t{7}}));
 
+TEST(CrossWorkerTest, ALoneReplicasLargeAllReduceReadsItsInputInPlaceAndLeavesItUnchanged) {
+  // One replica per worker: above 64 KiB the ring reads the replica's own tensor (no copy first)
+  // and writes the result to a tensor of its own. The caller's tensor keeps its values.
+  constexpr int64_t n = 100003;
+  cluster c(2, 1);
+  std::vector<tensor> inputs;
+  for (int w = 0; w < 2; ++w) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (size_t k = 0; k < v.size(); ++k)
+      v[k] = static_cast<float>(k % 1000) + static_cast<float>(w);
+    inputs.push_back(tensor::from<float>(v, {n}));
+  }
+  const auto before = std::vector<tensor>{inputs[0].clone(), inputs[1].clone()};
+  for (const char* op : {"SUM", "MEAN", "MAX"}) {
+    SCOPED_TRACE(op);
+    std::vector<future<per_replica<nest>>> results;
+    for (int w = 0; w < 2; ++w)
+      results.push_back(c.workers[static_cast<size_t>(w)]->submit(
+          [x = inputs[static_cast<size_t>(w)], op](replica_context& ctx) {
+            return nest(ctx.all_reduce(op, x));
+          }));
+    for (auto& f : results) {
+      auto got = f.get()[0].as_tensor();
+      ASSERT_EQ(got.shape(), (shape_t{n}));
+      const auto* p = got.data<float>();
+      for (int64_t k : {int64_t{0}, int64_t{1}, n / 2, n - 1}) {
+        const float base = static_cast<float>(k % 1000);
+        const float want = std::string{op} == "SUM"    ? 2 * base + 1
+                           : std::string{op} == "MEAN" ? base + 0.5f
+                                                       : base + 1;
+        EXPECT_EQ(p[k], want) << "element " << k;
+      }
+    }
+    EXPECT_EQ(inputs[0], before[0]);
+    EXPECT_EQ(inputs[1], before[1]);
+  }
+  // An integer MEAN widens to float64 first (a partial of its own), as before.
+  std::vector<future<per_replica<nest>>> results;
+  for (int w = 0; w < 2; ++w)
+    results.push_back(c.workers[static_cast<size_t>(w)]->submit([w](replica_context& ctx) {
+      return nest(ctx.all_reduce(
+          "MEAN", tensor::from<int32_t>(std::vector<int32_t>(20000, w + 1), {20000})));
+    }));
+  for (auto& f : results) {
+    auto got = f.get()[0].as_tensor();
+    EXPECT_EQ(got.dtype(), dtype::float64);
+    EXPECT_EQ(got.data<double>()[19999], 1.5);
+  }
+}
+
 TEST(CrossWorkerTest, HostReduceAndGatherSpanWorkers) {
   cluster c(2, 1);
   std::vector<future<nest>> sums;

@@ -96,7 +96,7 @@ template <class T>
 
 // -- all-reduce ---------------------------------------------------------------------------------
 
-enum class algo { ring, direct, doubling, dispatcher };
+enum class algo { ring, direct, doubling, dispatcher, ring_out_of_place };
 
 const char* to_string(algo a) {
   switch (a) {
@@ -108,6 +108,8 @@ const char* to_string(algo a) {
     return "RecursiveDoubling";
   case algo::dispatcher:
     return "Dispatcher";
+  case algo::ring_out_of_place:
+    return "RingOutOfPlace";
   }
   return "?";
 }
@@ -127,6 +129,19 @@ caf::error run_all_reduce(algo a, const context_ptr& ctx, void* data, size_t cou
     return recursive_doubling_all_reduce{ctx, data, count, type, op, opts}.run();
   case algo::dispatcher:
     return all_reduce(ctx, data, count, type, op, opts);
+  case algo::ring_out_of_place: {
+    // The input in a buffer of its own, the output poisoned first: the result must not depend on
+    // what `data` held, and the input must come back unchanged.
+    const size_t bytes = count * size_of(type);
+    std::vector<std::byte> in(static_cast<std::byte*>(data), static_cast<std::byte*>(data) + bytes);
+    const auto before = in;
+    if (bytes > 0)
+      std::memset(data, 0xcd, bytes);
+    auto err = ring_all_reduce{ctx, in.data(), data, count, type, op, opts}.run();
+    if (!err && in != before)
+      return make_caf_error(errc::invalid_argument, "the out-of-place ring wrote to its input");
+    return err;
+  }
   }
   return {};
 }
@@ -276,6 +291,17 @@ INSTANTIATE_TEST_SUITE_P(
 INSTANTIATE_TEST_SUITE_P(DirectRanksAndCounts, AllReduceSweepTest,
                          ::testing::Combine(::testing::Values(algo::direct), ::testing::Range(1, 9),
                                             ::testing::Values(0, 1, 7, 1001)),
+                         sweep_name);
+// The ring out of place (input only read, output poisoned first): the same sweep on fewer ranks.
+INSTANTIATE_TEST_SUITE_P(OutOfPlace, AllReduceSweepTest,
+                         ::testing::Combine(::testing::Values(algo::ring_out_of_place),
+                                            ::testing::Values(1, 2, 3, 5, 8),
+                                            ::testing::Values(0, 1, 7, 1001)),
+                         sweep_name);
+INSTANTIATE_TEST_SUITE_P(OutOfPlaceLarge, AllReduceSweepTest,
+                         ::testing::Combine(::testing::Values(algo::ring_out_of_place),
+                                            ::testing::Values(2, 3),
+                                            ::testing::Values(large_count)),
                          sweep_name);
 INSTANTIATE_TEST_SUITE_P(DirectLarge, AllReduceSweepTest,
                          ::testing::Combine(::testing::Values(algo::direct), ::testing::Range(1, 5),

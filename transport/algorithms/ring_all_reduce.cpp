@@ -18,8 +18,12 @@ constexpr const char* algorithm = "ring_all_reduce";
 
 ring_all_reduce::ring_all_reduce(context_ptr ctx, void* data, size_t count, dtype type,
                                  reduce_op op, const algorithm_options& opts)
-    : ctx_(std::move(ctx)), data_(static_cast<std::byte*>(data)), count_(count), type_(type),
-      op_(op), opts_(opts) {
+    : ring_all_reduce(std::move(ctx), data, data, count, type, op, opts) {}
+
+ring_all_reduce::ring_all_reduce(context_ptr ctx, const void* in, void* out, size_t count,
+                                 dtype type, reduce_op op, const algorithm_options& opts)
+    : ctx_(std::move(ctx)), in_(static_cast<const std::byte*>(in)),
+      data_(static_cast<std::byte*>(out)), count_(count), type_(type), op_(op), opts_(opts) {
   setup_error_ = detail::check_options(algorithm, *ctx_, opts_);
   if (!setup_error_)
     setup_error_ = detail::check_reduction(algorithm, *ctx_, opts_, type_, op_);
@@ -50,8 +54,12 @@ caf::error ring_all_reduce::run() {
   if (setup_error_)
     return setup_error_;
   const int n = ctx_->size();
-  if (n == 1 || count_ == 0)
-    return {}; // MEAN over one rank is the value itself
+  if (n == 1 || count_ == 0) {
+    // MEAN over one rank is the value itself.
+    if (in_ != data_ && count_ > 0)
+      std::memcpy(data_, in_, count_ * size_of(type_));
+    return {};
+  }
   const auto until = clock::now() + opts_.timeout;
   const int r = ctx_->rank();
   const size_t elem = size_of(type_);
@@ -110,7 +118,10 @@ caf::error ring_all_reduce::run() {
     auto [b, e] = range(w.send_segment, w.chunk);
     if (b == e)
       return;
-    sends[m] = right_->send(tag(w), {const_bytes{data_ + b * elem, (e - b) * elem}});
+    // The first step sends this rank's own input; every later one forwards what it folded or
+    // received into the output.
+    const std::byte* from = w.reduce && w.step == 0 ? in_ : data_;
+    sends[m] = right_->send(tag(w), {const_bytes{from + b * elem, (e - b) * elem}});
   };
   auto fail = [&](size_t m, bool send, const caf::error& err) {
     return detail::step_failed(*ctx_, opts_, algorithm, step_name(m),
@@ -139,8 +150,10 @@ caf::error ring_all_reduce::run() {
         auto [b, e] = range(w.recv_segment, w.chunk);
         auto* out = data_ + b * elem;
         const bool last = w.step + 1 == steps;
-        detail::combine(type_, op_, out, scratch_.get() + (m % window_) * slot_bytes_, out, e - b,
-                        op_ == reduce_op::mean && last ? n : 0);
+        // This rank's own contribution to the segment is still the input's (each segment is
+        // folded once per rank).
+        detail::combine(type_, op_, out, scratch_.get() + (m % window_) * slot_bytes_,
+                        in_ + b * elem, e - b, op_ == reduce_op::mean && last ? n : 0);
       }
     }
     // Step 4: refill the window. An all-gather receive lands in place, over the chunk that the

@@ -189,4 +189,14 @@ caf::error all_reduce(const context_ptr& ctx, void* data, size_t count, dtype ty
   return ring_all_reduce{ctx, data, count, type, op, opts}.run();
 }
 
+caf::error all_reduce(const context_ptr& ctx, const void* in, void* out, size_t count, dtype type,
+                      reduce_op op, const algorithm_options& opts) {
+  if (count * size_of(type) <= opts.small_bytes) {
+    if (in != out && count > 0)
+      std::memcpy(out, in, count * size_of(type));
+    return all_reduce(ctx, out, count, type, op, opts);
+  }
+  return ring_all_reduce{ctx, in, out, count, type, op, opts}.run();
+}
+
 } // namespace consort::transport

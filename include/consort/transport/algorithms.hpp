@@ -97,12 +97,20 @@ public:
   ring_all_reduce(context_ptr ctx, void* data, size_t count, dtype type, reduce_op op,
                   const algorithm_options& opts = {});
 
+  /// Out of place: reads the `count` elements at `in` and writes the result to `out`, with no copy
+  /// of the input first (the first step sends and folds straight from `in`). `in` is only read.
+  /// @pre `in` and `out` hold `count` elements of `type`, are equal or do not overlap, and stay
+  /// valid until `run()` returns.
+  ring_all_reduce(context_ptr ctx, const void* in, void* out, size_t count, dtype type,
+                  reduce_op op, const algorithm_options& opts = {});
+
   /// Runs the collective; an empty error on success.
   caf::error run();
 
 private:
   context_ptr ctx_;
-  std::byte* data_;
+  const std::byte* in_; // the input (== data_ in place)
+  std::byte* data_;     // the output
   size_t count_;
   dtype type_;
   reduce_op op_;
@@ -189,6 +197,12 @@ private:
 /// Every rank must pass the same count, dtype and options, so every rank picks the same.
 caf::error all_reduce(const context_ptr& ctx, void* data, size_t count, dtype type, reduce_op op,
                       const algorithm_options& opts = {});
+
+/// Out of place: `in` is only read, the result goes to `out` (the ring reads its input in place;
+/// below `opts.small_bytes` the input is copied to `out` first, which costs little there).
+/// @pre `in` and `out` hold `count` elements of `type` and are equal or do not overlap.
+caf::error all_reduce(const context_ptr& ctx, const void* in, void* out, size_t count, dtype type,
+                      reduce_op op, const algorithm_options& opts = {});
 
 // -- all-gather ---------------------------------------------------------------------------------
 
