@@ -157,8 +157,10 @@ std::size_t cache_limit_bytes() noexcept {
 }
 
 host_block::host_block(std::size_t bytes) : size_(bytes) {
-  if (bytes < pooled_min_bytes) {
-    // A plain heap block, at least one cache line so that `data()` is never null.
+  if (bytes < pooled_min_bytes || cache_limit_bytes() == 0) {
+    // A plain heap block, at least one cache line so that `data()` is never null. With the cache
+    // off every block is one: the sanitizers track heap blocks (not mappings), and their
+    // allocator keeps its pages mapped, so a freed block is not first-touched again.
     raw_ = std::malloc(std::max<std::size_t>(bytes, 1) + alignment);
     if (raw_ == nullptr)
       out_of_memory(bytes);

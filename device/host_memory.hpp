@@ -25,7 +25,8 @@ inline constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
 
 /// Most bytes of freed blocks the cache keeps by default, over every size class. A block freed
 /// beyond the limit is given back to the system. The environment variable
-/// `CONSORT_HOST_CACHE_MB` sets another limit (in MiB; 0 turns the cache off), read once.
+/// `CONSORT_HOST_CACHE_MB` sets another limit (in MiB; 0 turns the cache off, and every block is
+/// then a plain heap block, which ASan tracks), read once.
 inline constexpr std::size_t default_cache_limit_bytes = std::size_t{512} << 20;
 
 /// The limit in force (the default, or `CONSORT_HOST_CACHE_MB`).

@@ -104,6 +104,8 @@ caf::error ring_all_reduce::run() {
   };
   std::vector<operation_ptr> sends(total);
   std::vector<operation_ptr> recvs(total);
+  // Whether send m was posted (an empty chunk posts nothing, but counts as posted).
+  std::vector<char> send_posted(total, 0);
   // Empty chunks (fewer elements than ranks) are skipped on both sides alike.
   auto post_recv = [&](size_t m) {
     auto w = locate(m);
@@ -114,6 +116,7 @@ caf::error ring_all_reduce::run() {
     recvs[m] = left_->recv(tag(w), mutable_bytes{into, (e - b) * elem});
   };
   auto post_send = [&](size_t m) {
+    send_posted[m] = 1;
     auto w = locate(m);
     auto [b, e] = range(w.send_segment, w.chunk);
     if (b == e)
@@ -128,18 +131,40 @@ caf::error ring_all_reduce::run() {
                                send ? "send to" : "receive from", send ? right_rank : left_rank,
                                err);
   };
+  // Posts the receives of the messages before `limit` that are not posted yet, in order. An
+  // all-gather receive lands in place, over the chunk that the reduce-scatter send with the same
+  // step and chunk reads: it is posted only once that send is done (and not before the send is
+  // even posted; the loop below posts it on a later turn, always before it waits for it).
+  size_t next_post = 0;
+  auto refill = [&](size_t limit) -> caf::error {
+    for (; next_post < std::min(limit, total); ++next_post) {
+      if (next_post >= rs_messages) {
+        const size_t k = next_post - rs_messages;
+        if (!send_posted[k])
+          break;
+        if (const auto& prior = sends[k]) {
+          if (auto err = prior->wait(until))
+            return fail(k, true, err);
+        }
+      }
+      post_recv(next_post);
+    }
+    return {};
+  };
 
   // Step 1: post the receives of the first chunks, then send this rank's own segment, read in
-  // place (reduce-scatter step 1).
+  // place (reduce-scatter step 1), as far as the window allows.
   const size_t window = window_;
-  for (size_t m = 0; m < std::min(window, total); ++m)
-    post_recv(m);
+  if (auto err = refill(std::min(window, rs_messages)))
+    return err;
   for (size_t j = 0; j < std::min(window, chunks_); ++j)
     post_send(j);
+  if (auto err = refill(window))
+    return err;
   for (size_t m = 0; m < total; ++m) {
     const auto w = locate(m);
-    // Step 2: wait for message m; the receive of m + 1 is already posted, so it arrives while m
-    // is being reduced.
+    // Step 2: wait for message m; the receives of the next ones are already posted, so they
+    // arrive while m is being reduced.
     if (recvs[m]) {
       if (auto err = recvs[m]->wait(until))
         return fail(m, false, err);
@@ -156,26 +181,20 @@ caf::error ring_all_reduce::run() {
                         in_ + b * elem, e - b, op_ == reduce_op::mean && last ? n : 0);
       }
     }
-    // Step 4: refill the window. An all-gather receive lands in place, over the chunk that the
-    // reduce-scatter send with the same step and chunk reads, so that send must be done first.
-    if (const size_t next = m + window; next < total) {
-      if (next >= rs_messages) {
-        if (const auto& prior = sends[next - rs_messages]) {
-          if (auto err = prior->wait(until))
-            return fail(next - rs_messages, true, err);
-        }
-      }
-      post_recv(next);
-    }
-    // Step 5: forward: the chunk that arrived (and was reduced) in step s is the one this rank
+    // Step 4: forward: the chunk that arrived (and was reduced) in step s is the one this rank
     // sends in step s + 1; after the last reduce-scatter step it is the reduced segment.
     if (m + chunks_ < total)
       post_send(m + chunks_);
-    // Step 6: pace the first step's sends: one more of this rank's own chunks for each chunk
+    // Step 5: pace the first step's sends: one more of this rank's own chunks for each chunk
     // received, so that the right neighbour, which posts its receives the same way, is sent at
     // most a window more than it has posted.
     if (m + window < chunks_)
       post_send(m + window);
+    // Step 6: refill the window: `window` receives posted after the one waited for next. The
+    // all-gather receive of message m + 1 needs send m + 1 - rs_messages, which is posted by now
+    // (at this turn at the latest), so it is always posted before its turn.
+    if (auto err = refill(m + 1 + window))
+      return err;
   }
   // Step 7: wait for the sends; the right neighbour has the last chunks when they complete.
   for (size_t m = 0; m < total; ++m) {
