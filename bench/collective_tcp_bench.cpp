@@ -182,6 +182,10 @@ int main(int argc, char** argv) {
   opts.add("large-iters", "0", "timed iterations per size from --large-bytes on (0: --iters)");
   opts.add("ops", "all_reduce,all_gather,broadcast", "collectives to time, comma-separated");
   opts.add("busy-poll", "0", "1: spin in every wait (lowest latency, a busy core per rank)");
+  opts.add("chunk-bytes", "2M",
+           "algorithm_options::chunk_bytes, the largest chunk of the pipelined algorithms");
+  opts.add("window-bytes", "8M",
+           "algorithm_options::window_bytes, the receives the ring all-reduce keeps posted ahead");
   opts.add("limits", "1", "1: measure TCP stream bandwidth and ping-pong first (ranks 0 and 1)");
   opts.add("json", "", "rank 0 also writes the results (with every sample) as JSON to this file");
   opts.parse(argc, argv);
@@ -226,6 +230,10 @@ int main(int argc, char** argv) {
   uint64_t tag = 1;
   tr::algorithm_options aopts;
   aopts.timeout = seconds(120);
+  if (opts.bytes("chunk-bytes") < 1)
+    opts.fail("--chunk-bytes must be at least 1");
+  aopts.chunk_bytes = static_cast<size_t>(opts.bytes("chunk-bytes"));
+  aopts.window_bytes = static_cast<size_t>(opts.bytes("window-bytes"));
   auto barrier = [&] {
     float x = 0;
     aopts.tag = tag++;
@@ -235,9 +243,10 @@ int main(int argc, char** argv) {
 
   if (rank == 0) {
     std::printf("# consort collective_tcp_bench  transport=tcp ranks=%d warmup=%lld iters=%lld "
-                "busy_poll=%d",
+                "busy_poll=%d chunk_bytes=%zu window_bytes=%zu",
                 size, static_cast<long long>(opts.integer("warmup")),
-                static_cast<long long>(opts.integer("iters")), mesh.busy_poll ? 1 : 0);
+                static_cast<long long>(opts.integer("iters")), mesh.busy_poll ? 1 : 0,
+                aopts.chunk_bytes, aopts.window_bytes);
     if (opts.integer("large-iters") > 0)
       std::printf(" large_bytes=%lld large_iters=%lld",
                   static_cast<long long>(opts.bytes("large-bytes")),

@@ -51,7 +51,9 @@ struct algorithm_options {
 
   /// Largest message of the pipelined algorithms (ring all-reduce, ring all-gather, chain
   /// broadcast): each block is cut into chunks of at most this many bytes, so that reducing or
-  /// forwarding chunk k overlaps receiving chunk k + 1.
+  /// forwarding chunk k overlaps receiving chunk k + 1. Below it the algorithms pick their own
+  /// size: about a quarter of a block (four per hop for the chain), but not below 256 KiB unless
+  /// this option is smaller (docs/algorithms.md).
   size_t chunk_bytes = size_t{2} << 20;
 
   /// Bytes of receives the ring all-reduce keeps posted ahead of the one it waits for (its
