@@ -14,6 +14,7 @@ packages=(
   libssl-dev        # OpenSSL 3 libcrypto: HMAC-SHA256 and nonces of authenticated connections
   clang-format      # the format check of tools/test.sh
   iproute2          # `ip netns` for the multi-worker test on distinct addresses (tests/multiworker)
+  libeigen3-dev     # Eigen 3.4 (header-only): the float32 GEMMs of the training demo (examples/train)
 )
 
 missing=()

@@ -2,6 +2,8 @@
 
 #include <consort/error.hpp>
 
+#include <Eigen/Core>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -71,7 +73,7 @@ double portable_cos(double x) {
 
 // -- validation -----------------------------------------------------------------------------------
 
-const tensor& param(const nest& params, const char* key, const char* what) {
+const tensor& param(const nest& params, const std::string& key, const char* what) {
   const auto& leaf = params.as_dict().at(key);
   if (!leaf.is_tensor() || !leaf.as_tensor().valid())
     throw_error(errc::structure_mismatch, std::string{what} + ": parameter \"" + key +
@@ -86,37 +88,49 @@ const tensor& param(const nest& params, const char* key, const char* what) {
 
 /// `shape_of` with `what` naming the caller in messages.
 mlp_shape checked_shape(const nest& params, const char* what) {
-  static const char* const keys[] = {"b1", "b2", "w1", "w2"};
-  bool keys_match = params.is_dict() && params.size() == 4;
-  for (const char* key : keys)
-    keys_match = keys_match && params.as_dict().count(key) == 1;
-  if (!keys_match)
+  // 2 (L + 1) keys: w1..w{L+1} and b1..b{L+1}.
+  const std::string expected = "parameters must be a dict with exactly the keys w1..wN and "
+                               "b1..bN for N >= 2 layers of weights (see init_params)";
+  if (!params.is_dict())
     throw_error(errc::structure_mismatch,
-                std::string{what} +
-                    ": parameters must be a dict with exactly the keys "
-                    "\"b1\", \"b2\", \"w1\", \"w2\" (see init_params); got " +
-                    params.structure_string());
-  const tensor& w1 = param(params, "w1", what);
-  const tensor& b1 = param(params, "b1", what);
-  const tensor& w2 = param(params, "w2", what);
-  const tensor& b2 = param(params, "b2", what);
-  if (w1.rank() != 2 || w2.rank() != 2)
-    throw_error(errc::shape_mismatch, std::string{what} + ": w1 and w2 must have rank 2; got w1 " +
-                                          to_string(w1.shape()) + ", w2 " + to_string(w2.shape()));
-  const int64_t inputs = w1.shape()[0];
-  const int64_t hidden = w1.shape()[1];
-  const int64_t classes = w2.shape()[1];
-  if (w2.shape()[0] != hidden || b1.shape() != shape_t{hidden} || b2.shape() != shape_t{classes})
-    throw_error(errc::shape_mismatch,
-                std::string{what} + ": parameter shapes do not agree; expected w1 [inputs, " +
-                    "hidden], b1 [hidden], w2 [hidden, classes], b2 [classes]; got w1 " +
-                    to_string(w1.shape()) + ", b1 " + to_string(b1.shape()) + ", w2 " +
-                    to_string(w2.shape()) + ", b2 " + to_string(b2.shape()));
-  if (inputs < 1 || hidden < 1 || classes < 1)
-    throw_error(errc::shape_mismatch, std::string{what} +
-                                          ": every layer needs at least one unit; got w1 " +
-                                          to_string(w1.shape()) + ", w2 " + to_string(w2.shape()));
-  return {static_cast<int>(inputs), static_cast<int>(hidden), static_cast<int>(classes)};
+                std::string{what} + ": " + expected + "; got " + params.structure_string());
+  int weights = 0;
+  for (const auto& [key, value] : params.as_dict())
+    weights += key.rfind('w', 0) == 0 ? 1 : 0;
+  for (int l = 1; l <= std::max(weights, 2); ++l)
+    for (const auto& key : {weight_key(l), bias_key(l)})
+      if (params.as_dict().count(key) == 0)
+        throw_error(errc::structure_mismatch, std::string{what} + ": parameter \"" + key +
+                                                  "\" is missing; " + expected + "; got " +
+                                                  params.structure_string());
+  if (params.size() != static_cast<size_t>(2 * weights))
+    throw_error(errc::structure_mismatch, std::string{what} + ": unexpected keys; " + expected +
+                                              "; got " + params.structure_string());
+  std::string shapes;
+  for (int l = 1; l <= weights; ++l)
+    shapes += (l > 1 ? ", " : "") + weight_key(l) + " " +
+              to_string(param(params, weight_key(l), what).shape()) + ", " + bias_key(l) + " " +
+              to_string(param(params, bias_key(l), what).shape());
+  int64_t fan_in = -1;
+  for (int l = 1; l <= weights; ++l) {
+    const tensor& w = param(params, weight_key(l), what);
+    const tensor& b = param(params, bias_key(l), what);
+    const bool agree = w.rank() == 2 && (fan_in < 0 || w.shape()[0] == fan_in) &&
+                       b.shape() == shape_t{w.rank() == 2 ? w.shape()[1] : -1} &&
+                       (l == 1 || l == weights || w.shape()[0] == w.shape()[1]) &&
+                       w.shape()[0] >= 1 && w.shape()[1] >= 1;
+    if (!agree)
+      throw_error(errc::shape_mismatch,
+                  std::string{what} +
+                      ": parameter shapes do not agree; expected w1 [inputs, hidden], "
+                      "w2..wL [hidden, hidden], w{L+1} [hidden, classes], each bl [columns of "
+                      "wl], every extent >= 1; got " +
+                      shapes);
+    fan_in = w.shape()[1];
+  }
+  const tensor& first = params[weight_key(1)].as_tensor();
+  return {static_cast<int>(first.shape()[0]), static_cast<int>(first.shape()[1]),
+          static_cast<int>(fan_in), weights - 1};
 }
 
 void check_features(const tensor& x, const mlp_shape& shape, const char* what) {
@@ -131,42 +145,72 @@ void check_features(const tensor& x, const mlp_shape& shape, const char* what) {
                                           to_string(x.shape()));
 }
 
-/// The forward pass of one row, in float64: fills `pre` (hidden pre-activations), `hidden`
-/// (after ReLU) and `logits`.
-struct forward_row {
-  std::vector<double> pre, hidden, logits;
+// -- float32 linear algebra ----------------------------------------------------------------------
 
-  explicit forward_row(const mlp_shape& s)
-      : pre(static_cast<size_t>(s.hidden)), hidden(static_cast<size_t>(s.hidden)),
-        logits(static_cast<size_t>(s.classes)) {}
+using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using const_view = Eigen::Map<const matrix>;
+using view = Eigen::Map<matrix>;
 
-  void run(const mlp_shape& s, const float* x, const float* w1, const float* b1, const float* w2,
-           const float* b2) {
-    for (int j = 0; j < s.hidden; ++j)
-      pre[j] = b1[j];
-    for (int i = 0; i < s.inputs; ++i)
-      for (int j = 0; j < s.hidden; ++j)
-        pre[j] += static_cast<double>(x[i]) * w1[static_cast<size_t>(i) * s.hidden + j];
-    for (int j = 0; j < s.hidden; ++j)
-      hidden[j] = std::max(pre[j], 0.0);
-    for (int k = 0; k < s.classes; ++k)
-      logits[k] = b2[k];
-    for (int j = 0; j < s.hidden; ++j)
-      for (int k = 0; k < s.classes; ++k)
-        logits[k] += hidden[j] * w2[static_cast<size_t>(j) * s.classes + k];
-  }
+const_view view_of(const tensor& t) {
+  return {t.data<float>(), t.shape()[0], t.rank() == 2 ? t.shape()[1] : 1};
+}
 
-  /// Index of the highest logit, the first one on ties.
-  int argmax() const {
-    return static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  }
+const_view row_view_of(const tensor& b) {
+  return {b.data<float>(), 1, b.shape()[0]};
+}
+
+/// The activations of a forward pass: acts[0] is x, acts[l] the output of hidden layer l, and
+/// `logits` the output layer's.
+struct forward_pass {
+  std::vector<matrix> acts;
+  matrix logits;
 };
+
+forward_pass run_forward(const nest& params, const mlp_shape& s, const tensor& x) {
+  forward_pass f;
+  f.acts.reserve(static_cast<size_t>(s.layers));
+  const int64_t rows = x.shape()[0];
+  const_view input = view_of(x);
+  for (int l = 1; l <= s.layers + 1; ++l) {
+    const_view w = view_of(params[weight_key(l)].as_tensor());
+    const_view b = row_view_of(params[bias_key(l)].as_tensor());
+    matrix out(rows, w.cols());
+    if (l == 1)
+      out.noalias() = input * w;
+    else
+      out.noalias() = f.acts.back() * w;
+    out.rowwise() += b.row(0);
+    if (l <= s.layers) {
+      out = out.cwiseMax(0.0f);
+      f.acts.push_back(std::move(out));
+    } else {
+      f.logits = std::move(out);
+    }
+  }
+  return f;
+}
+
+/// Index of the highest logit of row `n`, the first one on ties.
+int argmax(const matrix& logits, int64_t n) {
+  int best = 0;
+  for (int k = 1; k < logits.cols(); ++k)
+    if (logits(n, k) > logits(n, best))
+      best = k;
+  return best;
+}
 
 tensor to_float32(const std::vector<double>& values, shape_t shape) {
   tensor out = tensor::empty(dtype::float32, std::move(shape));
   float* data = out.mutable_data<float>();
   for (size_t i = 0; i < values.size(); ++i)
     data[i] = static_cast<float>(values[i]);
+  return out;
+}
+
+tensor tensor_of(const matrix& m, shape_t shape) {
+  tensor out = tensor::empty(dtype::float32, std::move(shape));
+  if (m.size() > 0)
+    std::copy(m.data(), m.data() + m.size(), out.mutable_data<float>());
   return out;
 }
 
@@ -216,12 +260,27 @@ dataset_tensors make_dataset(const synthetic_options& options) {
 
 // -- the model ------------------------------------------------------------------------------------
 
+std::string weight_key(int layer) {
+  // Appended, not `"w" + to_string(...)`, which trips GCC 12's -Wrestrict false positive.
+  std::string key{"w"};
+  key += std::to_string(layer);
+  return key;
+}
+
+std::string bias_key(int layer) {
+  std::string key{"b"};
+  key += std::to_string(layer);
+  return key;
+}
+
 nest init_params(const mlp_shape& shape, uint64_t seed) {
-  if (shape.inputs < 1 || shape.hidden < 1 || shape.classes < 1)
+  if (shape.inputs < 1 || shape.hidden < 1 || shape.classes < 1 || shape.layers < 1)
     throw_error(errc::invalid_argument,
-                "init_params: every layer needs at least one unit; got inputs " +
+                "init_params: every layer needs at least one unit and there must be at least one "
+                "hidden layer; got inputs " +
                     std::to_string(shape.inputs) + ", hidden " + std::to_string(shape.hidden) +
-                    ", classes " + std::to_string(shape.classes));
+                    ", classes " + std::to_string(shape.classes) + ", layers " +
+                    std::to_string(shape.layers));
   splitmix64 rng(seed);
   auto uniform = [&](int64_t rows, int64_t cols, double limit) {
     std::vector<double> values(static_cast<size_t>(rows * cols));
@@ -229,20 +288,25 @@ nest init_params(const mlp_shape& shape, uint64_t seed) {
       v = rng.uniform(limit);
     return to_float32(values, {rows, cols});
   };
-  // He-uniform suits w1 (a ReLU follows it); Glorot-uniform suits w2 (softmax follows it).
-  tensor w1 = uniform(shape.inputs, shape.hidden, std::sqrt(6.0 / shape.inputs));
-  tensor w2 = uniform(shape.hidden, shape.classes, std::sqrt(6.0 / (shape.hidden + shape.classes)));
-  return nest::dict({{"w1", w1},
-                     {"b1", tensor::zeros(dtype::float32, {shape.hidden})},
-                     {"w2", w2},
-                     {"b2", tensor::zeros(dtype::float32, {shape.classes})}});
+  nest::dict_type params;
+  for (int l = 1; l <= shape.layers + 1; ++l) {
+    const int64_t fan_in = l == 1 ? shape.inputs : shape.hidden;
+    const int64_t fan_out = l <= shape.layers ? shape.hidden : shape.classes;
+    // He-uniform suits the hidden layers (a ReLU follows), Glorot-uniform the output (softmax).
+    const double limit = l <= shape.layers ? std::sqrt(6.0 / static_cast<double>(fan_in))
+                                           : std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+    params[weight_key(l)] = uniform(fan_in, fan_out, limit);
+    params[bias_key(l)] = tensor::zeros(dtype::float32, {fan_out});
+  }
+  return nest::dict(std::move(params));
 }
 
 mlp_shape shape_of(const nest& params) {
   return checked_shape(params, "shape_of");
 }
 
-loss_and_grads forward_backward(const nest& params, const tensor& x, const tensor& y) {
+loss_and_grads forward_backward(const nest& params, const tensor& x, const tensor& y,
+                                const layer_grads_fn& on_layer) {
   const char* what = "forward_backward";
   const mlp_shape s = checked_shape(params, what);
   check_features(x, s, what);
@@ -256,81 +320,71 @@ loss_and_grads forward_backward(const nest& params, const tensor& x, const tenso
     throw_error(errc::shape_mismatch, std::string{what} + ": y must have shape [" +
                                           std::to_string(rows) + "] to match x " +
                                           to_string(x.shape()) + "; got " + to_string(y.shape()));
-
-  const float* w1 = params["w1"].as_tensor().data<float>();
-  const float* b1 = params["b1"].as_tensor().data<float>();
-  const float* w2 = params["w2"].as_tensor().data<float>();
-  const float* b2 = params["b2"].as_tensor().data<float>();
-  const float* xs = x.data<float>();
   const int32_t* labels = y.data<int32_t>();
+  for (int64_t n = 0; n < rows; ++n)
+    if (labels[n] < 0 || labels[n] >= s.classes)
+      throw_error(errc::invalid_argument,
+                  std::string{what} + ": label " + std::to_string(labels[n]) + " of row " +
+                      std::to_string(n) + " is outside [0, " + std::to_string(s.classes) + ")");
 
-  const auto inputs = static_cast<size_t>(s.inputs);
-  const auto hidden = static_cast<size_t>(s.hidden);
-  const auto classes = static_cast<size_t>(s.classes);
-  std::vector<double> gw1(inputs * hidden), gb1(hidden), gw2(hidden * classes), gb2(classes);
-  std::vector<double> dlogits(classes), dpre(hidden);
-  forward_row row(s);
+  forward_pass f = run_forward(params, s, x);
+
+  // The loss and d loss / d logits = softmax(logits) - one_hot(label), per row in float64.
+  // Stable log-sum-exp: shifting by the largest logit keeps every exp() in (0, 1].
+  matrix delta(rows, s.classes);
+  std::vector<double> losses(static_cast<size_t>(rows));
   double loss_sum = 0.0;
   double correct = 0.0;
-  std::vector<double> losses(static_cast<size_t>(rows));
-
   for (int64_t n = 0; n < rows; ++n) {
-    const int32_t label = labels[n];
-    if (label < 0 || label >= s.classes)
-      throw_error(errc::invalid_argument, std::string{what} + ": label " + std::to_string(label) +
-                                              " of row " + std::to_string(n) + " is outside [0, " +
-                                              std::to_string(s.classes) + ")");
-    const float* xn = xs + static_cast<size_t>(n) * inputs;
-    row.run(s, xn, w1, b1, w2, b2);
-    if (row.argmax() == label)
+    const int label = labels[n];
+    const int top_index = argmax(f.logits, n);
+    if (top_index == label)
       correct += 1.0;
-
-    // Stable log-sum-exp: shifting by the largest logit keeps every exp() in (0, 1].
-    const double top = row.logits[static_cast<size_t>(row.argmax())];
+    const double top = f.logits(n, top_index);
     double exp_sum = 0.0;
-    for (size_t k = 0; k < classes; ++k)
-      exp_sum += std::exp(row.logits[k] - top);
+    for (int k = 0; k < s.classes; ++k)
+      exp_sum += std::exp(static_cast<double>(f.logits(n, k)) - top);
     const double log_sum_exp = top + std::log(exp_sum);
-    losses[static_cast<size_t>(n)] = log_sum_exp - row.logits[static_cast<size_t>(label)];
+    losses[static_cast<size_t>(n)] = log_sum_exp - f.logits(n, label);
     loss_sum += losses[static_cast<size_t>(n)];
+    for (int k = 0; k < s.classes; ++k)
+      delta(n, k) = static_cast<float>(std::exp(f.logits(n, k) - log_sum_exp) - (k == label));
+  }
 
-    // d loss / d logits = softmax(logits) - one_hot(label).
-    for (size_t k = 0; k < classes; ++k)
-      dlogits[k] = std::exp(row.logits[k] - log_sum_exp);
-    dlogits[static_cast<size_t>(label)] -= 1.0;
-
-    // Output layer, then back through w2 and the ReLU (gradient 0 where pre <= 0).
-    for (size_t k = 0; k < classes; ++k)
-      gb2[k] += dlogits[k];
-    for (size_t j = 0; j < hidden; ++j) {
-      double dh = 0.0;
-      for (size_t k = 0; k < classes; ++k) {
-        gw2[j * classes + k] += row.hidden[j] * dlogits[k];
-        dh += static_cast<double>(w2[j * classes + k]) * dlogits[k];
-      }
-      dpre[j] = row.pre[j] > 0.0 ? dh : 0.0;
-      gb1[j] += dpre[j];
+  // Backward, from the output layer down: the weight gradient is (layer input)^T · delta, the
+  // bias gradient the column sums of delta; delta moves through w and the ReLU (gradient 0 where
+  // the unit was not active, i.e. its output is 0).
+  nest::dict_type grads;
+  const_view input = view_of(x);
+  for (int l = s.layers + 1; l >= 1; --l) {
+    const_view w = view_of(params[weight_key(l)].as_tensor());
+    matrix w_grad(w.rows(), w.cols());
+    if (l == 1)
+      w_grad.noalias() = input.transpose() * delta;
+    else
+      w_grad.noalias() = f.acts[static_cast<size_t>(l - 2)].transpose() * delta;
+    matrix b_grad = delta.colwise().sum();
+    if (rows == 0)
+      b_grad.setZero();
+    tensor gw = tensor_of(w_grad, {w.rows(), w.cols()});
+    tensor gb = tensor_of(b_grad, {w.cols()});
+    grads[weight_key(l)] = gw;
+    grads[bias_key(l)] = gb;
+    if (on_layer)
+      on_layer(l, gw, gb);
+    if (l > 1) {
+      const matrix& below = f.acts[static_cast<size_t>(l - 2)];
+      matrix next(rows, w.rows());
+      next.noalias() = delta * w.transpose();
+      delta = next.cwiseProduct((below.array() > 0.0f).cast<float>().matrix());
     }
-    for (size_t i = 0; i < inputs; ++i)
-      for (size_t j = 0; j < hidden; ++j)
-        gw1[i * hidden + j] += static_cast<double>(xn[i]) * dpre[j];
   }
 
   loss_and_grads out;
   out.loss_sum = tensor::scalar(static_cast<float>(loss_sum));
   out.correct = tensor::scalar(static_cast<float>(correct));
   out.per_example_loss = to_float32(losses, {rows});
-  auto f64 = [](const std::vector<double>& v, shape_t shape) {
-    return tensor::from<double>(v, std::move(shape));
-  };
-  out.grads64 = nest::dict({{"w1", f64(gw1, {s.inputs, s.hidden})},
-                            {"b1", f64(gb1, {s.hidden})},
-                            {"w2", f64(gw2, {s.hidden, s.classes})},
-                            {"b2", f64(gb2, {s.classes})}});
-  out.grads = nest::dict({{"w1", to_float32(gw1, {s.inputs, s.hidden})},
-                          {"b1", to_float32(gb1, {s.hidden})},
-                          {"w2", to_float32(gw2, {s.hidden, s.classes})},
-                          {"b2", to_float32(gb2, {s.classes})}});
+  out.grads = nest::dict(std::move(grads));
   return out;
 }
 
@@ -339,18 +393,11 @@ tensor predict(const nest& params, const tensor& x) {
   const mlp_shape s = checked_shape(params, what);
   check_features(x, s, what);
   const int64_t rows = x.shape()[0];
-  const float* xs = x.data<float>();
-  const float* w1 = params["w1"].as_tensor().data<float>();
-  const float* b1 = params["b1"].as_tensor().data<float>();
-  const float* w2 = params["w2"].as_tensor().data<float>();
-  const float* b2 = params["b2"].as_tensor().data<float>();
+  forward_pass f = run_forward(params, s, x);
   tensor out = tensor::zeros(dtype::int32, {rows});
   int32_t* predictions = out.mutable_data<int32_t>();
-  forward_row row(s);
-  for (int64_t n = 0; n < rows; ++n) {
-    row.run(s, xs + static_cast<size_t>(n) * static_cast<size_t>(s.inputs), w1, b1, w2, b2);
-    predictions[n] = row.argmax();
-  }
+  for (int64_t n = 0; n < rows; ++n)
+    predictions[n] = argmax(f.logits, n);
   return out;
 }
 

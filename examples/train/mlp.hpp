@@ -1,7 +1,8 @@
 #pragma once
 
 // The model core of the data-parallel training demo: a synthetic classification problem and a
-// one-hidden-layer perceptron (ReLU, softmax cross-entropy) with hand-written gradients.
+// multi-layer perceptron (ReLU, softmax cross-entropy) with hand-written gradients on float32
+// GEMMs.
 //
 // Everything here works on one replica's sub-batch and returns SUMS over that sub-batch (loss,
 // correct predictions, gradients), never means. A driver all-reduces the sums with SUM and
@@ -13,6 +14,8 @@
 #include <consort/tensor.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 namespace consort::train {
 
@@ -57,25 +60,29 @@ dataset_tensors make_dataset(const synthetic_options& options);
 
 // -- the model ------------------------------------------------------------------------------------
 
-/// Layer sizes of the perceptron.
+/// Layer sizes of the perceptron: `inputs` -> `layers` ReLU layers of `hidden` units -> `classes`.
 struct mlp_shape {
   /// Features per example.
   int inputs = 0;
-  /// Units of the ReLU hidden layer.
+  /// Units of each ReLU hidden layer.
   int hidden = 0;
   /// Number of classes (logits).
   int classes = 0;
+  /// Number of hidden layers; at least 1.
+  int layers = 1;
 };
 
-/// Fresh parameters: a dict of float32 tensors
-/// `{"b1": [hidden], "b2": [classes], "w1": [inputs, hidden], "w2": [hidden, classes]}`.
-/// `w1` is He-uniform (±sqrt(6 / inputs), suited to the ReLU after it), `w2` Glorot-uniform
-/// (±sqrt(6 / (hidden + classes))), biases are zero. Deterministic for a given `seed`.
+/// Fresh parameters: a dict of float32 tensors `w1` .. `w{L+1}` and `b1` .. `b{L+1}` for
+/// L = `layers`: `w1` [inputs, hidden], `w2` .. `wL` [hidden, hidden], `w{L+1}` [hidden, classes],
+/// each `bl` [columns of `wl`]. The hidden layers' weights are He-uniform (±sqrt(6 / fan_in),
+/// suited to the ReLU after them), the output layer's Glorot-uniform (±sqrt(6 / (fan_in +
+/// fan_out))), biases zero. One splitmix64 stream draws w1, w2, ... in order, row-major, so a
+/// given seed gives the same bytes everywhere (examples/train/torch_ddp.py draws the same).
 /// @throws error(invalid_argument) when a size is < 1.
 nest init_params(const mlp_shape& shape, uint64_t seed);
 
 /// The layer sizes of `params` after checking that it is a parameter dict as `init_params` makes
-/// it (exactly the keys w1, b1, w2, b2, float32, with agreeing shapes).
+/// it (exactly the keys w1..w{L+1}, b1..b{L+1}, float32, with agreeing shapes).
 /// @throws error(structure_mismatch) for missing or extra keys or a non-dict,
 ///         error(dtype_mismatch) for a non-float32 leaf, error(shape_mismatch) for bad shapes.
 mlp_shape shape_of(const nest& params);
@@ -91,28 +98,37 @@ struct loss_and_grads {
   /// The gradient of `loss_sum` (the SUM, not the mean) with respect to each parameter: a dict
   /// with the keys and shapes of the parameters, float32.
   nest grads;
-  /// `grads` before rounding to float32 (float64). Data-parallel drivers all-reduce these and
-  /// round once afterwards, so that the sum does not depend on how the batch was split beyond
-  /// float64 rounding (the final weights then match a single-replica run to float32 precision).
-  nest grads64;
 };
 
-/// One forward and backward pass over a batch: hidden = relu(x·w1 + b1),
-/// logits = hidden·w2 + b2, loss = logsumexp(logits) - logits[label] (computed stably).
+/// Called by `forward_backward` as soon as the backward pass has produced one layer's gradient
+/// sums: `layer` is 1-based (`w{layer}`, `b{layer}`), and the calls come from the output layer
+/// down to layer 1, as backpropagation produces them. Data-parallel drivers start the layer's
+/// all-reduce here, while the earlier layers are still being computed (DDP's gradient hooks).
+using layer_grads_fn = std::function<void(int layer, const tensor& w_grad, const tensor& b_grad)>;
+
+/// One forward and backward pass over a batch: h0 = x, hl = relu(h{l-1}·wl + bl) for each hidden
+/// layer, logits = hL·w{L+1} + b{L+1}, loss = logsumexp(logits) - logits[label] (computed stably).
 ///
-/// Returns sums over the batch, so the result for a batch equals the sum of the results for its
-/// parts (up to float32 rounding); a batch of 0 rows gives zero loss, zero correct and zero
-/// gradients. Accumulates in float64 and rounds to float32 once at the end.
+/// The matrix products are float32 GEMMs (Eigen, one thread: the caller's), as in any framework;
+/// the loss and the softmax are computed in float64 per row. Results are sums over the batch, so
+/// the result for a batch equals the sum of the results for its parts up to float32 rounding; a
+/// batch of 0 rows gives zero loss, zero correct and zero gradients. The same inputs give the
+/// same bytes on every call (no threads, no data-dependent order).
 /// @pre `params` as `init_params` makes it (checked, see `shape_of`).
 /// @throws error(shape_mismatch) unless x is [N, inputs] and y is [N],
 ///         error(dtype_mismatch) unless x is float32 and y int32,
 ///         error(invalid_argument) for a label outside [0, classes) or a default-constructed
 ///         x or y, plus `shape_of`'s errors.
-loss_and_grads forward_backward(const nest& params, const tensor& x, const tensor& y);
+loss_and_grads forward_backward(const nest& params, const tensor& x, const tensor& y,
+                                const layer_grads_fn& on_layer = {});
 
 /// The predicted class of each row of x: int32 [N], the index of the highest logit (first on
 /// ties). @throws error(shape_mismatch | dtype_mismatch) as `forward_backward` does for x.
 tensor predict(const nest& params, const tensor& x);
+
+/// The key of layer `layer`'s weight ("w3") or bias ("b3") in a parameter dict.
+std::string weight_key(int layer);
+std::string bias_key(int layer);
 
 /// One step of plain SGD from gradient sums: `p -= learning_rate * g / global_batch` for each
 /// parameter p and its gradient sum g (float64 arithmetic, stored as float32). Works on any nest

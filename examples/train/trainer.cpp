@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace consort::train {
 
@@ -66,28 +69,37 @@ std::vector<std::pair<size_t, size_t>> plan_buckets(const std::vector<size_t>& s
   return buckets;
 }
 
+std::vector<tensor> all_reduce_bucket(replica_context& ctx, const std::vector<tensor>& leaves) {
+  if (leaves.size() == 1)
+    return {ctx.all_reduce("SUM", leaves[0])};
+  std::vector<tensor> flat;
+  flat.reserve(leaves.size());
+  for (const auto& t : leaves)
+    flat.push_back(t.reshape({t.num_elements()}));
+  auto reduced = ctx.all_reduce("SUM", concat(flat, 0));
+  std::vector<tensor> out;
+  out.reserve(leaves.size());
+  int64_t offset = 0;
+  for (const auto& t : leaves) {
+    out.push_back(reduced.slice(offset, offset + t.num_elements()).reshape(t.shape()));
+    offset += t.num_elements();
+  }
+  return out;
+}
+
 std::vector<tensor> bucketed_all_reduce(replica_context& ctx, const std::vector<tensor>& leaves,
                                         size_t bucket_bytes, tracer& trace, int worker) {
   std::vector<size_t> sizes;
   for (const auto& t : leaves)
     sizes.push_back(t.num_bytes());
-  std::vector<tensor> out(leaves.size());
+  std::vector<tensor> out;
+  out.reserve(leaves.size());
   for (auto [i, j] : plan_buckets(sizes, bucket_bytes)) {
     auto begin = steady::now();
-    if (j == i + 1) {
-      out[i] = ctx.all_reduce("SUM", leaves[i]);
-    } else {
-      std::vector<tensor> flat;
-      for (size_t k = i; k < j; ++k)
-        flat.push_back(leaves[k].reshape({leaves[k].num_elements()}));
-      auto reduced = ctx.all_reduce("SUM", concat(flat, 0));
-      int64_t offset = 0;
-      for (size_t k = i; k < j; ++k) {
-        auto n = leaves[k].num_elements();
-        out[k] = reduced.slice(offset, offset + n).reshape(leaves[k].shape());
-        offset += n;
-      }
-    }
+    auto part = all_reduce_bucket(
+        ctx, std::vector<tensor>(leaves.begin() + static_cast<std::ptrdiff_t>(i),
+                                 leaves.begin() + static_cast<std::ptrdiff_t>(j)));
+    out.insert(out.end(), part.begin(), part.end());
     trace.add("all_reduce(" + std::to_string(j - i) + " tensors)", worker,
               ctx.replica_id_in_sync_group(), begin, steady::now());
   }
@@ -98,92 +110,207 @@ std::vector<tensor> bucketed_all_reduce(replica_context& ctx, const std::vector<
 
 namespace {
 
-/// Rounds every leaf of a float64 nest to float32, once.
-nest to_float32(const nest& values) {
-  std::vector<tensor> out;
-  for (const auto& t : flatten(values)) {
-    auto v = t.to_vector<double>();
-    std::vector<float> f(v.begin(), v.end());
-    out.push_back(tensor::from<float>(f, t.shape()));
+/// The gradients of a backward pass running on a helper thread, handed to the replica's thread
+/// as each layer is done.
+class gradient_channel {
+public:
+  void push(const tensor& w_grad, const tensor& b_grad) {
+    std::lock_guard<std::mutex> guard{mtx_};
+    ready_.push_back(w_grad);
+    ready_.push_back(b_grad);
+    cv_.notify_one();
   }
-  return pack_as(values, out);
+
+  void finish(std::exception_ptr error) {
+    std::lock_guard<std::mutex> guard{mtx_};
+    done_ = true;
+    error_ = std::move(error);
+    cv_.notify_one();
+  }
+
+  /// Waits until `count` gradients are ready (or, `count` 0, until the pass is done) and returns
+  /// them. The helper never blocks, so this wait ends with the pass; rethrows its error.
+  std::vector<tensor> wait(size_t count) {
+    std::unique_lock<std::mutex> lock{mtx_};
+    cv_.wait(lock, [&] { return done_ || (count > 0 && ready_.size() >= count); });
+    if (error_)
+      std::rethrow_exception(error_);
+    return ready_;
+  }
+
+private:
+  std::mutex mtx_;
+  std::condition_variable cv_;
+  std::vector<tensor> ready_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+/// Joins a thread when the scope ends, also when it ends with an exception.
+struct joining {
+  std::thread& thread;
+  ~joining() {
+    if (thread.joinable())
+      thread.join();
+  }
+};
+
+/// The keys of the gradients in the order the backward pass produces them: w{L+1}, b{L+1}, ...,
+/// w1, b1.
+std::vector<std::string> production_order(int layers) {
+  std::vector<std::string> keys;
+  for (int l = layers + 1; l >= 1; --l) {
+    keys.push_back(weight_key(l));
+    keys.push_back(bias_key(l));
+  }
+  return keys;
+}
+
+void check(const train_options& o) {
+  if (o.steps < 1 || o.global_batch < 1 || o.hidden < 1 || o.layers < 1 || o.examples < 1 ||
+      !(o.learning_rate > 0) || !(o.target_loss >= 0))
+    throw_error(errc::invalid_argument,
+                "train_on: expected steps, global_batch, hidden, layers and examples >= 1, "
+                "learning_rate > 0 and target_loss >= 0; got steps " +
+                    std::to_string(o.steps) + ", global_batch " + std::to_string(o.global_batch) +
+                    ", hidden " + std::to_string(o.hidden) + ", layers " +
+                    std::to_string(o.layers) + ", examples " + std::to_string(o.examples) +
+                    ", learning_rate " + std::to_string(o.learning_rate) + ", target_loss " +
+                    std::to_string(o.target_loss));
 }
 
 } // namespace
 
 outcome train_on(strategy& strategy, const train_options& o, const dataset_tensors& data,
                  tracer& trace, int worker, const progress_fn& progress) {
-  mlp_shape shape{
-      static_cast<int>(data.x.shape()[1]), o.hidden,
-      static_cast<int>(1 + *std::max_element(data.y.data<int32_t>(),
-                                             data.y.data<int32_t>() + data.y.num_elements()))};
+  check(o);
+  const auto* labels = data.y.data<int32_t>();
+  mlp_shape shape{static_cast<int>(data.x.shape()[1]), o.hidden,
+                  static_cast<int>(1 + *std::max_element(labels, labels + data.y.num_elements())),
+                  o.layers};
   outcome result;
   result.params = init_params(shape, o.seed);
   auto ds =
       dataset::from_tensor_slices(nest::dict({{"x", data.x}, {"y", data.y}})).batch(o.global_batch);
   auto dist = strategy.distribute_dataset(ds);
-  auto start = steady::now();
-  int64_t seen = 0;
+  const auto keys = production_order(o.layers);
+  // The gradients in the order they are produced, then the step's totals (loss sum, correct
+  // predictions, rows), which travel in the last bucket.
+  std::vector<size_t> sizes;
+  for (const auto& key : keys)
+    sizes.push_back(result.params[key].as_tensor().num_bytes());
+  sizes.push_back(3 * sizeof(float));
+  const auto buckets = plan_buckets(sizes, o.bucket_bytes);
   std::mutex collective_mtx;
   double collective_s = 0;
-  // The gradients have the parameters' shapes, in float64, plus the 3 totals.
-  std::vector<size_t> sizes;
-  for (const auto& t : flatten(result.params))
-    sizes.push_back(static_cast<size_t>(t.num_elements()) * sizeof(double));
-  sizes.push_back(3 * sizeof(double));
-  const auto calls = static_cast<int64_t>(plan_buckets(sizes, o.bucket_bytes).size());
+  int64_t seen = 0;
+  auto start = steady::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     auto batch = dist.get(step % dist.cardinality());
     auto step_begin = steady::now();
     auto outputs = strategy.run(
         [&, params = result.params](replica_context& ctx, const nest& part) {
+          const int replica = ctx.replica_id_in_sync_group();
+          const int compute_track = 100 + replica;
+          const tensor& x = part["x"].as_tensor();
+          const tensor& y = part["y"].as_tensor();
           auto begin = steady::now();
-          auto lg = forward_backward(params, part["x"].as_tensor(), part["y"].as_tensor());
-          // float64 gradient sums: how the batch is split changes them only at float64 rounding.
-          auto leaves = flatten(lg.grads64);
-          auto rows = static_cast<double>(part["y"].as_tensor().num_elements());
-          // The counts travel with the gradients in the last bucket.
-          leaves.push_back(tensor::from<double>(
-              {lg.loss_sum.item<float>(), lg.correct.item<float>(), rows}, {3}));
-          auto reduce_begin = steady::now();
-          auto reduced = bucketed_all_reduce(ctx, leaves, o.bucket_bytes, trace, worker);
-          auto reduce_end = steady::now();
+          loss_and_grads lg;
+          gradient_channel channel;
+          std::thread helper;
+          joining join{helper};
+          auto compute = [&] {
+            auto layer_begin = steady::now();
+            lg = forward_backward(params, x, y, [&](int layer, const tensor& gw, const tensor& gb) {
+              auto now = steady::now();
+              trace.add("backward " + weight_key(layer), worker, compute_track, layer_begin, now);
+              layer_begin = now;
+              if (o.overlap)
+                channel.push(gw, gb);
+            });
+          };
+          if (o.overlap)
+            helper = std::thread([&] {
+              try {
+                compute();
+                channel.finish(nullptr);
+              } catch (...) {
+                channel.finish(std::current_exception());
+              }
+            });
+          else
+            compute();
+          std::vector<tensor> reduced;
+          reduced.reserve(sizes.size());
+          double in_collectives = 0;
+          for (auto [i, j] : buckets) {
+            // The bucket's gradients: waited for (overlap) or already there.
+            std::vector<tensor> leaves;
+            const bool last = j == sizes.size();
+            if (o.overlap) {
+              auto ready = channel.wait(last ? 0 : j);
+              if (last)
+                helper.join();
+              leaves.assign(ready.begin() + static_cast<std::ptrdiff_t>(i),
+                            ready.begin() + static_cast<std::ptrdiff_t>(std::min(j, keys.size())));
+            } else {
+              for (size_t k = i; k < std::min(j, keys.size()); ++k)
+                leaves.push_back(lg.grads[keys[k]].as_tensor());
+            }
+            if (last)
+              leaves.push_back(
+                  tensor::from<float>({lg.loss_sum.item<float>(), lg.correct.item<float>(),
+                                       static_cast<float>(y.num_elements())},
+                                      {3}));
+            auto reduce_begin = steady::now();
+            auto part_reduced = all_reduce_bucket(ctx, leaves);
+            auto reduce_end = steady::now();
+            in_collectives += std::chrono::duration<double>(reduce_end - reduce_begin).count();
+            trace.add("all_reduce(" + std::to_string(j - i) + " tensors)", worker, replica,
+                      reduce_begin, reduce_end);
+            reduced.insert(reduced.end(), part_reduced.begin(), part_reduced.end());
+          }
           {
             std::lock_guard<std::mutex> guard{collective_mtx};
-            collective_s += std::chrono::duration<double>(reduce_end - reduce_begin).count();
+            collective_s += in_collectives;
           }
-          trace.add("step", worker, ctx.replica_id_in_sync_group(), begin, reduce_end);
-          auto totals = reduced.back();
-          reduced.pop_back();
-          return nest::dict({{"grads", pack_as(lg.grads64, reduced)},
-                             {"totals", totals},
-                             {"loss", lg.per_example_loss}});
+          trace.add("step", worker, replica, begin, steady::now());
+          nest::dict_type grads;
+          for (size_t k = 0; k < keys.size(); ++k)
+            grads[keys[k]] = reduced[k];
+          return nest::dict({{"grads", nest::dict(std::move(grads))}, {"totals", reduced.back()}});
         },
         batch);
     // Every replica holds the same reduced gradients; take the first.
-    auto totals = outputs[0]["totals"].as_tensor().to_vector<double>();
+    auto totals = outputs[0]["totals"].as_tensor().to_vector<float>();
     auto global_rows = static_cast<int64_t>(totals[2]);
     if (global_rows > 0)
-      sgd_update(result.params, to_float32(outputs[0]["grads"]), o.learning_rate, global_rows);
-    // The loss as tf.distribute reports it: MEAN over every example of the global batch.
-    std::vector<nest> losses;
-    for (auto& out : outputs)
-      losses.push_back(out["loss"]);
-    auto loss = strategy.reduce("MEAN", per_replica<nest>(losses), 0).as_tensor().item<float>();
-    auto accuracy = totals[1] / std::max(totals[2], 1.0);
+      sgd_update(result.params, outputs[0]["grads"], o.learning_rate, global_rows);
+    if (step + 1 == o.snapshot_step)
+      result.snapshot = result.params;
+    // The mean loss over every example of the global batch, as tf.distribute reports it.
+    double rows = std::max<double>(totals[2], 1.0);
+    double loss = totals[0] / rows;
+    double accuracy = totals[1] / rows;
     result.curve.loss.push_back(loss);
     result.curve.accuracy.push_back(accuracy);
     seen += global_rows;
+    result.steps = step + 1;
     trace.add("step " + std::to_string(step), worker, -1, step_begin, steady::now());
-    if (progress) {
-      auto elapsed = std::chrono::duration<double>(steady::now() - start).count();
+    auto elapsed = std::chrono::duration<double>(steady::now() - start).count();
+    if (progress)
       progress(step + 1, loss, accuracy, static_cast<double>(seen) / std::max(elapsed, 1e-9));
+    if (o.target_loss > 0 && loss <= o.target_loss) {
+      // Every worker sees the same all-reduced totals, so all of them stop at this step.
+      result.reached_target = true;
+      result.time_to_target_s = elapsed;
+      break;
     }
   }
   result.elapsed_s = std::chrono::duration<double>(steady::now() - start).count();
   result.examples_per_s = static_cast<double>(seen) / std::max(result.elapsed_s, 1e-9);
   result.collective_s = collective_s;
-  result.collectives_per_step = calls;
+  result.collectives_per_step = static_cast<int64_t>(buckets.size());
   return result;
 }
 

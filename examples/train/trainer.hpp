@@ -4,9 +4,10 @@
 // (bench/train_bench.cpp) and its tests run the same code.
 //
 // Each step: distribute_dataset hands each replica its slice of the global batch; each replica
-// computes the summed loss and the float64 gradient sums of its slice; the gradients are
-// all-reduced (SUM) in fused buckets and divided by the global batch, so partial batches weigh
-// correctly; the loss is reported with reduce(MEAN, axis=0) over every example of the global batch.
+// computes the summed loss and the gradient sums of its slice; the gradients are all-reduced (SUM)
+// in fused buckets, each bucket as soon as the backward pass has produced it (overlap, as DDP
+// does), and divided by the global batch, so partial batches weigh correctly. The loss, accuracy
+// and row count travel in the last bucket, so a step costs no collective beyond the gradients'.
 
 #include "mlp.hpp"
 
@@ -26,13 +27,25 @@ namespace consort::train {
 /// What a training run does; every layout given the same options trains the same model.
 struct train_options {
   int64_t steps = 600;
-  int64_t global_batch = 64;
-  double learning_rate = 0.2;
+  int64_t global_batch = 512;
+  double learning_rate = 0.1;
   uint64_t seed = 42;
   int64_t examples = 4096;
-  int hidden = 32;
-  /// Gradient bucket size in bytes; 0 is one all-reduce per tensor.
-  size_t bucket_bytes = size_t{64} << 10;
+  int hidden = 512;
+  /// Hidden layers of `hidden` units.
+  int layers = 2;
+  /// Gradient bucket size in bytes (torch DDP's default bucket_cap_mb, 25 MiB); 0 is one
+  /// all-reduce per tensor.
+  size_t bucket_bytes = size_t{25} << 20;
+  /// Start each bucket's all-reduce while the backward pass of the earlier layers goes on (the
+  /// backward pass then runs on a helper thread of the replica); false: all-reduce after it.
+  bool overlap = true;
+  /// Stop after the first step whose loss (the mean over its global batch) is at most this; 0:
+  /// run every step.
+  double target_loss = 0;
+  /// Keep a copy of the parameters after this many steps in `outcome::snapshot` (0: none); the
+  /// demo's --verify compares it with a single replica's.
+  int64_t snapshot_step = 0;
 };
 
 /// Chrome/Perfetto trace events ("X" complete events): one process track per worker (pid) and one
@@ -69,6 +82,10 @@ std::vector<std::pair<size_t, size_t>> plan_buckets(const std::vector<size_t>& s
 std::vector<tensor> bucketed_all_reduce(replica_context& ctx, const std::vector<tensor>& leaves,
                                         size_t bucket_bytes, tracer& trace, int worker);
 
+/// All-reduces (SUM) one bucket: `leaves` flattened into one vector, reduced with one collective,
+/// and cut back apart. Leaves must share a dtype.
+std::vector<tensor> all_reduce_bucket(replica_context& ctx, const std::vector<tensor>& leaves);
+
 /// The loss and accuracy of every step.
 struct history {
   std::vector<double> loss;
@@ -78,6 +95,13 @@ struct history {
 struct outcome {
   nest params;
   history curve;
+  /// The parameters after `snapshot_step` steps (empty when the run stopped before).
+  nest snapshot;
+  /// Steps run (fewer than asked when the target loss was reached).
+  int64_t steps = 0;
+  /// Whether a step reached `target_loss`, and the wall time from the start to the end of it.
+  bool reached_target = false;
+  double time_to_target_s = 0;
   double elapsed_s = 0;
   double examples_per_s = 0;
   /// Seconds inside the gradient all-reduces, summed over this worker's replicas.
@@ -89,13 +113,22 @@ struct outcome {
 /// Called on the chief after every step: step (1-based), loss, accuracy, examples/s so far.
 using progress_fn = std::function<void(int64_t, double, double, double)>;
 
-/// Trains on `strategy` from the seed's initial parameters and returns the final ones.
+/// Trains on `strategy` from the seed's initial parameters and returns the final ones. The
+/// dataset's features and classes set the model's input and output widths.
+/// @throws error(invalid_argument) for options out of range (steps, batch, sizes), and the
+///         errors of the strategy's run (a replica's step failure, a lost peer).
 outcome train_on(strategy& strategy, const train_options& options, const dataset_tensors& data,
                  tracer& trace, int worker, const progress_fn& progress = {});
 
 /// The largest relative difference between the leaves of two float32 parameter sets (relative to
 /// the larger magnitude, at least 1e-3).
 double max_relative_difference(const nest& a, const nest& b);
+
+/// The largest `max_relative_difference` that `--verify` accepts between the parameters of a
+/// data-parallel run and of a single-replica run after the same first steps: float32 gradient
+/// sums taken in another order differ in their last bits (see docs/train.md, "What --verify
+/// checks").
+constexpr double verify_tolerance = 1e-4;
 
 /// Writes the loss (red) and accuracy (blue) curves as an SVG line chart.
 /// @throws std::runtime_error naming `path` when it cannot be written.

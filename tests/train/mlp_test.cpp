@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -222,7 +223,35 @@ TEST(MlpTest, InitParamsIsDeterministicAndScaled) {
   EXPECT_EQ(s.classes, 4);
 }
 
+TEST(MlpTest, InitParamsOfSeveralLayersDrawsEachMatrixInOrder) {
+  mlp_shape shape{.inputs = 6, .hidden = 10, .classes = 4, .layers = 3};
+  nest params = init_params(shape, 1);
+  EXPECT_EQ(params.size(), 8u);
+  EXPECT_EQ(params["w1"].as_tensor().shape(), (shape_t{6, 10}));
+  EXPECT_EQ(params["w2"].as_tensor().shape(), (shape_t{10, 10}));
+  EXPECT_EQ(params["w3"].as_tensor().shape(), (shape_t{10, 10}));
+  EXPECT_EQ(params["w4"].as_tensor().shape(), (shape_t{10, 4}));
+  EXPECT_EQ(params["b4"].as_tensor(), tensor::zeros(dtype::float32, {4}));
+  // One stream, w1 first: the first layer equals the one-hidden-layer model's (and torch_ddp.py
+  // draws the same numbers).
+  EXPECT_EQ(params["w1"].as_tensor(),
+            init_params({.inputs = 6, .hidden = 10, .classes = 4}, 1)["w1"].as_tensor());
+  EXPECT_NE(params["w2"].as_tensor(), params["w3"].as_tensor());
+  auto s = shape_of(params);
+  EXPECT_EQ(s.inputs, 6);
+  EXPECT_EQ(s.hidden, 10);
+  EXPECT_EQ(s.classes, 4);
+  EXPECT_EQ(s.layers, 3);
+  auto w2 = params["w2"].as_tensor().to_vector<float>();
+  auto [lo, hi] = std::minmax_element(w2.begin(), w2.end());
+  EXPECT_GE(*lo, -std::sqrt(6.0 / 10));
+  EXPECT_LE(*hi, std::sqrt(6.0 / 10));
+}
+
 TEST(MlpTest, InitParamsRejectsEmptyLayers) {
+  EXPECT_TRUE(
+      fails_with([] { init_params({.inputs = 3, .hidden = 4, .classes = 2, .layers = 0}, 1); },
+                 errc::invalid_argument, {"layers 0"}));
   EXPECT_TRUE(fails_with([] { init_params({.inputs = 3, .hidden = 0, .classes = 2}, 1); },
                          errc::invalid_argument, {"hidden 0"}));
 }
@@ -296,6 +325,52 @@ TEST(MlpTest, ForwardBackwardGradientsMatchCentralDifferences) {
           << key << "[" << i << "]";
     }
   }
+}
+
+TEST(MlpTest, ADeepModelsGradientsMatchCentralDifferences) {
+  mlp_shape shape{.inputs = 5, .hidden = 6, .classes = 3, .layers = 3};
+  auto data = make_dataset({.examples = 9, .features = 5, .classes = 3, .seed = 4});
+  // Biases of 0.05, not 0: with zero biases, a row whose units below are all off meets the
+  // ReLU's kink exactly (pre-activation 0), where the one-sided derivative and the central
+  // difference disagree.
+  auto dict = init_params(shape, 12).as_dict();
+  for (auto& [key, leaf] : dict)
+    if (key[0] == 'b')
+      leaf = tensor::from<float>(
+          std::vector<float>(static_cast<size_t>(leaf.as_tensor().num_elements()), 0.05f),
+          leaf.as_tensor().shape());
+  nest params = nest::dict(dict);
+  auto grads = forward_backward(params, data.x, data.y).grads;
+  EXPECT_EQ(grads.structure_string(), params.structure_string());
+  const float eps = 2e-3f;
+  for (const auto& key : {"w1", "b2", "w3", "w4", "b4"}) {
+    auto values = params[key].as_tensor().to_vector<float>();
+    auto analytic = grads[key].as_tensor().to_vector<float>();
+    for (size_t i = 0; i < values.size(); i += 3) {
+      auto plus = with_element(params, key, static_cast<int64_t>(i), values[i] + eps);
+      auto minus = with_element(params, key, static_cast<int64_t>(i), values[i] - eps);
+      double numeric =
+          (loss_of(plus, data.x, data.y) - loss_of(minus, data.x, data.y)) / (2.0 * eps);
+      EXPECT_NEAR(analytic[i], numeric, 2e-2 * std::abs(numeric) + 5e-3) << key << "[" << i << "]";
+    }
+  }
+}
+
+TEST(MlpTest, ForwardBackwardHandsOverEachLayersGradientsFromTheOutputDown) {
+  mlp_shape shape{.inputs = 16, .hidden = 7, .classes = 4, .layers = 2};
+  auto data = make_dataset({.examples = 10});
+  nest params = init_params(shape, 3);
+  std::vector<int> order;
+  std::map<std::string, tensor> seen;
+  auto result =
+      forward_backward(params, data.x, data.y, [&](int layer, const tensor& gw, const tensor& gb) {
+        order.push_back(layer);
+        seen[weight_key(layer)] = gw;
+        seen[bias_key(layer)] = gb;
+      });
+  EXPECT_EQ(order, (std::vector<int>{3, 2, 1}));
+  for (const auto& [key, grad] : result.grads.as_dict())
+    EXPECT_EQ(seen.at(key), grad.as_tensor()) << key;
 }
 
 TEST(MlpTest, ForwardBackwardOfAnEmptyBatchIsZero) {
@@ -377,7 +452,20 @@ TEST(MlpTest, ForwardBackwardRejectsMalformedParameters) {
   auto wrong_b1 = params.as_dict();
   wrong_b1["b1"] = tensor::zeros(dtype::float32, {4});
   EXPECT_TRUE(fails_with([&] { forward_backward(nest::dict(wrong_b1), x, y); },
-                         errc::shape_mismatch, {"b1 [hidden]", "b1 [4]"}));
+                         errc::shape_mismatch, {"each bl [columns of wl]", "b1 [4]"}));
+  auto extra = params.as_dict();
+  extra["w3"] = tensor::zeros(dtype::float32, {2, 2});
+  EXPECT_TRUE(fails_with([&] { forward_backward(nest::dict(extra), x, y); },
+                         errc::structure_mismatch, {"\"b3\" is missing"}));
+  extra["b3"] = tensor::zeros(dtype::float32, {2});
+  extra["bias"] = tensor::zeros(dtype::float32, {2});
+  EXPECT_TRUE(fails_with([&] { forward_backward(nest::dict(extra), x, y); },
+                         errc::structure_mismatch, {"unexpected keys"}));
+  auto not_square = init_params({.inputs = 4, .hidden = 3, .classes = 2, .layers = 2}, 1).as_dict();
+  not_square["w2"] = tensor::zeros(dtype::float32, {3, 5});
+  not_square["b2"] = tensor::zeros(dtype::float32, {5});
+  EXPECT_TRUE(fails_with([&] { forward_backward(nest::dict(not_square), x, y); },
+                         errc::shape_mismatch, {"w2..wL [hidden, hidden]", "w2 [3, 5]"}));
   auto wrong_type = params.as_dict();
   wrong_type["w2"] = tensor::zeros(dtype::float64, {3, 2});
   EXPECT_TRUE(fails_with([&] { forward_backward(nest::dict(wrong_type), x, y); },

@@ -1,6 +1,7 @@
 // The distributed training loop of the demo (examples/train/trainer.hpp): gradient buckets, the
 // result's independence of bucketing and layout, and the --plot and --trace files.
 
+#include "support/expect_error.hpp"
 #include "trainer.hpp"
 
 #include <consort/consort.hpp>
@@ -61,6 +62,9 @@ train_options few_steps(int64_t steps) {
   o.global_batch = 24;
   o.examples = 256;
   o.hidden = 8;
+  o.layers = 1;
+  o.learning_rate = 0.2;
+  o.bucket_bytes = size_t{64} << 10;
   return o;
 }
 
@@ -106,11 +110,115 @@ TEST(TrainOn, ThreeReplicasMatchOneReplicaAndLearn) {
   tracer off(false);
   auto a = train_on(three, o, small_data(), off, 0);
   auto b = train_on(one, o, small_data(), off, 0);
-  EXPECT_LE(max_relative_difference(a.params, b.params), 1e-5);
+  EXPECT_LE(max_relative_difference(a.params, b.params), verify_tolerance);
   ASSERT_EQ(a.curve.loss.size(), 60u);
   EXPECT_LT(a.curve.loss.back(), a.curve.loss.front());
   EXPECT_GT(a.examples_per_s, 0);
   EXPECT_GT(a.collective_s, 0);
+}
+
+TEST(TrainOn, ADeeperModelOnTwoReplicasMatchesOneReplicaAfterItsFirstSteps) {
+  mirrored_strategy two({"CPU:0", "CPU:1"});
+  one_device_strategy one("CPU:0");
+  auto o = few_steps(10);
+  o.hidden = 48;
+  o.layers = 3;
+  o.global_batch = 40;
+  o.snapshot_step = 6;
+  tracer off(false);
+  auto a = train_on(two, o, small_data(), off, 0);
+  o.steps = 6;
+  o.snapshot_step = 0;
+  auto b = train_on(one, o, small_data(), off, 0);
+  EXPECT_EQ(shape_of(a.params).layers, 3);
+  EXPECT_EQ(a.collectives_per_step, 1);
+  EXPECT_LE(max_relative_difference(a.snapshot, b.params), verify_tolerance);
+  EXPECT_GT(max_relative_difference(a.params, b.params), 0.0); // 4 more steps
+}
+
+TEST(TrainOn, TheVerifyToleranceCatchesOneChangedExample) {
+  // What --verify must catch: one replica training on one different row (a lost, doubled or
+  // misrouted example) moves the weights far beyond the tolerance of reordered float32 sums.
+  one_device_strategy one("CPU:0");
+  auto o = few_steps(10);
+  tracer off(false);
+  auto changed = small_data();
+  changed.x = changed.x.clone();
+  changed.x.mutable_data<float>()[5] += 1.0f;
+  auto a = train_on(one, o, small_data(), off, 0);
+  auto b = train_on(one, o, changed, off, 0);
+  EXPECT_GT(max_relative_difference(a.params, b.params), 10 * verify_tolerance);
+}
+
+TEST(TrainOn, OneReplicaIsBitwiseReproducibleAndOverlapChangesNoBit) {
+  one_device_strategy one("CPU:0");
+  mirrored_strategy two({"CPU:0", "CPU:1"});
+  auto o = few_steps(8);
+  o.layers = 2;
+  o.bucket_bytes = 300; // several buckets, so that overlap has something to overlap
+  tracer off(false);
+  auto a = train_on(one, o, small_data(), off, 0);
+  auto b = train_on(one, o, small_data(), off, 0);
+  EXPECT_EQ(max_relative_difference(a.params, b.params), 0.0);
+  EXPECT_EQ(a.params, b.params);
+  auto overlapped = train_on(two, o, small_data(), off, 0);
+  o.overlap = false;
+  auto after = train_on(two, o, small_data(), off, 0);
+  EXPECT_GT(overlapped.collectives_per_step, 2);
+  EXPECT_EQ(overlapped.params, after.params);
+  EXPECT_EQ(overlapped.curve.loss, after.curve.loss);
+}
+
+TEST(TrainOn, StopsAtTheTargetLossAndSaysWhen) {
+  mirrored_strategy two({"CPU:0", "CPU:1"});
+  auto o = few_steps(400);
+  tracer off(false);
+  auto full = train_on(two, few_steps(60), small_data(), off, 0);
+  // A loss the run passes on its way: it stops at the first step at or below it.
+  const double target = full.curve.loss[30];
+  o.target_loss = target;
+  auto r = train_on(two, o, small_data(), off, 0);
+  ASSERT_TRUE(r.reached_target);
+  EXPECT_LE(r.steps, 31);
+  EXPECT_LE(r.curve.loss.back(), target);
+  for (size_t i = 0; i + 1 < r.curve.loss.size(); ++i)
+    EXPECT_GT(r.curve.loss[i], target) << "step " << i + 1;
+  EXPECT_GT(r.time_to_target_s, 0);
+  EXPECT_LE(r.time_to_target_s, r.elapsed_s);
+  o.target_loss = 1e-9; // unreachable in 3 steps
+  o.steps = 3;
+  auto never = train_on(two, o, small_data(), off, 0);
+  EXPECT_FALSE(never.reached_target);
+  EXPECT_EQ(never.steps, 3);
+}
+
+TEST(TrainOn, AStepThatFailsOnTheBackwardThreadFailsTheRunWithItsError) {
+  // A label outside the classes makes forward_backward throw on the overlap helper thread of the
+  // replica that holds it; the run fails with that error instead of hanging or crashing.
+  mirrored_strategy two({"CPU:0", "CPU:1"});
+  auto bad = small_data();
+  bad.y = bad.y.clone();
+  bad.y.mutable_data<int32_t>()[20] = -3; // row 20: replica 1's part of the first batch of 24
+  tracer off(false);
+  for (bool overlap : {true, false}) {
+    auto o = few_steps(2);
+    o.overlap = overlap;
+    EXPECT_TRUE(consort::test::fails_with([&] { train_on(two, o, bad, off, 0); },
+                                          errc::invalid_argument, {"label -3", "row 8"}))
+        << "overlap " << overlap;
+  }
+}
+
+TEST(TrainOn, RejectsOptionsOutOfRange) {
+  one_device_strategy one("CPU:0");
+  tracer off(false);
+  auto o = few_steps(1);
+  o.layers = 0;
+  EXPECT_TRUE(consort::test::fails_with([&] { train_on(one, o, small_data(), off, 0); },
+                                        errc::invalid_argument, {"layers 0"}));
+  o = few_steps(0);
+  EXPECT_TRUE(consort::test::fails_with([&] { train_on(one, o, small_data(), off, 0); },
+                                        errc::invalid_argument, {"steps 0"}));
 }
 
 TEST(TrainOn, ReportsProgressEveryStep) {
@@ -148,8 +256,9 @@ TEST(Trace, HoldsOneEventPerReplicaStepAndBucketAsChromeJson) {
   trace.write(file.path());
   auto doc = nlohmann::json::parse(slurp(file.path()));
   const auto& events = doc.at("traceEvents");
-  // Per step: the worker's step track, and per replica one step and 5 all-reduce events.
-  ASSERT_EQ(events.size(), 3u * (1 + 2 * (1 + 5)));
+  // Per step: the worker's step track, and per replica one step and 5 all-reduce events on its
+  // track, and its 2 layers' backward passes on its compute track (100 + replica).
+  ASSERT_EQ(events.size(), 3u * (1 + 2 * (1 + 5 + 2)));
   std::map<std::string, int> names;
   std::map<int, int> per_tid;
   for (const auto& e : events) {
@@ -167,6 +276,10 @@ TEST(Trace, HoldsOneEventPerReplicaStepAndBucketAsChromeJson) {
   EXPECT_EQ(per_tid[-1], 3);
   EXPECT_EQ(per_tid[0], 18);
   EXPECT_EQ(per_tid[1], 18);
+  EXPECT_EQ(names["backward w2"], 6);
+  EXPECT_EQ(names["backward w1"], 6);
+  EXPECT_EQ(per_tid[100], 6);
+  EXPECT_EQ(per_tid[101], 6);
 }
 
 TEST(Trace, OffRecordsNothing) {
