@@ -428,7 +428,8 @@ void sgd_update(nest& params, const nest& grad_sums, double learning_rate, int64
                                             " but gradient shape " + to_string(g.shape()));
     const float* gd = g.data<float>();
     float* pd = p.mutable_data<float>(); // copies first when the storage is shared
-    for (int64_t e = 0; e < p.num_elements(); ++e)
+    const int64_t n = p.num_elements();
+    for (int64_t e = 0; e < n; ++e)
       pd[e] = static_cast<float>(pd[e] - scale * gd[e]);
   }
   params = pack_as(params, leaves);

@@ -208,8 +208,11 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   for (int64_t step = 0; step < o.steps; ++step) {
     auto batch = dist.get(step % dist.cardinality());
     auto step_begin = steady::now();
+    // The step reads result.params by reference: run returns only after every replica's step has
+    // ended, and nothing else holds the tensors, so sgd_update updates them in place (a copy
+    // captured here would make every update copy the whole model first).
     auto outputs = strategy.run(
-        [&, params = result.params](replica_context& ctx, const nest& part) {
+        [&](replica_context& ctx, const nest& part) {
           const int replica = ctx.replica_id_in_sync_group();
           const int compute_track = 100 + replica;
           const tensor& x = part["x"].as_tensor();
@@ -221,7 +224,7 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
           joining join{helper};
           auto compute = [&] {
             auto layer_begin = steady::now();
-            lg = forward_backward(params, x, y, [&](int layer, const tensor& gw, const tensor& gb) {
+            lg = forward_backward(result.params, x, y, [&](int layer, const tensor& gw, const tensor& gb) {
               auto now = steady::now();
               trace.add("backward " + weight_key(layer), worker, compute_track, layer_begin, now);
               layer_begin = now;
