@@ -207,13 +207,6 @@ tensor to_float32(const std::vector<double>& values, shape_t shape) {
   return out;
 }
 
-tensor tensor_of(const matrix& m, shape_t shape) {
-  tensor out = tensor::empty(dtype::float32, std::move(shape));
-  if (m.size() > 0)
-    std::copy(m.data(), m.data() + m.size(), out.mutable_data<float>());
-  return out;
-}
-
 } // namespace
 
 // -- synthetic data -------------------------------------------------------------------------------
@@ -358,16 +351,19 @@ loss_and_grads forward_backward(const nest& params, const tensor& x, const tenso
   const_view input = view_of(x);
   for (int l = s.layers + 1; l >= 1; --l) {
     const_view w = view_of(params[weight_key(l)].as_tensor());
-    matrix w_grad(w.rows(), w.cols());
+    // The GEMMs write straight into the gradient tensors.
+    tensor gw = tensor::empty(dtype::float32, {w.rows(), w.cols()});
+    tensor gb = tensor::empty(dtype::float32, {w.cols()});
+    view w_grad(gw.mutable_data<float>(), w.rows(), w.cols());
+    view b_grad(gb.mutable_data<float>(), 1, w.cols());
     if (l == 1)
       w_grad.noalias() = input.transpose() * delta;
     else
       w_grad.noalias() = f.acts[static_cast<size_t>(l - 2)].transpose() * delta;
-    matrix b_grad = delta.colwise().sum();
     if (rows == 0)
       b_grad.setZero();
-    tensor gw = tensor_of(w_grad, {w.rows(), w.cols()});
-    tensor gb = tensor_of(b_grad, {w.cols()});
+    else
+      b_grad.noalias() = delta.colwise().sum();
     grads[weight_key(l)] = gw;
     grads[bias_key(l)] = gb;
     if (on_layer)

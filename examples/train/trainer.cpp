@@ -224,13 +224,15 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
           joining join{helper};
           auto compute = [&] {
             auto layer_begin = steady::now();
-            lg = forward_backward(result.params, x, y, [&](int layer, const tensor& gw, const tensor& gb) {
-              auto now = steady::now();
-              trace.add("backward " + weight_key(layer), worker, compute_track, layer_begin, now);
-              layer_begin = now;
-              if (o.overlap)
-                channel.push(gw, gb);
-            });
+            lg = forward_backward(result.params, x, y,
+                                  [&](int layer, const tensor& gw, const tensor& gb) {
+                                    auto now = steady::now();
+                                    trace.add("backward " + weight_key(layer), worker,
+                                              compute_track, layer_begin, now);
+                                    layer_begin = now;
+                                    if (o.overlap)
+                                      channel.push(gw, gb);
+                                  });
           };
           if (o.overlap)
             helper = std::thread([&] {
