@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
                   strategy.num_replicas_in_sync(), static_cast<long long>(data.x.shape()[1]),
                   o.layers, o.hidden, data_opts.classes, static_cast<long long>(o.examples),
                   static_cast<long long>(o.global_batch), static_cast<long long>(o.steps),
-                  o.bucket_bytes, o.overlap ? "overlapped with the backward pass" : "no overlap");
+                  o.bucket_bytes, o.overlap ? "overlap on" : "overlap off");
     train::tracer trace(!o.trace.empty());
     auto result = train::train_on(strategy, o, data, trace, worker,
                                   chief ? progress_printer(o.steps) : train::progress_fn{});

@@ -38,7 +38,8 @@ struct train_options {
   /// all-reduce per tensor.
   size_t bucket_bytes = size_t{25} << 20;
   /// Start each bucket's all-reduce while the backward pass of the earlier layers goes on (the
-  /// backward pass then runs on a helper thread of the replica); false: all-reduce after it.
+  /// backward pass then runs on a helper thread of the replica, when there are several buckets);
+  /// false: all-reduce after it.
   bool overlap = true;
   /// Stop after the first step whose loss (the mean over its global batch) is at most this; 0:
   /// run every step.
