@@ -38,7 +38,8 @@ using steady = std::chrono::steady_clock;
 namespace {
 
 struct options : train::train_options {
-  int replicas = 0; // 0: CONSORT_DEVICES_PER_WORKER, else one per core (2..8)
+  int replicas = 0;    // 0: CONSORT_DEVICES_PER_WORKER, else one per core (2..8)
+  std::string devices; // --devices: a comma-separated list instead of --replicas
   bool verify = true;
   double tolerance = train::verify_tolerance;
   int64_t verify_steps = 10;
@@ -49,7 +50,8 @@ struct options : train::train_options {
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr
       << "consort-train: " << problem << "\n"
-      << "usage: consort-train [--replicas N] [--steps N] [--global-batch N] [--lr X]\n"
+      << "usage: consort-train [--replicas N | --devices CPU:0,CPU:1,...] [--steps N]\n"
+      << "                     [--global-batch N] [--lr X]\n"
       << "                     [--seed N] [--examples N] [--hidden N] [--layers N]\n"
       << "                     [--bucket-bytes N] [--overlap | --no-overlap]\n"
       << "                     [--target-loss X] [--verify | --no-verify] [--verify-steps N]\n"
@@ -74,7 +76,11 @@ options parse(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--replicas")
       o.replicas = static_cast<int>(number(i, "--replicas"));
-    else if (a == "--steps")
+    else if (a == "--devices") {
+      if (i + 1 >= argc)
+        usage("--devices needs a list such as CPU:0,CPU:1");
+      o.devices = argv[++i];
+    } else if (a == "--steps")
       o.steps = static_cast<int64_t>(number(i, "--steps"));
     else if (a == "--global-batch")
       o.global_batch = static_cast<int64_t>(number(i, "--global-batch"));
@@ -115,6 +121,8 @@ options parse(int argc, char** argv) {
     usage("--steps, --global-batch, --hidden, --layers and --examples must be at least 1");
   if (!(o.learning_rate > 0))
     usage("--lr must be greater than 0");
+  if (!o.devices.empty() && o.replicas != 0)
+    usage("--devices and --replicas both say which replicas to run; give one of them");
   if (o.verify_steps < 1)
     usage("--verify-steps must be at least 1");
   if (o.verify)
@@ -148,13 +156,41 @@ train::progress_fn progress_printer(int64_t steps) {
   };
 }
 
+/// The replicas of `--devices`, checked: the model runs on CPU replicas (its GPU form, cuBLAS GEMMs
+/// and NCCL buckets, is issue 13's). Empty for an empty list.
+std::vector<std::string> devices_of(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start < list.size()) {
+    auto comma = list.find(',', start);
+    auto name = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    device_spec spec;
+    try {
+      spec = parse_device(name);
+    } catch (const error& e) {
+      usage("--devices: " + std::string{e.what()});
+    }
+    if (spec.kind != device_kind::cpu)
+      usage("--devices: " + spec.to_string() +
+            ": the demo's model runs on CPU replicas only; its GPU form is not built yet");
+    out.push_back(spec.to_string());
+    if (comma == std::string::npos)
+      break;
+    start = comma + 1;
+  }
+  if (!list.empty() && out.empty())
+    usage("--devices needs a list such as CPU:0,CPU:1; got \"" + list + "\"");
+  return out;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
   auto o = parse(argc, argv);
   try {
     multi_worker_options mw;
-    int replicas = o.replicas;
+    mw.devices = devices_of(o.devices);
+    int replicas = mw.devices.empty() ? o.replicas : -1;
     if (replicas == 0) {
       const char* env = std::getenv("CONSORT_DEVICES_PER_WORKER");
       // One CPU replica per core (at least 2, so the demo is distributed, at most 8).
@@ -163,6 +199,8 @@ int main(int argc, char** argv) {
     }
     for (int i = 0; i < replicas; ++i)
       mw.devices.push_back("CPU:" + std::to_string(i));
+    if (mw.devices.empty())
+      usage("no replicas: --replicas and CONSORT_DEVICES_PER_WORKER must be at least 1");
     multi_worker_mirrored_strategy strategy({}, mw);
     bool chief = strategy.worker_rank() == 0;
     int worker = strategy.worker_rank();
