@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -96,6 +97,16 @@ std::vector<std::string> split(const std::string& text) {
     start = comma + 1;
   }
   return out;
+}
+
+/// Option `name` as a real number; exits with a clear message when it is not one.
+double real(const bench::options& opts, const std::string& name) {
+  const auto& text = opts.str(name);
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(v))
+    opts.fail("--" + name + " expects a number, got '" + text + "'");
+  return v;
 }
 
 /// One training run's figures (the chief's, for a multi-worker layout).
@@ -314,8 +325,8 @@ int child(const bench::options& opts) {
   o.hidden = static_cast<int>(opts.integer("hidden"));
   o.layers = static_cast<int>(opts.integer("layers"));
   o.examples = opts.integer("examples");
-  o.learning_rate = std::stod(opts.str("lr"));
-  o.target_loss = std::stod(opts.str("target-loss"));
+  o.learning_rate = real(opts, "lr");
+  o.target_loss = real(opts, "target-loss");
   o.bucket_bytes = static_cast<size_t>(opts.bytes("bucket-bytes"));
   o.overlap = opts.str("modes") == "overlap";
   train::tracer off(false);
@@ -414,7 +425,7 @@ int run(int argc, char** argv) {
   s.hidden = static_cast<int>(opts.integer("hidden"));
   s.layers = static_cast<int>(opts.integer("layers"));
   s.examples = opts.integer("examples");
-  s.lr = std::stod(opts.str("lr"));
+  s.lr = real(opts, "lr");
   s.bucket_bytes = static_cast<size_t>(opts.bytes("bucket-bytes"));
   s.launcher = opts.str("launcher");
   s.torch_script = opts.str("torch-script");
@@ -424,7 +435,7 @@ int run(int argc, char** argv) {
       throw std::invalid_argument("--torch-script " + s.torch_script + " cannot be read");
     s.python.clear(); // reported as skipped below
   }
-  const double target = std::stod(opts.str("target-loss"));
+  const double target = real(opts, "target-loss");
   const auto target_steps = opts.integer("target-steps");
   const auto repeats = std::max<int64_t>(opts.integer("repeats"), 1);
   if (s.steps < 1 || s.hidden < 1 || s.layers < 1 || s.examples < 1 || target_steps < 1)
