@@ -55,8 +55,7 @@ struct options : train::train_options {
       << "                     [--seed N] [--examples N] [--hidden N] [--layers N]\n"
       << "                     [--bucket-bytes N] [--overlap | --no-overlap]\n"
       << "                     [--target-loss X] [--verify | --no-verify] [--verify-steps N]\n"
-      << "                     [--tolerance X]"
-      << "                     [--plot loss.svg] [--trace t.json]\n";
+      << "                     [--tolerance X] [--plot loss.svg] [--trace t.json]\n";
   std::exit(2);
 }
 
@@ -104,9 +103,23 @@ options parse(int argc, char** argv) {
       o.overlap = true;
     else if (a == "--no-overlap")
       o.overlap = false;
-    else if (a == "--bucket-bytes")
-      o.bucket_bytes = static_cast<size_t>(number(i, "--bucket-bytes"));
-    else if (a == "--verify")
+    else if (a == "--bucket-bytes") {
+      // A byte count, with an optional K, M or G (binary) suffix: 65536, 64K, 1M.
+      if (i + 1 >= argc)
+        usage("--bucket-bytes needs a value");
+      std::string text = argv[++i];
+      char* end = nullptr;
+      double v = std::strtod(text.c_str(), &end);
+      std::string suffix = end;
+      double scale = suffix.empty()  ? 1
+                     : suffix == "K" ? 1 << 10
+                     : suffix == "M" ? 1 << 20
+                     : suffix == "G" ? 1 << 30
+                                     : -1;
+      if (end == text.c_str() || scale < 0 || !(v >= 0))
+        usage("--bucket-bytes needs a byte count such as 65536, 64K or 1M; got \"" + text + "\"");
+      o.bucket_bytes = static_cast<size_t>(v * scale);
+    } else if (a == "--verify")
       o.verify = true;
     else if (a == "--no-verify")
       o.verify = false;
