@@ -299,7 +299,7 @@ mlp_shape shape_of(const nest& params) {
 }
 
 loss_and_grads forward_backward(const nest& params, const tensor& x, const tensor& y,
-                                const layer_grads_fn& on_layer) {
+                                const layer_grads_fn& on_layer, const gradient_slots_fn& slots) {
   const char* what = "forward_backward";
   const mlp_shape s = checked_shape(params, what);
   check_features(x, s, what);
@@ -351,11 +351,24 @@ loss_and_grads forward_backward(const nest& params, const tensor& x, const tenso
   const_view input = view_of(x);
   for (int l = s.layers + 1; l >= 1; --l) {
     const_view w = view_of(params[weight_key(l)].as_tensor());
-    // The GEMMs write straight into the gradient tensors.
-    tensor gw = tensor::empty(dtype::float32, {w.rows(), w.cols()});
-    tensor gb = tensor::empty(dtype::float32, {w.cols()});
-    view w_grad(gw.mutable_data<float>(), w.rows(), w.cols());
-    view b_grad(gb.mutable_data<float>(), 1, w.cols());
+    // The GEMMs write straight into the gradient tensors, or into the caller's slots.
+    tensor gw;
+    tensor gb;
+    gradient_slot slot;
+    if (slots) {
+      slot = slots(l);
+      if (slot.w == nullptr || slot.b == nullptr)
+        throw_error(errc::invalid_argument, std::string{what} + ": the gradient slot of layer " +
+                                                std::to_string(l) +
+                                                " has a null pointer; expected memory for " +
+                                                weight_key(l) + " and " + bias_key(l));
+    } else {
+      gw = tensor::empty(dtype::float32, {w.rows(), w.cols()});
+      gb = tensor::empty(dtype::float32, {w.cols()});
+      slot = {gw.mutable_data<float>(), gb.mutable_data<float>()};
+    }
+    view w_grad(slot.w, w.rows(), w.cols());
+    view b_grad(slot.b, 1, w.cols());
     if (l == 1)
       w_grad.noalias() = input.transpose() * delta;
     else
@@ -364,8 +377,10 @@ loss_and_grads forward_backward(const nest& params, const tensor& x, const tenso
       b_grad.setZero();
     else
       b_grad.noalias() = delta.colwise().sum();
-    grads[weight_key(l)] = gw;
-    grads[bias_key(l)] = gb;
+    if (!slots) {
+      grads[weight_key(l)] = gw;
+      grads[bias_key(l)] = gb;
+    }
     if (on_layer)
       on_layer(l, gw, gb);
     if (l > 1) {

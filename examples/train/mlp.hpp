@@ -104,7 +104,23 @@ struct loss_and_grads {
 /// sums: `layer` is 1-based (`w{layer}`, `b{layer}`), and the calls come from the output layer
 /// down to layer 1, as backpropagation produces them. Data-parallel drivers start the layer's
 /// all-reduce here, while the earlier layers are still being computed (DDP's gradient hooks).
+/// With `gradient_slots_fn`, the gradients are in the caller's memory and `w_grad` and `b_grad`
+/// are default-constructed (invalid) tensors.
 using layer_grads_fn = std::function<void(int layer, const tensor& w_grad, const tensor& b_grad)>;
+
+/// Where `forward_backward` writes one layer's gradient sums instead of allocating tensors for
+/// them: `w` points to rows x columns floats of `w{layer}`'s shape (row-major), `b` to columns
+/// floats. Both must stay valid and untouched by others until the layer's `layer_grads_fn` call.
+struct gradient_slot {
+  float* w = nullptr;
+  float* b = nullptr;
+};
+
+/// Asked once per layer, from the output layer down, just before the layer's gradients are
+/// computed. Data-parallel drivers return pointers into their all-reduce buckets, so the gradients
+/// are written where the collective reads them and need no copy into a bucket (DDP's
+/// `gradient_as_bucket_view`).
+using gradient_slots_fn = std::function<gradient_slot(int layer)>;
 
 /// One forward and backward pass over a batch: h0 = x, hl = relu(h{l-1}·wl + bl) for each hidden
 /// layer, logits = hL·w{L+1} + b{L+1}, loss = logsumexp(logits) - logits[label] (computed stably).
@@ -113,14 +129,18 @@ using layer_grads_fn = std::function<void(int layer, const tensor& w_grad, const
 /// the loss and the softmax are computed in float64 per row. Results are sums over the batch, so
 /// the result for a batch equals the sum of the results for its parts up to float32 rounding; a
 /// batch of 0 rows gives zero loss, zero correct and zero gradients. The same inputs give the
-/// same bytes on every call (no threads, no data-dependent order).
+/// same bytes on every call (no threads, no data-dependent order), with or without `slots`.
+///
+/// With `slots`, each layer's gradients are written where `slots(layer)` says and the returned
+/// `grads` is an empty dict.
 /// @pre `params` as `init_params` makes it (checked, see `shape_of`).
 /// @throws error(shape_mismatch) unless x is [N, inputs] and y is [N],
 ///         error(dtype_mismatch) unless x is float32 and y int32,
 ///         error(invalid_argument) for a label outside [0, classes) or a default-constructed
-///         x or y, plus `shape_of`'s errors.
+///         x or y, or a slot with a null pointer, plus `shape_of`'s errors.
 loss_and_grads forward_backward(const nest& params, const tensor& x, const tensor& y,
-                                const layer_grads_fn& on_layer = {});
+                                const layer_grads_fn& on_layer = {},
+                                const gradient_slots_fn& slots = {});
 
 /// The predicted class of each row of x: int32 [N], the index of the highest logit (first on
 /// ties). @throws error(shape_mismatch | dtype_mismatch) as `forward_backward` does for x.

@@ -69,55 +69,18 @@ std::vector<std::pair<size_t, size_t>> plan_buckets(const std::vector<size_t>& s
   return buckets;
 }
 
-std::vector<tensor> all_reduce_bucket(replica_context& ctx, const std::vector<tensor>& leaves) {
-  if (leaves.size() == 1)
-    return {ctx.all_reduce("SUM", leaves[0])};
-  std::vector<tensor> flat;
-  flat.reserve(leaves.size());
-  for (const auto& t : leaves)
-    flat.push_back(t.reshape({t.num_elements()}));
-  auto reduced = ctx.all_reduce("SUM", concat(flat, 0));
-  std::vector<tensor> out;
-  out.reserve(leaves.size());
-  int64_t offset = 0;
-  for (const auto& t : leaves) {
-    out.push_back(reduced.slice(offset, offset + t.num_elements()).reshape(t.shape()));
-    offset += t.num_elements();
-  }
-  return out;
-}
-
-std::vector<tensor> bucketed_all_reduce(replica_context& ctx, const std::vector<tensor>& leaves,
-                                        size_t bucket_bytes, tracer& trace, int worker) {
-  std::vector<size_t> sizes;
-  for (const auto& t : leaves)
-    sizes.push_back(t.num_bytes());
-  std::vector<tensor> out;
-  out.reserve(leaves.size());
-  for (auto [i, j] : plan_buckets(sizes, bucket_bytes)) {
-    auto begin = steady::now();
-    auto part = all_reduce_bucket(
-        ctx, std::vector<tensor>(leaves.begin() + static_cast<std::ptrdiff_t>(i),
-                                 leaves.begin() + static_cast<std::ptrdiff_t>(j)));
-    out.insert(out.end(), part.begin(), part.end());
-    trace.add("all_reduce(" + std::to_string(j - i) + " tensors)", worker,
-              ctx.replica_id_in_sync_group(), begin, steady::now());
-  }
-  return out;
-}
-
 // -- training ------------------------------------------------------------------------------------
 
 namespace {
 
-/// The gradients of a backward pass running on a helper thread, handed to the replica's thread
-/// as each layer is done.
+/// The progress of a backward pass running on a helper thread, which writes the gradients into
+/// the replica's buckets: the replica's thread waits here until a bucket's gradients exist.
 class gradient_channel {
 public:
-  void push(const tensor& w_grad, const tensor& b_grad) {
+  /// One more layer's two gradients (weight and bias) are written.
+  void push_layer() {
     std::lock_guard<std::mutex> guard{mtx_};
-    ready_.push_back(w_grad);
-    ready_.push_back(b_grad);
+    ready_ += 2;
     cv_.notify_one();
   }
 
@@ -128,20 +91,19 @@ public:
     cv_.notify_one();
   }
 
-  /// Waits until `count` gradients are ready (or, `count` 0, until the pass is done) and returns
-  /// them. The helper never blocks, so this wait ends with the pass; rethrows its error.
-  std::vector<tensor> wait(size_t count) {
+  /// Waits until `count` gradients are written (or, `count` 0, until the pass is done). The
+  /// helper never blocks, so this wait ends with the pass; rethrows its error.
+  void wait(size_t count) {
     std::unique_lock<std::mutex> lock{mtx_};
-    cv_.wait(lock, [&] { return done_ || (count > 0 && ready_.size() >= count); });
+    cv_.wait(lock, [&] { return done_ || (count > 0 && ready_ >= count); });
     if (error_)
       std::rethrow_exception(error_);
-    return ready_;
   }
 
 private:
   std::mutex mtx_;
   std::condition_variable cv_;
-  std::vector<tensor> ready_;
+  size_t ready_ = 0;
   bool done_ = false;
   std::exception_ptr error_;
 };
@@ -197,10 +159,41 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   // The gradients in the order they are produced, then the step's totals (loss sum, correct
   // predictions, rows), which travel in the last bucket.
   std::vector<size_t> sizes;
-  for (const auto& key : keys)
-    sizes.push_back(result.params[key].as_tensor().num_bytes());
+  std::vector<shape_t> shapes;
+  for (const auto& key : keys) {
+    const tensor& p = result.params[key].as_tensor();
+    sizes.push_back(p.num_bytes());
+    shapes.push_back(p.shape());
+  }
   sizes.push_back(3 * sizeof(float));
+  shapes.push_back({3});
   const auto buckets = plan_buckets(sizes, o.bucket_bytes);
+  // Where each tensor lives: its bucket and its offset (in floats) in the bucket's flat buffer.
+  // The backward pass writes each gradient there (gradient_slots_fn), so a bucket needs no copy
+  // before its all-reduce, and the results are views of the reduced buffer. Each tensor starts
+  // on a 64-byte boundary, as a tensor of its own does: Eigen's vectorized GEMMs and sums take
+  // another path for unaligned output, which changes the last bit of some gradients, and then
+  // the bucket size would change the trained weights. The padding is zero and costs at most 60
+  // bytes a tensor.
+  constexpr int64_t align_floats = 64 / sizeof(float);
+  std::vector<size_t> bucket_of(sizes.size());
+  std::vector<int64_t> offset_of(sizes.size());
+  std::vector<int64_t> bucket_elements;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    int64_t elements = 0;
+    for (size_t k = buckets[b].first; k < buckets[b].second; ++k) {
+      elements = (elements + align_floats - 1) / align_floats * align_floats;
+      bucket_of[k] = b;
+      offset_of[k] = elements;
+      elements += static_cast<int64_t>(sizes[k] / sizeof(float));
+    }
+    bucket_elements.push_back(elements);
+  }
+  // Each replica's bucket buffers, kept from step to step so that the allocator does not hand
+  // out (and the kernel fault in) fresh pages every step. A buffer still shared when the next
+  // step writes it is copied first (tensor's copy-on-write), so reuse never changes a result.
+  std::vector<std::vector<tensor>> replica_buckets(
+      static_cast<size_t>(std::max(strategy.num_replicas_in_sync(), 1)));
   // With one bucket there is nothing to overlap: the backward pass runs on the replica's thread,
   // without the helper thread's start and join (about 80 us a step on a small model).
   const bool overlap = o.overlap && buckets.size() > 1;
@@ -221,21 +214,38 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
           const tensor& x = part["x"].as_tensor();
           const tensor& y = part["y"].as_tensor();
           auto begin = steady::now();
+          // Only this replica's thread touches its own buffers.
+          auto& flats = replica_buckets.at(static_cast<size_t>(replica));
+          if (flats.empty())
+            for (int64_t elements : bucket_elements)
+              flats.push_back(tensor::zeros(dtype::float32, {elements}));
+          std::vector<float*> bases;
+          for (auto& flat : flats)
+            bases.push_back(flat.mutable_data<float>());
+          auto slot_of = [&](size_t k) {
+            return bases[bucket_of[k]] + offset_of[k];
+          };
           loss_and_grads lg;
           gradient_channel channel;
           std::thread helper;
           joining join{helper};
           auto compute = [&] {
             auto layer_begin = steady::now();
-            lg = forward_backward(result.params, x, y,
-                                  [&](int layer, const tensor& gw, const tensor& gb) {
-                                    auto now = steady::now();
-                                    trace.add("backward " + weight_key(layer), worker,
-                                              compute_track, layer_begin, now);
-                                    layer_begin = now;
-                                    if (overlap)
-                                      channel.push(gw, gb);
-                                  });
+            lg = forward_backward(
+                result.params, x, y,
+                [&](int layer, const tensor&, const tensor&) {
+                  auto now = steady::now();
+                  trace.add("backward " + weight_key(layer), worker, compute_track, layer_begin,
+                            now);
+                  layer_begin = now;
+                  if (overlap)
+                    channel.push_layer();
+                },
+                [&](int layer) {
+                  // keys: w{L+1}, b{L+1}, ..., w1, b1.
+                  auto k = static_cast<size_t>(2 * (o.layers + 1 - layer));
+                  return gradient_slot{slot_of(k), slot_of(k + 1)};
+                });
           };
           if (overlap)
             helper = std::thread([&] {
@@ -248,35 +258,34 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
             });
           else
             compute();
-          std::vector<tensor> reduced;
-          reduced.reserve(sizes.size());
+          std::vector<tensor> reduced(sizes.size());
           double in_collectives = 0;
-          for (auto [i, j] : buckets) {
-            // The bucket's gradients: waited for (overlap) or already there.
-            std::vector<tensor> leaves;
+          for (size_t b = 0; b < buckets.size(); ++b) {
+            auto [i, j] = buckets[b];
             const bool last = j == sizes.size();
+            // The bucket's gradients: waited for (overlap) or already there.
             if (overlap) {
-              auto ready = channel.wait(last ? 0 : j);
+              channel.wait(last ? 0 : j);
               if (last)
                 helper.join();
-              leaves.assign(ready.begin() + static_cast<std::ptrdiff_t>(i),
-                            ready.begin() + static_cast<std::ptrdiff_t>(std::min(j, keys.size())));
-            } else {
-              for (size_t k = i; k < std::min(j, keys.size()); ++k)
-                leaves.push_back(lg.grads[keys[k]].as_tensor());
             }
-            if (last)
-              leaves.push_back(
-                  tensor::from<float>({lg.loss_sum.item<float>(), lg.correct.item<float>(),
-                                       static_cast<float>(y.num_elements())},
-                                      {3}));
+            if (last) {
+              float* totals = slot_of(keys.size());
+              totals[0] = lg.loss_sum.item<float>();
+              totals[1] = lg.correct.item<float>();
+              totals[2] = static_cast<float>(y.num_elements());
+            }
             auto reduce_begin = steady::now();
-            auto part_reduced = all_reduce_bucket(ctx, leaves);
+            auto flat_reduced = ctx.all_reduce("SUM", flats[b]);
             auto reduce_end = steady::now();
             in_collectives += std::chrono::duration<double>(reduce_end - reduce_begin).count();
             trace.add("all_reduce(" + std::to_string(j - i) + " tensors)", worker, replica,
                       reduce_begin, reduce_end);
-            reduced.insert(reduced.end(), part_reduced.begin(), part_reduced.end());
+            for (size_t k = i; k < j; ++k)
+              reduced[k] = flat_reduced
+                               .slice(offset_of[k],
+                                      offset_of[k] + static_cast<int64_t>(sizes[k] / sizeof(float)))
+                               .reshape(shapes[k]);
           }
           {
             std::lock_guard<std::mutex> guard{collective_mtx};

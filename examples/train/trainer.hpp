@@ -77,16 +77,6 @@ private:
 std::vector<std::pair<size_t, size_t>> plan_buckets(const std::vector<size_t>& sizes,
                                                     size_t bucket_bytes);
 
-/// All-reduces (SUM) `leaves` bucket by bucket: the leaves of a bucket are flattened into one
-/// vector, reduced with one collective, and cut back apart, as DDP and Horovod fuse small
-/// gradients. Leaves of one bucket must share a dtype. Records one trace event per bucket.
-std::vector<tensor> bucketed_all_reduce(replica_context& ctx, const std::vector<tensor>& leaves,
-                                        size_t bucket_bytes, tracer& trace, int worker);
-
-/// All-reduces (SUM) one bucket: `leaves` flattened into one vector, reduced with one collective,
-/// and cut back apart. Leaves must share a dtype.
-std::vector<tensor> all_reduce_bucket(replica_context& ctx, const std::vector<tensor>& leaves);
-
 /// The loss and accuracy of every step.
 struct history {
   std::vector<double> loss;

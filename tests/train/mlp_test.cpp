@@ -373,6 +373,64 @@ TEST(MlpTest, ForwardBackwardHandsOverEachLayersGradientsFromTheOutputDown) {
     EXPECT_EQ(seen.at(key), grad.as_tensor()) << key;
 }
 
+TEST(MlpTest, ForwardBackwardWritesIntoTheCallersSlotsTheSameBytes) {
+  mlp_shape shape{.inputs = 16, .hidden = 24, .classes = 4, .layers = 2};
+  auto data = make_dataset({.examples = 40});
+  nest params = init_params(shape, 5);
+  auto expected = forward_backward(params, data.x, data.y);
+  // One flat buffer, each gradient at a 64-byte boundary, as the trainer's buckets lay them out.
+  std::map<std::string, std::pair<size_t, size_t>> where; // key -> (offset, elements)
+  size_t end = 0;
+  for (int l = shape.layers + 1; l >= 1; --l)
+    for (const auto& key : {weight_key(l), bias_key(l)}) {
+      end = (end + 15) / 16 * 16;
+      auto n = static_cast<size_t>(params[key].as_tensor().num_elements());
+      where[key] = {end, n};
+      end += n;
+    }
+  std::vector<float> flat(end + 16, -1.0f);
+  float* base = flat.data() + (16 - reinterpret_cast<uintptr_t>(flat.data()) % 64 / 4) % 16;
+  std::vector<int> asked;
+  std::vector<int> handed;
+  auto result = forward_backward(
+      params, data.x, data.y,
+      [&](int layer, const tensor& gw, const tensor& gb) {
+        handed.push_back(layer);
+        EXPECT_FALSE(gw.valid()); // the gradients are in the slots
+        EXPECT_FALSE(gb.valid());
+      },
+      [&](int layer) {
+        asked.push_back(layer);
+        return gradient_slot{base + where[weight_key(layer)].first,
+                             base + where[bias_key(layer)].first};
+      });
+  EXPECT_EQ(asked, (std::vector<int>{3, 2, 1}));
+  EXPECT_EQ(handed, asked);
+  EXPECT_TRUE(result.grads.as_dict().empty());
+  EXPECT_EQ(result.loss_sum, expected.loss_sum);
+  EXPECT_EQ(result.correct, expected.correct);
+  for (const auto& [key, grad] : expected.grads.as_dict()) {
+    auto want = grad.as_tensor().to_vector<float>();
+    auto [offset, n] = where[key];
+    ASSERT_EQ(want.size(), n) << key;
+    EXPECT_EQ(0, std::memcmp(want.data(), base + offset, n * sizeof(float))) << key;
+  }
+}
+
+TEST(MlpTest, ForwardBackwardRefusesASlotWithoutMemory) {
+  mlp_shape shape{.inputs = 16, .hidden = 8, .classes = 4};
+  auto data = make_dataset({.examples = 4});
+  nest params = init_params(shape, 5);
+  std::vector<float> w(16 * 8);
+  EXPECT_TRUE(fails_with(
+      [&] {
+        forward_backward(params, data.x, data.y, {}, [&](int) {
+          return gradient_slot{w.data(), nullptr};
+        });
+      },
+      errc::invalid_argument, {"gradient slot of layer 2 has a null pointer"}));
+}
+
 TEST(MlpTest, ForwardBackwardOfAnEmptyBatchIsZero) {
   mlp_shape shape{.inputs = 5, .hidden = 7, .classes = 3};
   nest params = init_params(shape, 1);
