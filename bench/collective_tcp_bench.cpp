@@ -16,6 +16,7 @@
 #include <consort/caf_error.hpp>
 #include <consort/cluster.hpp>
 #include <consort/transport/algorithms.hpp>
+#include <consort/transport/shm.hpp>
 #include <consort/transport/tcp.hpp>
 
 #include <arpa/inet.h>
@@ -186,6 +187,10 @@ int main(int argc, char** argv) {
            "algorithm_options::chunk_bytes, the largest chunk of the pipelined algorithms");
   opts.add("window-bytes", "8M",
            "algorithm_options::window_bytes, the receives the ring all-reduce keeps posted ahead");
+  opts.add("transport", "tcp",
+           "tcp, or shm: shared memory between the ranks (one host), formed over the TCP mesh");
+  opts.add("ring-bytes", "1M", "shm: the bytes of each ring");
+  opts.add("spin-us", "50", "shm: how long a wait polls before it sleeps (microseconds)");
   opts.add("limits", "1", "1: measure TCP stream bandwidth and ping-pong first (ranks 0 and 1)");
   opts.add("json", "", "rank 0 also writes the results (with every sample) as JSON to this file");
   opts.parse(argc, argv);
@@ -220,6 +225,19 @@ int main(int argc, char** argv) {
   if (!made)
     die("cannot form the TCP mesh: " + to_consort_error_text(made.error()));
   tr::context_ptr ctx = *made;
+  const std::string transport = opts.str("transport");
+  if (transport == "shm") {
+    tr::shm::options shm_opts;
+    shm_opts.group_id = mesh.group_id;
+    shm_opts.ring_bytes = static_cast<size_t>(opts.bytes("ring-bytes"));
+    shm_opts.spin = std::chrono::microseconds{opts.integer("spin-us")};
+    auto shm_ctx = tr::shm::connect(*ctx, shm_opts);
+    if (!shm_ctx)
+      die("cannot form the shared-memory group: " + to_consort_error_text(shm_ctx.error()));
+    ctx = *shm_ctx;
+  } else if (transport != "tcp") {
+    opts.fail("--transport must be tcp or shm; got '" + transport + "'");
+  }
 
   limits lim;
   if (with_limits && size >= 2 && rank <= 1) {
@@ -242,9 +260,9 @@ int main(int argc, char** argv) {
   barrier();
 
   if (rank == 0) {
-    std::printf("# consort collective_tcp_bench  transport=tcp ranks=%d warmup=%lld iters=%lld "
+    std::printf("# consort collective_tcp_bench  transport=%s ranks=%d warmup=%lld iters=%lld "
                 "busy_poll=%d chunk_bytes=%zu window_bytes=%zu",
-                size, static_cast<long long>(opts.integer("warmup")),
+                transport.c_str(), size, static_cast<long long>(opts.integer("warmup")),
                 static_cast<long long>(opts.integer("iters")), mesh.busy_poll ? 1 : 0,
                 aopts.chunk_bytes, aopts.window_bytes);
     if (opts.integer("large-iters") > 0)
@@ -370,7 +388,7 @@ int main(int argc, char** argv) {
   bool json_ok = true;
   if (rank == 0 && !opts.str("json").empty()) {
     bench::json_object config;
-    config.str("transport", "tcp").num("ranks", size).num("warmup", warmup).num("iters", iters);
+    config.str("transport", transport).num("ranks", size).num("warmup", warmup).num("iters", iters);
     config.num("large_bytes", large_bytes).num("large_iters", large_iters);
     config.num("busy_poll", mesh.busy_poll ? 1 : 0);
     bench::json_object machine;

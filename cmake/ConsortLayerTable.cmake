@@ -34,6 +34,6 @@ set(CONSORT_LAYER_device_HEADERS device.hpp nest.hpp ops.hpp tensor.hpp)
 set(CONSORT_LAYER_cluster_HEADERS cluster.hpp)
 set(CONSORT_LAYER_transport_HEADERS
   transport/algorithms.hpp transport/local.hpp transport/membership.hpp transport/pair.hpp
-  transport/tcp.hpp)
+  transport/shm.hpp transport/tcp.hpp)
 set(CONSORT_LAYER_actors_HEADERS
   consort.hpp cross_device_ops.hpp dataset.hpp regroup.hpp replica_context.hpp strategy.hpp)
