@@ -1,10 +1,12 @@
 // multi_worker_mirrored_strategy: joins the cluster (membership at the chief, then the mesh of
 // TCP connections between workers) and hands the runtime its cross-worker phase (DESIGN.md §5).
 
+#include <consort/caf_error.hpp>
 #include <consort/cluster.hpp>
 #include <consort/device.hpp>
 #include <consort/strategy.hpp>
 #include <consort/transport/membership.hpp>
+#include <consort/transport/shm.hpp>
 #include <consort/transport/tcp.hpp>
 
 #include "actors/cross_worker.hpp"
@@ -16,6 +18,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <mutex>
 #include <set>
 
 namespace consort {
@@ -103,6 +106,46 @@ void warn_if_unauthenticated(const cluster_spec& spec, const std::string& secret
 
 [[noreturn]] void fail(const caf::error& err, const std::string& what) {
   throw to_consort_error(err, what);
+}
+
+/// multi_worker_options::transport, or CONSORT_TRANSPORT, checked.
+std::string transport_choice(const multi_worker_options& mw) {
+  auto choice = mw.transport.empty() ? env_or("CONSORT_TRANSPORT", "auto") : mw.transport;
+  if (choice != "auto" && choice != "tcp" && choice != "shm")
+    throw_error(errc::invalid_argument,
+                std::string{mw.transport.empty() ? "CONSORT_TRANSPORT"
+                                                 : "multi_worker_options::transport"} +
+                    " is \"" + choice + "\"; expected \"auto\", \"tcp\" or \"shm\"");
+  return choice;
+}
+
+/// Every worker's yes or no, agreed over `mesh`: rank 0 gathers the votes and answers with
+/// their AND, so that all workers switch transports together or none does.
+caf::expected<bool> agree(transport::context& mesh, bool vote, transport::deadline until) {
+  constexpr uint64_t tag = 0x5452'4e53'0000'0000; // "TRNS"
+  std::byte mine{static_cast<uint8_t>(vote ? 1 : 0)};
+  if (mesh.rank() == 0) {
+    bool all = vote;
+    for (int p = 1; p < mesh.size(); ++p) {
+      std::byte theirs{};
+      if (auto err = mesh.to(p).recv(tag, {&theirs, 1})->wait(until))
+        return err;
+      all = all && theirs == std::byte{1};
+    }
+    std::byte answer{static_cast<uint8_t>(all ? 1 : 0)};
+    std::vector<transport::operation_ptr> sends;
+    for (int p = 1; p < mesh.size(); ++p)
+      sends.push_back(mesh.to(p).send(tag + 1, {transport::const_bytes{&answer, 1}}));
+    if (auto err = transport::wait_all(sends, until))
+      return err;
+    return all;
+  }
+  if (auto err = mesh.to(0).send(tag, {transport::const_bytes{&mine, 1}})->wait(until))
+    return err;
+  std::byte answer{};
+  if (auto err = mesh.to(0).recv(tag + 1, {&answer, 1})->wait(until))
+    return err;
+  return answer == std::byte{1};
 }
 
 std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
@@ -197,15 +240,27 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
     fail(svc.error(), "joining the cluster as " + to_string(me));
   std::shared_ptr<membership::service> service = std::move(*svc);
 
-  auto cross = std::make_shared<detail::cross_worker>(*ctx, static_cast<int>(devices.size()),
-                                                      mw.close_timeout);
-  // A loss fails the cross-worker phase at once; the lanes and the service outlive no one here:
-  // the runtime stops the service's callbacks (leave) before it stops the lanes.
-  std::weak_ptr<detail::cross_worker> weak = cross;
-  service->on_lost([weak, log](const membership::lost_event& event) {
+  const auto choice = transport_choice(mw);
+  // A loss fails the cross-worker phase at once: before it exists, the contexts that setting it
+  // up waits on; the lanes and the service outlive no one here: the runtime stops the service's
+  // callbacks (leave) before it stops the lanes.
+  struct loss_target {
+    std::mutex mtx;
+    std::string cause;
+    std::weak_ptr<detail::cross_worker> cross;
+    std::vector<transport::context_ptr> contexts;
+  };
+  auto target = std::make_shared<loss_target>();
+  target->contexts.push_back(*ctx);
+  service->on_lost([target, log](const membership::lost_event& event) {
     log("lost " + event.cause);
-    if (auto c = weak.lock())
-      c->abort("lost " + event.cause);
+    std::lock_guard<std::mutex> guard{target->mtx};
+    if (target->cause.empty())
+      target->cause = "lost " + event.cause;
+    if (auto c = target->cross.lock())
+      c->abort(target->cause);
+    for (auto& c : target->contexts)
+      c->abort(target->cause);
   });
   auto view = service->rendezvous();
   if (!view)
@@ -224,6 +279,54 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
                                             " members; expected " + std::to_string(num_workers));
   if (auto err = (*ctx)->connect(addresses))
     fail(err, "connecting to the other workers as " + to_string(me));
+
+  // Shared memory when every worker is on this host and every worker chose it.
+  transport::context_ptr data = *ctx;
+  bool one_host = true;
+  for (const auto& a : addresses)
+    one_host = one_host && host_of(a) == host_of(addresses.front());
+  const auto setup_until = transport::clock::now() + mw.rendezvous_timeout;
+  auto shm_agreed = agree(**ctx, choice != "tcp" && one_host, setup_until);
+  if (!shm_agreed)
+    fail(shm_agreed.error(), "choosing the transport with the other workers as " + to_string(me));
+  if (choice == "shm" && !*shm_agreed)
+    throw_error(errc::invalid_argument,
+                std::string{"the transport is \"shm\" but "} +
+                    (one_host ? "another worker chose \"tcp\""
+                              : "the workers are on several hosts (shared memory needs one)"));
+  if (*shm_agreed) {
+    transport::shm::options so;
+    so.group_id = mesh.group_id;
+    so.epoch = mesh.epoch;
+    so.secret = secret;
+    so.connect_timeout = mw.rendezvous_timeout;
+    auto shm = transport::shm::connect(**ctx, so);
+    if (shm) {
+      {
+        std::lock_guard<std::mutex> guard{target->mtx};
+        target->contexts.push_back(*shm);
+        if (!target->cause.empty())
+          (*shm)->abort(target->cause);
+      }
+      // The mesh has done its part: leave it cleanly, so that no worker logs a broken connection.
+      if (auto err = (*ctx)->close("the workers exchange through shared memory", setup_until))
+        fail(err, "closing the TCP mesh after switching to shared memory as " + to_string(me));
+      data = *shm;
+    } else if (choice == "shm") {
+      fail(shm.error(), "setting up shared memory with the other workers as " + to_string(me));
+    } else {
+      log("shared memory between the workers is unavailable, so they use TCP: " +
+          std::string{to_consort_error(shm.error(), "").what()});
+    }
+  }
+  auto cross = std::make_shared<detail::cross_worker>(data, static_cast<int>(devices.size()),
+                                                      mw.close_timeout);
+  {
+    std::lock_guard<std::mutex> guard{target->mtx};
+    target->cross = cross;
+    if (!target->cause.empty())
+      cross->abort(target->cause);
+  }
 
   detail::multi_worker_setup setup;
   setup.worker_rank = rank;

@@ -315,6 +315,16 @@ struct multi_worker_options {
   /// CONSORT_CLUSTER_SECRET when set, else no authentication.
   std::string secret;
 
+  /// How the workers exchange collective data (docs/multi_worker.md, "Shared memory"):
+  /// - "auto": shared memory when every worker's address (in the chief's view) has the same host,
+  ///   TCP otherwise, and TCP when shared memory cannot be set up (the log says why);
+  /// - "tcp": always TCP (for comparison, or where /dev/shm is too small);
+  /// - "shm": shared memory, and an error when the workers are on several hosts or it cannot be
+  ///   set up.
+  /// Empty: CONSORT_TRANSPORT when set, else "auto". The workers agree before they switch: shared
+  /// memory is used only when every worker chose it ("auto" or "shm" on one host).
+  std::string transport;
+
   /// One line per notable cluster event (missing tasks, refusals, losses). Empty: stderr.
   std::function<void(const std::string&)> log;
 };
