@@ -12,6 +12,7 @@
 #include <consort/transport/shm.hpp>
 
 #include "../auth.hpp"
+#include "device/host_memory.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -452,66 +453,22 @@ private:
 
 using op_ptr = std::shared_ptr<shm_op>;
 
-/// Buffers for messages that arrive before their receive, kept for reuse: a fresh buffer costs
-/// a page fault per 4 KiB on its first write (and glibc returns large freed blocks to the
-/// kernel), which made a 64 MiB ring all-reduce 4x slower before the first warm-up.
-class buffer_pool {
-public:
-  /// At most this many bytes are kept.
-  static constexpr std::size_t max_pooled = std::size_t{64} << 20;
-
-  /// A buffer of at least `n` bytes (uninitialized); `capacity` says how many.
-  std::unique_ptr<std::byte[]> take(std::size_t n, std::size_t& capacity) {
-    capacity = min_buffer;
-    while (capacity < n)
-      capacity <<= 1;
-    {
-      std::lock_guard<std::mutex> guard{mtx_};
-      auto& free = free_[capacity];
-      if (!free.empty()) {
-        auto buffer = std::move(free.back());
-        free.pop_back();
-        pooled_ -= capacity;
-        return buffer;
-      }
-    }
-    return std::unique_ptr<std::byte[]>(new std::byte[capacity]);
-  }
-
-  void give(std::unique_ptr<std::byte[]> buffer, std::size_t capacity) {
-    std::lock_guard<std::mutex> guard{mtx_};
-    if (pooled_ + capacity > max_pooled)
-      return;
-    pooled_ += capacity;
-    free_[capacity].push_back(std::move(buffer));
-  }
-
-private:
-  static constexpr std::size_t min_buffer = 4096;
-  std::mutex mtx_;
-  std::unordered_map<std::size_t, std::vector<std::unique_ptr<std::byte[]>>> free_;
-  std::size_t pooled_ = 0;
-};
-
-/// A message that arrived before its receive was posted; its buffer goes back to the pool.
+/// A message that arrived before its receive was posted. Its buffer comes from the host block
+/// cache (device/host_memory.hpp), as the TCP transport's: a fresh buffer per message costs a
+/// page fault per 4 KiB on its first write, which made a 64 MiB ring all-reduce 4x slower.
 struct stash {
-  stash(uint64_t tag, std::size_t size, std::shared_ptr<buffer_pool> pool)
-      : tag(tag), size(size), pool(std::move(pool)) {
-    bytes = this->pool->take(size, capacity);
+  stash(uint64_t tag, std::size_t size) : tag(tag), size(size) {
+    if (size > 0)
+      block = consort::detail::host_block(size);
   }
-  ~stash() { pool->give(std::move(bytes), capacity); }
-  stash(const stash&) = delete;
-  stash& operator=(const stash&) = delete;
 
-  std::byte* data() { return bytes.get(); }
+  std::byte* data() { return block.data(); }
   bool complete() const { return got == size; }
 
   uint64_t tag;
   std::size_t size;
   std::size_t got = 0;
-  std::shared_ptr<buffer_pool> pool;
-  std::size_t capacity = 0;
-  std::unique_ptr<std::byte[]> bytes;
+  consort::detail::host_block block;
 };
 
 using stash_ptr = std::shared_ptr<stash>;
@@ -776,7 +733,7 @@ private:
         fail_mismatch(*op, h.bytes); // the message is dropped
       return;
     }
-    auto s = std::make_shared<stash>(h.tag, static_cast<std::size_t>(h.bytes), pool_);
+    auto s = std::make_shared<stash>(h.tag, static_cast<std::size_t>(h.bytes));
     l.stashed[h.tag].push_back(s);
     l.current_stash = std::move(s);
   }
@@ -1049,7 +1006,6 @@ private:
   std::thread progress_;
   std::atomic<bool> stop_{false};
 
-  std::shared_ptr<buffer_pool> pool_ = std::make_shared<buffer_pool>();
   std::mutex state_mtx_;
   bool aborted_ = false;
   bool closed_ = false;
