@@ -434,6 +434,8 @@ public:
   std::size_t received = 0;
   /// A send that was queued: counted in the context's backlog until it completes.
   bool in_backlog = false;
+  /// Bytes a send owns (a goodbye's reason); `parts` may point into them.
+  std::string owned;
 
 private:
   caf::error result() const {
@@ -1133,27 +1135,30 @@ caf::error shm_context::close(const std::string& reason, deadline until) {
     closed_ = true;
   }
   // Pending receives end; posted sends go on, followed by the goodbye.
-  std::vector<op_ptr> goodbyes;
-  const std::string text = reason.substr(0, 4096);
   for (auto& l : links_) {
     if (l.rank < 0)
       continue;
+    bool lost;
     {
       std::lock_guard<std::mutex> guard{l.in_mtx};
       for (auto& [tag, ops] : l.posted)
         for (auto& op : ops)
           op->fail(errc::shutdown, "this rank has left the group (close was called)");
       l.posted.clear();
+      // A peer that left still reads until it has this rank's goodbye; a lost one reads nothing.
+      lost = l.failed.load(std::memory_order_acquire) && !l.goodbye;
     }
+    if (lost)
+      continue;
     auto op = std::make_shared<shm_op>(weak_from_this(), seg_, waiters_, true, rank_, l.rank, 0,
                                        opts_.spin, opts_.liveness_interval);
-    op->parts = {const_bytes{reinterpret_cast<const std::byte*>(text.data()), text.size()}};
-    op->header = {0, text.size(), goodbye_frame, 0};
+    // The goodbye owns its text: it may still be queued when close gives up.
+    op->owned = reason.substr(0, 4096);
+    op->parts = {
+        const_bytes{reinterpret_cast<const std::byte*>(op->owned.data()), op->owned.size()}};
+    op->header = {0, op->owned.size(), goodbye_frame, 0};
     std::lock_guard<std::mutex> guard{l.out_mtx};
-    if (l.failed.load(std::memory_order_acquire))
-      continue;
     l.out_queue.push_back(op);
-    goodbyes.push_back(op);
   }
   auto& me = seg_->block(rank_);
   ring_bell(me);

@@ -72,7 +72,9 @@ std::string unavailable_reason();
 /// returns this rank's context, with the same rank numbers. Rank 0 creates the segment and tells
 /// the others its name through `bootstrap` (tags 0x5348'4d00'0000'0000 and up); each maps it and
 /// answers; rank 0 then unlinks it and lets everyone go. Collective: every rank of `bootstrap`
-/// must call it with the same options.
+/// must call it with the same options. Close `bootstrap` cleanly afterwards (its `close`), or keep
+/// it: destroyed at once, a TCP context may reset a connection whose last message (rank 0's "go")
+/// a peer has not read yet.
 /// Errors: `invalid_argument` for bad options (naming the field), `peer_lost` when the segment
 /// cannot be created or mapped (no /dev/shm, no space: the message says which; callers fall
 /// back to TCP), `collective_timeout` when a rank does not answer within `connect_timeout`.
