@@ -49,7 +49,7 @@ unit_binaries='^consort_(core|actors|transport)_tests$'
 # The 1M-element all-reduce sweeps: most of the unit tests' time under ASan; the same code paths
 # run, chunked, at 1001 elements, and the 64 MiB all-reduce still runs. (Left out for CI's time
 # budget: the whole .ci/run took 27.8 minutes of its 30 with them at 2 to 3 ranks.)
-large_sweeps='^(Direct|OutOfPlace)?(RanksAndCounts|Large)/AllReduceSweepTest\..*Ranks1048579Elements'
+large_sweeps='^(Direct|OutOfPlace|Shm)?(RanksAndCounts|Large)/AllReduceSweepTest\..*Ranks1048579Elements'
 # Under TSan (5-20x slower on memory-bound loops) also every 1M-element sweep and the two 64 MiB
 # transfers: 60 % of its time for no new interleavings (the chunked paths run at 1001 elements with
 # small chunks).

@@ -1,12 +1,16 @@
 // The collective algorithms over the in-memory transport: one thread per rank, swept over ranks
 // 1..8, element counts 0, 1, 7, 1001 and 2^20 + 3, every dtype and reduce op, against a
 // sequential reference; ragged all-gather; broadcast from every root; concurrent tags; a silent
-// rank; an aborted rank. Nothing sleeps: every wait is an operation with a deadline.
+// rank; an aborted rank. The all-reduce, all-gather and broadcast sweeps also run over the
+// shared-memory transport (the Shm* instantiations, on fewer rank counts), with rings of 64 KiB
+// that the large messages stream through. Nothing sleeps: every wait is an operation with a
+// deadline.
 
 #include <consort/caf_error.hpp>
 #include <consort/error.hpp>
 #include <consort/transport/algorithms.hpp>
 #include <consort/transport/local.hpp>
+#include <consort/transport/shm.hpp>
 
 #include <caf/error.hpp>
 
@@ -49,6 +53,24 @@ std::string text_of(const caf::error& err) {
 
 bool mentions(const caf::error& err, const std::string& fragment) {
   return text_of(err).find(fragment) != std::string::npos;
+}
+
+/// The transport that a sweep runs its group over.
+enum class transport_kind { local, shm };
+
+/// A group of `n` ranks (threads of this process) over `kind`. Shared memory gets rings of
+/// 64 KiB, so that the large messages of the sweeps stream through a ring many times.
+std::vector<context_ptr> make_group_over(transport_kind kind, int n) {
+  if (kind == transport_kind::local)
+    return local::make_group(n);
+  shm::options opts;
+  opts.ring_bytes = size_t{64} << 10;
+  return shm::make_group(n, opts);
+}
+
+/// Why this machine cannot run a group over `kind` (a test then skips); empty when it can.
+std::string unavailable(transport_kind kind) {
+  return kind == transport_kind::shm ? shm::unavailable_reason() : std::string{};
 }
 
 /// Runs `fn(rank)` on one thread per rank of `group`; returns each rank's error.
@@ -204,7 +226,8 @@ std::vector<T> reference(reduce_op op, const std::vector<std::vector<T>>& inputs
 }
 
 template <class T>
-void expect_all_reduce(algo a, int n, size_t count, reduce_op op, const algorithm_options& opts) {
+void expect_all_reduce(transport_kind kind, algo a, int n, size_t count, reduce_op op,
+                       const algorithm_options& opts) {
   SCOPED_TRACE(std::string{to_string(dtype_of<T>)} + " " + consort::to_string(op));
   std::vector<std::vector<T>> data(static_cast<size_t>(n), std::vector<T>(count));
   for (int r = 0; r < n; ++r)
@@ -212,7 +235,7 @@ void expect_all_reduce(algo a, int n, size_t count, reduce_op op, const algorith
       data[static_cast<size_t>(r)][i] = input_value<T>(op, r, i);
   const bool rejected = op == reduce_op::mean && !std::is_floating_point_v<T>;
   const auto expected = rejected ? std::vector<T>{} : reference(op, data);
-  auto group = local::make_group(n);
+  auto group = make_group_over(kind, n);
   auto errors = on_ranks(group, [&](int r) {
     return run_all_reduce(a, group[static_cast<size_t>(r)], data[static_cast<size_t>(r)].data(),
                           count, dtype_of<T>, op, opts);
@@ -229,19 +252,19 @@ void expect_all_reduce(algo a, int n, size_t count, reduce_op op, const algorith
   }
 }
 
-void expect_all_reduce(algo a, int n, size_t count, dtype type, reduce_op op,
+void expect_all_reduce(transport_kind kind, algo a, int n, size_t count, dtype type, reduce_op op,
                        const algorithm_options& opts) {
   switch (type) {
   case dtype::float32:
-    return expect_all_reduce<float>(a, n, count, op, opts);
+    return expect_all_reduce<float>(kind, a, n, count, op, opts);
   case dtype::float64:
-    return expect_all_reduce<double>(a, n, count, op, opts);
+    return expect_all_reduce<double>(kind, a, n, count, op, opts);
   case dtype::int32:
-    return expect_all_reduce<int32_t>(a, n, count, op, opts);
+    return expect_all_reduce<int32_t>(kind, a, n, count, op, opts);
   case dtype::int64:
-    return expect_all_reduce<int64_t>(a, n, count, op, opts);
+    return expect_all_reduce<int64_t>(kind, a, n, count, op, opts);
   case dtype::uint8:
-    return expect_all_reduce<uint8_t>(a, n, count, op, opts);
+    return expect_all_reduce<uint8_t>(kind, a, n, count, op, opts);
   case dtype::boolean:
     break;
   }
@@ -253,10 +276,13 @@ constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::mean, reduce_op::min
                                  reduce_op::prod};
 constexpr size_t large_count = (size_t{1} << 20) + 3;
 
-class AllReduceSweepTest : public ::testing::TestWithParam<std::tuple<algo, int, size_t>> {};
+class AllReduceSweepTest
+    : public ::testing::TestWithParam<std::tuple<transport_kind, algo, int, size_t>> {};
 
 TEST_P(AllReduceSweepTest, MatchesASequentialReductionForEveryDtypeAndOp) {
-  const auto [a, n, count] = GetParam();
+  const auto [kind, a, n, count] = GetParam();
+  if (auto why = unavailable(kind); !why.empty())
+    GTEST_SKIP() << why;
   algorithm_options opts;
   opts.tag = 42;
   // Small chunks below the large size, so that even 1001 elements go through many pipelined
@@ -269,19 +295,29 @@ TEST_P(AllReduceSweepTest, MatchesASequentialReductionForEveryDtypeAndOp) {
   // The dispatcher picks recursive doubling above 4 ranks, the direct exchange up to 4, and the
   // ring for the large count.
   opts.direct_max_ranks = 4;
+  // Over shared memory, the large count reduces with SUM only, in every dtype (1 to 8 MiB per
+  // rank through the rings): the transport moves bytes whatever the op, and the other ops at that
+  // count are the local sweep's (each op there costs as much CPU as the whole transport check).
+  const bool every_op = kind == transport_kind::local || count < large_count;
   for (auto type : all_dtypes)
     for (auto op : all_ops)
-      expect_all_reduce(a, n, count, type, op, opts);
+      if (every_op || op == reduce_op::sum)
+        expect_all_reduce(kind, a, n, count, type, op, opts);
 }
 
-std::string sweep_name(const ::testing::TestParamInfo<std::tuple<algo, int, size_t>>& info) {
-  return std::string{to_string(std::get<0>(info.param))} + std::to_string(std::get<1>(info.param)) +
-         "Ranks" + std::to_string(std::get<2>(info.param)) + "Elements";
+/// The transport is in the instantiation's name (Shm...), not in the test's.
+std::string
+sweep_name(const ::testing::TestParamInfo<std::tuple<transport_kind, algo, int, size_t>>& info) {
+  return std::string{to_string(std::get<1>(info.param))} + std::to_string(std::get<2>(info.param)) +
+         "Ranks" + std::to_string(std::get<3>(info.param)) + "Elements";
 }
+
+constexpr auto over_local = transport_kind::local;
 
 INSTANTIATE_TEST_SUITE_P(
     RanksAndCounts, AllReduceSweepTest,
-    ::testing::Combine(::testing::Values(algo::ring, algo::doubling, algo::dispatcher),
+    ::testing::Combine(::testing::Values(over_local),
+                       ::testing::Values(algo::ring, algo::doubling, algo::dispatcher),
                        ::testing::Range(1, 9), ::testing::Values(0, 1, 7, 1001, large_count)),
     sweep_name);
 // The direct exchange sends every rank's whole vector to every other rank, O(ranks^2) bytes: the
@@ -289,22 +325,42 @@ INSTANTIATE_TEST_SUITE_P(
 // ranks (at 5-8 ranks it took 72 of the suite's CPU seconds and tests no other code: 1001
 // elements in 24-byte chunks already cover its chunking at every rank count).
 INSTANTIATE_TEST_SUITE_P(DirectRanksAndCounts, AllReduceSweepTest,
-                         ::testing::Combine(::testing::Values(algo::direct), ::testing::Range(1, 9),
+                         ::testing::Combine(::testing::Values(over_local),
+                                            ::testing::Values(algo::direct), ::testing::Range(1, 9),
                                             ::testing::Values(0, 1, 7, 1001)),
                          sweep_name);
 // The ring out of place (input only read, output poisoned first): the same sweep on fewer ranks.
 INSTANTIATE_TEST_SUITE_P(OutOfPlace, AllReduceSweepTest,
-                         ::testing::Combine(::testing::Values(algo::ring_out_of_place),
+                         ::testing::Combine(::testing::Values(over_local),
+                                            ::testing::Values(algo::ring_out_of_place),
                                             ::testing::Values(1, 2, 3, 5),
                                             ::testing::Values(0, 1, 7, 1001)),
                          sweep_name);
 INSTANTIATE_TEST_SUITE_P(OutOfPlaceLarge, AllReduceSweepTest,
-                         ::testing::Combine(::testing::Values(algo::ring_out_of_place),
+                         ::testing::Combine(::testing::Values(over_local),
+                                            ::testing::Values(algo::ring_out_of_place),
                                             ::testing::Values(2, 3),
                                             ::testing::Values(large_count)),
                          sweep_name);
 INSTANTIATE_TEST_SUITE_P(DirectLarge, AllReduceSweepTest,
-                         ::testing::Combine(::testing::Values(algo::direct), ::testing::Range(1, 5),
+                         ::testing::Combine(::testing::Values(over_local),
+                                            ::testing::Values(algo::direct), ::testing::Range(1, 5),
+                                            ::testing::Values(large_count)),
+                         sweep_name);
+// Over shared memory: on 2, 3, 5 and 8 ranks at 0 elements (empty messages), 7 (fewer elements
+// than ranks: empty segments) and 1001 (in 24-byte chunks: hundreds of small messages per run);
+// the direct exchange through the dispatcher, which picks it up to 4 ranks. The large count, which
+// streams through the 64 KiB rings, on 2 and 5 ranks.
+INSTANTIATE_TEST_SUITE_P(
+    ShmRanksAndCounts, AllReduceSweepTest,
+    ::testing::Combine(::testing::Values(transport_kind::shm),
+                       ::testing::Values(algo::ring, algo::doubling, algo::dispatcher),
+                       ::testing::Values(2, 3, 5, 8), ::testing::Values(0, 7, 1001)),
+    sweep_name);
+INSTANTIATE_TEST_SUITE_P(ShmLarge, AllReduceSweepTest,
+                         ::testing::Combine(::testing::Values(transport_kind::shm),
+                                            ::testing::Values(algo::ring, algo::doubling),
+                                            ::testing::Values(2, 5),
                                             ::testing::Values(large_count)),
                          sweep_name);
 
@@ -541,10 +597,13 @@ std::vector<std::byte> contribution(int rank, size_t size) {
   return out;
 }
 
-class AllGatherSweepTest : public ::testing::TestWithParam<std::tuple<int, sizes_kind>> {};
+class AllGatherSweepTest
+    : public ::testing::TestWithParam<std::tuple<transport_kind, int, sizes_kind>> {};
 
 TEST_P(AllGatherSweepTest, ConcatenatesEveryContributionInRankOrder) {
-  const auto [n, kind] = GetParam();
+  const auto [over, n, kind] = GetParam();
+  if (auto why = unavailable(over); !why.empty())
+    GTEST_SKIP() << why;
   const auto sizes = sizes_for(kind, n);
   std::vector<std::vector<std::byte>> inputs;
   std::vector<std::byte> expected;
@@ -556,7 +615,7 @@ TEST_P(AllGatherSweepTest, ConcatenatesEveryContributionInRankOrder) {
   opts.tag = 5;
   if (kind != sizes_kind::large)
     opts.chunk_bytes = 100;
-  auto group = local::make_group(n);
+  auto group = make_group_over(over, n);
   // Sizes exchanged by the helper.
   std::vector<std::vector<std::byte>> outputs(static_cast<size_t>(n));
   std::vector<std::vector<size_t>> seen(static_cast<size_t>(n));
@@ -590,15 +649,25 @@ TEST_P(AllGatherSweepTest, ConcatenatesEveryContributionInRankOrder) {
   }
 }
 
+std::string
+gather_name(const ::testing::TestParamInfo<std::tuple<transport_kind, int, sizes_kind>>& info) {
+  return std::to_string(std::get<1>(info.param)) + "Ranks" + to_string(std::get<2>(info.param));
+}
+
 INSTANTIATE_TEST_SUITE_P(RanksAndSizes, AllGatherSweepTest,
-                         ::testing::Combine(::testing::Range(1, 9),
+                         ::testing::Combine(::testing::Values(over_local), ::testing::Range(1, 9),
                                             ::testing::Values(sizes_kind::equal, sizes_kind::ragged,
                                                               sizes_kind::zeros,
                                                               sizes_kind::large)),
-                         [](const auto& info) {
-                           return std::to_string(std::get<0>(info.param)) + "Ranks" +
-                                  to_string(std::get<1>(info.param));
-                         });
+                         gather_name);
+// Over shared memory on fewer rank counts (a group of one sends nothing).
+INSTANTIATE_TEST_SUITE_P(ShmRanksAndSizes, AllGatherSweepTest,
+                         ::testing::Combine(::testing::Values(transport_kind::shm),
+                                            ::testing::Values(2, 3, 5, 8),
+                                            ::testing::Values(sizes_kind::equal, sizes_kind::ragged,
+                                                              sizes_kind::zeros,
+                                                              sizes_kind::large)),
+                         gather_name);
 
 TEST(AllGatherTest, MismatchedArgumentsAreRejected) {
   auto group = local::make_group(2);
@@ -648,15 +717,18 @@ caf::error run_broadcast(cast c, const context_ptr& ctx, mutable_bytes data, int
   return {};
 }
 
-class BroadcastSweepTest : public ::testing::TestWithParam<std::tuple<cast, int, size_t>> {};
+class BroadcastSweepTest
+    : public ::testing::TestWithParam<std::tuple<transport_kind, cast, int, size_t>> {};
 
 TEST_P(BroadcastSweepTest, EveryRankGetsTheRootsBytesFromEveryRoot) {
-  const auto [c, n, size] = GetParam();
+  const auto [kind, c, n, size] = GetParam();
+  if (auto why = unavailable(kind); !why.empty())
+    GTEST_SKIP() << why;
   algorithm_options opts;
   opts.tag = 9;
   opts.chunk_bytes = size < large_count ? 100 : size_t{256} << 10;
   opts.tree_max_bytes = 1001; // the dispatcher: tree up to 1001 bytes, chain above
-  auto group = local::make_group(n);
+  auto group = make_group_over(kind, n);
   for (int root = 0; root < n; ++root) {
     SCOPED_TRACE("root " + std::to_string(root));
     std::vector<std::vector<std::byte>> data(static_cast<size_t>(n));
@@ -676,15 +748,26 @@ TEST_P(BroadcastSweepTest, EveryRankGetsTheRootsBytesFromEveryRoot) {
   }
 }
 
+std::string broadcast_name(
+    const ::testing::TestParamInfo<std::tuple<transport_kind, cast, int, size_t>>& info) {
+  return std::string{to_string(std::get<1>(info.param))} + std::to_string(std::get<2>(info.param)) +
+         "Ranks" + std::to_string(std::get<3>(info.param)) + "Bytes";
+}
+
 INSTANTIATE_TEST_SUITE_P(
     RanksAndSizes, BroadcastSweepTest,
-    ::testing::Combine(::testing::Values(cast::tree, cast::chain, cast::dispatcher),
+    ::testing::Combine(::testing::Values(over_local),
+                       ::testing::Values(cast::tree, cast::chain, cast::dispatcher),
                        ::testing::Range(1, 9), ::testing::Values(0, 1, 7, 1001, large_count)),
-    [](const auto& info) {
-      return std::string{to_string(std::get<0>(info.param))} +
-             std::to_string(std::get<1>(info.param)) + "Ranks" +
-             std::to_string(std::get<2>(info.param)) + "Bytes";
-    });
+    broadcast_name);
+// Over shared memory on fewer rank counts and sizes: empty, small, chunked (1001 bytes in 100-byte
+// chunks) and large (256 KiB chunks through 64 KiB rings).
+INSTANTIATE_TEST_SUITE_P(
+    ShmRanksAndSizes, BroadcastSweepTest,
+    ::testing::Combine(::testing::Values(transport_kind::shm),
+                       ::testing::Values(cast::tree, cast::chain, cast::dispatcher),
+                       ::testing::Values(2, 3, 5, 8), ::testing::Values(0, 7, 1001, large_count)),
+    broadcast_name);
 
 TEST(BroadcastTest, ARootOutOfRangeIsRejected) {
   auto group = local::make_group(3);
