@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# user_path.sh: the cross-worker collectives three ways in one run (issue 12), for N workers on
-# this host: consort's user path (strategy_collective_bench: multi_worker_mirrored_strategy,
-# strategy.run + ctx.all_reduce), consort's raw algorithm over its TCP transport
-# (collective_tcp_bench) and torch.distributed's gloo (torch_gloo_bench.py). Prints one table per
-# collective: size | user path p50 | whole strategy.run p50 | raw p50 | gloo p50 | user/raw |
-# user/gloo, then the issue's target rows.
+# user_path.sh: the cross-worker collectives three ways in one run (issues 12 and 16), for N
+# workers on this host: consort's user path (strategy_collective_bench:
+# multi_worker_mirrored_strategy, strategy.run + ctx.all_reduce) once per transport the workers
+# can use (shared memory and TCP, set with CONSORT_TRANSPORT), consort's raw algorithm over its TCP
+# transport (collective_tcp_bench) and torch.distributed's gloo (torch_gloo_bench.py). Prints one
+# table per collective: size | user path p50 per transport | whole strategy.run p50 | raw p50 |
+# gloo p50 | each user path / raw | each / gloo, then the issues' target rows.
 #
 # Usage:
 #   bash bench/user_path.sh N [--min-bytes 4] [--max-bytes 64M] [--factor 4] [--warmup 2]
 #        [--iters 25] [--large-bytes 4M] [--large-iters 5] [--rounds 4]
 #        [--ops all_reduce,all_gather,broadcast] [--bin-dir build/bench] [--gloo auto|off]
-#        [--out DIR] [--timeout SECONDS] [--max-other 0.3] [--retries 2]
+#        [--out DIR] [--timeout SECONDS] [--max-other 0.3] [--retries 2] [--transports shm,tcp]
 #
 # Interleaving: every round runs, for each collective, the three programs one after the other
 # (each a full sweep of that collective's sizes under tools/consort-launch), the order rotating
@@ -46,7 +47,7 @@ shift
 min_bytes=4 max_bytes=64M factor=4 warmup=2 iters=25 large_bytes=4M large_iters=5 rounds=4
 ops=all_reduce,all_gather,broadcast
 bin_dir=${BUILD_DIR:-$root/build}/bench
-gloo=auto out="" timeout_s=900 max_other=0.3 retries=2
+gloo=auto out="" timeout_s=900 max_other=0.3 retries=2 transports=shm,tcp
 while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || { echo "user_path.sh: option $1 needs a value" >&2; exit 2; }
   case "$1" in
@@ -65,6 +66,7 @@ while [ $# -gt 0 ]; do
     --timeout) timeout_s=$2 ;;
     --max-other) max_other=$2 ;;
     --retries) retries=$2 ;;
+    --transports) transports=$2 ;;
     *) echo "user_path.sh: unknown option '$1'" >&2; usage ;;
   esac
   shift 2
@@ -72,6 +74,11 @@ done
 [[ "$rounds" =~ ^[0-9]+$ ]] && [ "$rounds" -ge 1 ] ||
   { echo "user_path.sh: --rounds needs a count >= 1, got '$rounds'" >&2; exit 2; }
 case "$gloo" in auto|off) ;; *) echo "user_path.sh: --gloo is auto or off" >&2; exit 2 ;; esac
+IFS=, read -r -a transport_list <<<"$transports"
+[ "${#transport_list[@]}" -ge 1 ] || { echo "user_path.sh: --transports is empty" >&2; exit 2; }
+for t in "${transport_list[@]}"; do
+  case "$t" in shm|tcp) ;; *) echo "user_path.sh: --transports takes shm and tcp, got '$t'" >&2; exit 2 ;; esac
+done
 
 launcher=$root/tools/consort-launch
 user_bin=$bin_dir/strategy_collective_bench
@@ -107,11 +114,11 @@ print(torch.__version__)' 2>&1); then
 fi
 
 [ -n "$out" ] || out=$(mktemp -d /tmp/user_path.XXXXXX)
-mkdir -p "$out" && rm -f "$out"/{user,raw,gloo}_*_r*.json || exit 1
+mkdir -p "$out" && rm -f "$out"/{user,user-shm,user-tcp,raw,gloo}_*_r*.json || exit 1
 common=(--min-bytes "$min_bytes" --max-bytes "$max_bytes" --factor "$factor" --warmup "$warmup"
   --iters "$iters" --large-bytes "$large_bytes" --large-iters "$large_iters")
 
-echo "# consort user_path.sh  workers=$workers rounds=$rounds ops=$ops sizes=$min_bytes..$max_bytes x$factor warmup=$warmup iters=$iters (from $large_bytes: $large_iters)"
+echo "# consort user_path.sh  workers=$workers transports=$transports rounds=$rounds ops=$ops sizes=$min_bytes..$max_bytes x$factor warmup=$warmup iters=$iters (from $large_bytes: $large_iters)"
 echo "# machine: nproc=$(nproc) cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1) load=$(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# commit: $(git -C "$root" log -1 --format='%h %s' 2>/dev/null | cut -c1-90)"
 echo "# $gloo_note"
@@ -164,7 +171,9 @@ run_one() {
 }
 
 IFS=, read -r -a op_list <<<"$ops"
-programs=(user raw)
+programs=()
+for t in "${transport_list[@]}"; do programs+=("user-$t"); done
+programs+=(raw)
 [ -n "$torch_py" ] && programs+=(gloo)
 limits=1
 for ((r = 1; r <= rounds; r++)); do
@@ -174,7 +183,7 @@ for ((r = 1; r <= rounds; r++)); do
     for ((i = 0; i < k; i++)); do
       p=${programs[$(((i + r - 1 + o) % k))]}
       case $p in
-        user) run_one user "$op" "$r" "$user_bin" "${common[@]}" ;;
+        user-*) CONSORT_TRANSPORT=${p#user-} run_one "$p" "$op" "$r" "$user_bin" "${common[@]}" ;;
         raw)
           # The TCP limits (stream, ping-pong) once, on the first raw run.
           run_one raw "$op" "$r" "$raw_bin" "${common[@]}" --limits "$limits"
@@ -186,10 +195,11 @@ for ((r = 1; r <= rounds; r++)); do
 done
 
 echo "# load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg); runs kept with other work > $max_other CPUs: $noisy"
-python3 - "$out" "$workers" "$ops" <<'EOF' || failed=1
+python3 - "$out" "$workers" "$ops" "$transports" <<'EOF' || failed=1
 import glob, json, math, os, sys
 
 out, workers, ops = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
+users = ["user-" + t for t in sys.argv[4].split(",")]
 
 def p50(values):
     s = sorted(values)
@@ -197,8 +207,8 @@ def p50(values):
         return None
     return s[min(max(math.ceil(0.5 * len(s)), 1), len(s)) - 1]
 
-# samples[(program, op, size)] -> pooled samples (us); run[(op, size)] -> whole strategy.run;
-# per_round[(program, op, size)] -> the p50 of each round
+# samples[(program, op, size)] -> pooled samples (us); runs[(program, op, size)] -> whole
+# strategy.run; per_round[(program, op, size)] -> the p50 of each round
 samples, runs, per_round, wrong, limits = {}, {}, {}, 0, None
 for path in sorted(glob.glob(os.path.join(out, "*.json"))):
     program = os.path.basename(path).split("_")[0]
@@ -213,67 +223,88 @@ for path in sorted(glob.glob(os.path.join(out, "*.json"))):
         samples.setdefault(key, []).extend(row["samples_us"])
         per_round.setdefault(key, []).append(p50(row["samples_us"]))
         if "run_samples_us" in row:
-            runs.setdefault((row["op"], row["size"]), []).extend(row["run_samples_us"])
+            runs.setdefault(key, []).extend(row["run_samples_us"])
 
 have_gloo = any(k[0] == "gloo" for k in samples)
 def fmt(v, width=11, decimals=1):
     return ("%*.*f" % (width, decimals, v)) if v is not None else "%*s" % (width, "-")
 def ratio(a, b):
     return a / b if a is not None and b else None
+def short(program):
+    return program.split("-", 1)[1]
 
 print("#")
 if limits:
     print("# TCP limits (raw run, ranks 0 <-> 1, blocking sockets): stream %.2f GB/s, 8-byte "
           "ping-pong p50 %.1f us" % (limits["tcp_stream_gbs"], limits["pingpong_p50_us"]))
-print("# p50 in us over every sample of every round; user = the ctx.<collective> call inside the "
-      "step, run = the whole strategy.run,")
-print("# raw = collective_tcp_bench (transport/algorithms over transport/tcp), gloo = "
-      "torch.distributed gloo; rank 0 after a barrier")
+print("# p50 in us over every sample of every round; shm / tcp = the ctx.<collective> call inside "
+      "the step with CONSORT_TRANSPORT=shm / tcp,")
+print("# run = the whole strategy.run (first transport), raw = collective_tcp_bench "
+      "(transport/algorithms over transport/tcp),")
+print("# gloo = torch.distributed gloo; rank 0 after a barrier")
 found = {}
 for op in ops:
     sizes = sorted({k[2] for k in samples if k[1] == op})
     if not sizes:
         continue
     print("#\n# %s, %d workers" % (op, workers))
-    print("#%11s %11s %11s %11s %11s %9s %9s" % ("size (B)", "user p50", "run p50", "raw p50",
-                                              "gloo p50", "user/raw", "user/gloo"))
+    head = ["size (B)"] + ["%s p50" % short(u) for u in users] + ["run p50", "raw p50", "gloo p50"]
+    head += ["%s/raw" % short(u) for u in users] + ["%s/gloo" % short(u) for u in users]
+    print("#" + " ".join("%11s" % h for h in head[:len(users) + 4]) + " " +
+          " ".join("%9s" % h for h in head[len(users) + 4:]))
     for size in sizes:
-        u = p50(samples.get(("user", op, size), []))
-        run = p50(runs.get((op, size), []))
+        u = {prog: p50(samples.get((prog, op, size), [])) for prog in users}
+        run = p50(runs.get((users[0], op, size), []))
         raw = p50(samples.get(("raw", op, size), []))
         g = p50(samples.get(("gloo", op, size), [])) if have_gloo else None
         found[(op, size)] = (u, raw, g)
-        print(" %11d %s %s %s %s %s %s" % (size, fmt(u), fmt(run), fmt(raw), fmt(g),
-                                           fmt(ratio(u, raw), 9, 2), fmt(ratio(u, g), 9, 2)))
+        cells = [fmt(u[prog]) for prog in users] + [fmt(run), fmt(raw), fmt(g)]
+        cells += [fmt(ratio(u[prog], raw), 9, 2) for prog in users]
+        cells += [fmt(ratio(u[prog], g), 9, 2) for prog in users]
+        print(" %11d %s" % (size, " ".join(cells)))
 
-print("#\n# Targets (issue 12; these compare p50s of this run)")
+print("#\n# Targets (issues 12 and 16; these compare p50s of this run)")
 small = min((s for (o, s) in found if o == "all_reduce"), default=None)
 large = (64 << 20) if ("all_reduce", 64 << 20) in found else None
+# Against the raw TCP algorithm, the user path over the same transport.
+same = "user-tcp" if "user-tcp" in users else users[0]
 def verdict(v, limit):
     return "-" if v is None else ("met" if v <= limit else "NOT MET")
+def show(v):
+    return "-" if v is None else "%.2f" % v
 def rounds_of(op, size):
     parts = []
-    for program in ("user", "raw", "gloo"):
+    for program in users + ["raw", "gloo"]:
         if (program, op, size) in per_round:
             parts.append("%s %s" % (program, " ".join("%.1f" % v for v in
                                                       per_round[(program, op, size)])))
     print("#     p50 of each round (us): " + "; ".join(parts))
 if small is not None:
     u, raw, g = found[("all_reduce", small)]
-    print("#   all_reduce %d B, %d workers: user/raw %.2f <= 2: %s" %
-          (small, workers, ratio(u, raw), verdict(ratio(u, raw), 2.0)))
+    print("#   all_reduce %d B, %d workers: %s/raw %s <= 2: %s" %
+          (small, workers, short(same), show(ratio(u[same], raw)),
+           verdict(ratio(u[same], raw), 2.0)))
     rounds_of("all_reduce", small)
     if workers == 2:
-        if g is not None:
-            print("#   all_reduce %d B, 2 workers: user/gloo %.2f <= 0.5: %s" %
-                  (small, ratio(u, g), verdict(ratio(u, g), 0.5)))
-        else:
-            print("#   all_reduce %d B, 2 workers: user/gloo <= 0.5: not evaluated (no gloo run)" %
-                  small)
+        for prog in users:
+            if g is not None:
+                print("#   all_reduce %d B, 2 workers: %s/gloo %s <= 0.5: %s" %
+                      (small, short(prog), show(ratio(u[prog], g)),
+                       verdict(ratio(u[prog], g), 0.5)))
+            else:
+                print("#   all_reduce %d B, 2 workers: %s/gloo <= 0.5: not evaluated (no gloo "
+                      "run)" % (small, short(prog)))
 if large is not None:
     u, raw, g = found[("all_reduce", large)]
-    print("#   all_reduce 64 MiB, %d workers: user/raw %.2f <= 1.1: %s" %
-          (workers, ratio(u, raw), verdict(ratio(u, raw), 1.1)))
+    print("#   all_reduce 64 MiB, %d workers: %s/raw %s <= 1.1: %s" %
+          (workers, short(same), show(ratio(u[same], raw)), verdict(ratio(u[same], raw), 1.1)))
+    # Issue 16: over TCP at most gloo's time, over shared memory at most 0.6 of it.
+    for prog, limit in (("user-tcp", 1.0), ("user-shm", 0.6)):
+        if prog in users:
+            print("#   all_reduce 64 MiB, %d workers: %s/gloo %s <= %.1f: %s" %
+                  (workers, short(prog), show(ratio(u[prog], g)), limit,
+                   verdict(ratio(u[prog], g), limit) if g is not None else "not evaluated "
+                   "(no gloo run)"))
     rounds_of("all_reduce", large)
 else:
     print("#   all_reduce 64 MiB: not evaluated (needs --max-bytes 64M)")
