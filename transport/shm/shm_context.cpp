@@ -592,6 +592,10 @@ public:
   void make_pairs();
 
   operation_ptr send(int peer, uint64_t tag, std::vector<const_bytes> parts);
+  /// A new send or receive of this rank with `peer`.
+  op_ptr new_op(bool is_send, int peer, uint64_t tag);
+  /// Fails `op` when the context takes no new operations (aborted, closed); whether it did.
+  bool fail_if_refused(shm_op& op);
   operation_ptr recv(int peer, uint64_t tag, mutable_bytes into, bool at_most);
 
   void abort(const std::string& why, errc code = errc::peer_lost) override {
@@ -1041,17 +1045,26 @@ void shm_context::make_pairs() {
       pairs_[static_cast<std::size_t>(p)] = std::make_unique<shm_pair>(*this, p);
 }
 
-operation_ptr shm_context::send(int peer, uint64_t tag, std::vector<const_bytes> parts) {
-  auto op = std::make_shared<shm_op>(weak_from_this(), seg_, waiters_, true, rank_, peer, tag,
-                                     opts_.spin, opts_.liveness_interval);
-  op->parts = std::move(parts);
-  op->header = {tag, op->bytes(), data_frame, 0};
+op_ptr shm_context::new_op(bool is_send, int peer, uint64_t tag) {
+  return std::make_shared<shm_op>(weak_from_this(), seg_, waiters_, is_send, rank_, peer, tag,
+                                  opts_.spin, opts_.liveness_interval);
+}
+
+bool shm_context::fail_if_refused(shm_op& op) {
   errc code{};
   std::string cause;
-  if (refused(code, cause)) {
-    op->fail(code, cause);
+  if (!refused(code, cause))
+    return false;
+  op.fail(code, cause);
+  return true;
+}
+
+operation_ptr shm_context::send(int peer, uint64_t tag, std::vector<const_bytes> parts) {
+  auto op = new_op(true, peer, tag);
+  op->parts = std::move(parts);
+  op->header = {tag, op->bytes(), data_frame, 0};
+  if (fail_if_refused(*op))
     return op;
-  }
   auto& l = link(peer);
   if (op->header.bytes > max_message_bytes) {
     op->fail(errc::invalid_argument,
@@ -1082,16 +1095,11 @@ operation_ptr shm_context::send(int peer, uint64_t tag, std::vector<const_bytes>
 }
 
 operation_ptr shm_context::recv(int peer, uint64_t tag, mutable_bytes into, bool at_most) {
-  auto op = std::make_shared<shm_op>(weak_from_this(), seg_, waiters_, false, rank_, peer, tag,
-                                     opts_.spin, opts_.liveness_interval);
+  auto op = new_op(false, peer, tag);
   op->into = into;
   op->at_most = at_most;
-  errc code{};
-  std::string cause;
-  if (refused(code, cause)) {
-    op->fail(code, cause);
+  if (fail_if_refused(*op))
     return op;
-  }
   auto& l = link(peer);
   std::lock_guard<std::mutex> guard{l.in_mtx};
   auto it = l.stashed.find(tag);
@@ -1150,8 +1158,7 @@ caf::error shm_context::close(const std::string& reason, deadline until) {
     }
     if (lost)
       continue;
-    auto op = std::make_shared<shm_op>(weak_from_this(), seg_, waiters_, true, rank_, l.rank, 0,
-                                       opts_.spin, opts_.liveness_interval);
+    auto op = new_op(true, l.rank, 0);
     // The goodbye owns its text: it may still be queued when close gives up.
     op->owned = reason.substr(0, 4096);
     op->parts = {
