@@ -189,6 +189,24 @@ public:
     auto n = wire::encode_header(h, head);
     write(std::span(head.data(), n));
   }
+
+  /// An abort frame that carries `code` and `reason`, as a rank that aborts sends it.
+  void abort_frame(uint32_t sender, errc code, const std::string& reason) {
+    std::string payload(1, static_cast<char>(code));
+    payload += reason;
+    wire::header h;
+    h.sender_rank = sender;
+    h.kind = wire::frame_kind::abort;
+    h.payload_bytes = payload.size();
+    std::array<std::byte, wire::max_head_bytes> head{};
+    auto n = wire::encode_header(h, head);
+    // One write, as the transport sends it: a second small one could wait for Nagle, and the
+    // reset of the close that follows would discard it.
+    bytes frame(head.begin(), head.begin() + static_cast<std::ptrdiff_t>(n));
+    auto body = std::as_bytes(std::span(payload));
+    frame.insert(frame.end(), body.begin(), body.end());
+    write(frame);
+  }
 };
 
 // -- frame heads ---------------------------------------------------------------------------------
@@ -695,6 +713,35 @@ TEST(TcpTest, SendToAPeerThatStopsReadingFailsWithPeerLostWhenItCloses) {
                         {"send of tag 1", "rank 1", "did not complete"}));
   peer.close();
   EXPECT_TRUE(has_error(send->wait(in(10s)), errc::peer_lost, {"send of tag 1", "rank 1"}));
+}
+
+// A peer aborts while this rank is in the middle of a send to it, and closes without reading it
+// (its kernel resets the connection). The abort frame is ahead of the reset: whichever of the
+// write (broken pipe) and the read sees the end first, the send fails with the code and reason
+// the peer's abort carried, not with a bare broken pipe. Both orders happen; the loop meets both.
+TEST(TcpTest, ASendCutOffByThePeersAbortFailsWithTheCauseTheAbortCarried) {
+  for (int round = 0; round < 8; ++round) {
+    auto ctx = listen_rank(0, 2);
+    ASSERT_TRUE(ctx);
+    auto connected = std::async(std::launch::async, [&] {
+      return ctx->connect({ctx->listen_address(), "127.0.0.1:1"});
+    });
+    raw_peer peer(ctx->port());
+    peer.hello(1, 2);
+    wire::hello reply;
+    ASSERT_TRUE(peer.read_hello(reply));
+    ASSERT_FALSE(connected.get());
+    auto big = pattern(std::size_t{16} << 20, 2);
+    auto send = ctx->to(1).send(2, parts_of(big));
+    ASSERT_TRUE(has_error(send->wait(in(50ms)), errc::collective_timeout, {"send of tag 2"}))
+        << "the peer reads nothing, so the send is still under way";
+    peer.abort_frame(1, errc::collective_mismatch, "rank 1 called all_gather, rank 0 all_reduce");
+    peer.close(); // unread bytes: the kernel answers with a reset
+    EXPECT_TRUE(has_error(send->wait(in(10s)), errc::collective_mismatch,
+                          {"send of tag 2", "rank 1 aborted the group",
+                           "rank 1 called all_gather, rank 0 all_reduce"}))
+        << "round " << round;
+  }
 }
 
 TEST(TcpTest, AbortFailsPendingOperationsAtOnceAndEveryLaterOne) {

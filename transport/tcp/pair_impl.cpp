@@ -431,12 +431,22 @@ void pair_impl::spinning_on_rx(bool on) {
     pump_rx();
 }
 
+namespace {
+
+/// Set while this thread runs the reading pump of some pair (which may call pump_tx).
+thread_local bool in_rx_pump = false;
+
+} // namespace
+
 void pair_impl::pump_rx() {
   // Whoever finds the pump busy leaves a kick; the thread inside runs again before it leaves.
   rx_kick_.store(true);
   while (rx_kick_.load() && rx_mu_.try_lock()) {
     rx_kick_.store(false);
+    const bool outer = in_rx_pump;
+    in_rx_pump = true;
     pump_rx_locked();
+    in_rx_pump = outer;
     rx_mu_.unlock();
   }
 }
@@ -870,8 +880,29 @@ void pair_impl::pump_tx() {
     tx_kick_.store(false);
     if (pump_tx_locked())
       request_write_wait(); // under tx_mu_, so teardown cannot have begun
+    std::string broken;
+    broken.swap(tx_broken_);
     tx_mu_.unlock();
+    if (!broken.empty())
+      conclude_broken_write(broken);
   }
+}
+
+void pair_impl::conclude_broken_write(const std::string& why) {
+  // The peer's end is gone: it reset the connection, or shut it and then met our bytes. What it
+  // sent before that (an abort frame with the cause of its abort, or a goodbye) is still in our
+  // receive queue, ahead of the reset: read it first, so that the pair fails with the peer's
+  // cause and code rather than with a broken pipe. A reset socket gives its queued bytes and then
+  // an error, so the read ends at once; the wait only covers another thread inside the reading
+  // pump (which the kick makes read again), and is skipped inside the reading pump itself.
+  if (!in_rx_pump) {
+    pump_rx();
+    std::unique_lock lock(end_mu_);
+    end_cv_.wait_for(lock, broken_write_grace, [this] {
+      return failed_.load(std::memory_order_acquire) || rx_eof_.load(std::memory_order_acquire);
+    });
+  }
+  fail(why, log_mode::always); // no change when the read failed the pair first
 }
 
 bool pair_impl::pump_tx_locked() {
@@ -973,7 +1004,13 @@ bool pair_impl::pump_tx_locked() {
                    n_bytes(txq_.front()->total_bytes()) + " of the message of tag " +
                    std::to_string(txq_.front()->tag()) + " written";
     }
-    fail("write failed (sendmsg): " + errno_text(err) + progress, log_mode::always);
+    auto why = "write failed (sendmsg): " + errno_text(err) + progress;
+    if ((err == EPIPE || err == ECONNRESET) && tx_broken_.empty() &&
+        !failed_.load(std::memory_order_acquire)) {
+      tx_broken_ = std::move(why); // pump_tx reads what the peer sent first, then fails the pair
+      return false;
+    }
+    fail(why, log_mode::always);
   }
 }
 

@@ -46,6 +46,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -290,6 +291,8 @@ private:
   // tx side, tx_mu_ held; returns true when bytes remain that the socket would not take
   bool pump_tx_locked();
   void request_write_wait();
+  /// Fails the pair after a write found the peer's end gone (tx_mu_ not held).
+  void conclude_broken_write(const std::string& why);
 
   // I/O thread
   void arm_read();
@@ -331,6 +334,10 @@ private:
   std::atomic<bool> rx_eof_{false};
   /// Our side is half-closed (under tx_mu_).
   bool write_shut_ = false;
+  /// A write found the peer's end gone (under tx_mu_): why, until pump_tx concludes it.
+  std::string tx_broken_;
+  /// How long a broken write waits for another thread's read of what the peer sent before it.
+  static constexpr std::chrono::milliseconds broken_write_grace{100};
   std::mutex end_mu_;
   std::condition_variable end_cv_; // guarded by end_mu_: rx_eof_ or failed_ became true
 
