@@ -12,6 +12,7 @@
 #include "actors/cross_worker.hpp"
 #include "actors/gpu_collectives.hpp"
 #include "actors/runtime.hpp"
+#include "actors/strategy_access.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -344,6 +345,34 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
 }
 
 } // namespace
+
+std::unique_ptr<multi_worker_mirrored_strategy> detail::strategy_access::simulated_worker(
+    const strategy_options& opts, int rank, int workers, std::vector<std::string> devices,
+    transport::context_ptr network, std::chrono::milliseconds close_timeout) {
+  detail::validated(opts);
+  devices = detail::canonical_devices(devices);
+  std::vector<std::string> addresses;
+  for (int w = 0; w < workers; ++w)
+    addresses.push_back("sim-worker-" + std::to_string(w) + ":0");
+  auto joined = std::make_unique<detail::joined_cluster>();
+  joined->resolver = std::make_shared<simple_cluster_resolver>(
+      cluster_spec{cluster_spec::job_map{{"worker",
+                                          [&] {
+                                            std::map<int, std::string> tasks;
+                                            for (int w = 0; w < workers; ++w)
+                                              tasks[w] = addresses[static_cast<size_t>(w)];
+                                            return tasks;
+                                          }()}}},
+      "worker", rank);
+  detail::multi_worker_setup setup;
+  setup.worker_rank = rank;
+  setup.num_workers = workers;
+  setup.cross = std::make_shared<detail::cross_worker>(
+      std::move(network), static_cast<int>(devices.size()), close_timeout);
+  joined->rt = std::make_unique<detail::runtime>(std::move(devices), opts, std::move(setup));
+  return std::unique_ptr<multi_worker_mirrored_strategy>(
+      new multi_worker_mirrored_strategy(std::move(joined)));
+}
 
 multi_worker_mirrored_strategy::multi_worker_mirrored_strategy(strategy_options opts,
                                                                multi_worker_options mw)

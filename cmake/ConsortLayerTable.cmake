@@ -4,7 +4,7 @@
 #
 # Lowest first. A layer may use exactly the layers in its _USES list (written out in full, not
 # transitively), and its own.
-set(CONSORT_LAYERS core device cluster transport actors)
+set(CONSORT_LAYERS core device cluster transport actors testing)
 
 # core: errors and their CAF glue, reduce ops, futures, per_replica; nothing of tensors.
 set(CONSORT_LAYER_core_USES "")
@@ -17,6 +17,9 @@ set(CONSORT_LAYER_cluster_USES core device)
 set(CONSORT_LAYER_transport_USES core device cluster)
 # actors: the engine (replica, collective, strategy actors) and the public API over it.
 set(CONSORT_LAYER_actors_USES core device cluster transport)
+# testing: consort::testing, workers of a multi-worker job in one process over a simulated network
+# (the actors build the workers, the transport's contract is what it simulates).
+set(CONSORT_LAYER_testing_USES core device cluster transport actors)
 
 # Private headers, #include "DIR/...": the source directory of each layer. The generated Cap'n
 # Proto headers (<schemas/...>) belong to the transport, their only user.
@@ -25,6 +28,7 @@ set(CONSORT_LAYER_device_DIRS device)
 set(CONSORT_LAYER_cluster_DIRS cluster)
 set(CONSORT_LAYER_transport_DIRS transport schemas)
 set(CONSORT_LAYER_actors_DIRS actors)
+set(CONSORT_LAYER_testing_DIRS testing)
 
 # Public headers, #include <consort/...>, by the layer that implements them. A public header must
 # be listed here (the check fails on one that is not), and it is checked with its layer's rules.
@@ -37,3 +41,4 @@ set(CONSORT_LAYER_transport_HEADERS
   transport/shm.hpp transport/tcp.hpp)
 set(CONSORT_LAYER_actors_HEADERS
   consort.hpp cross_device_ops.hpp dataset.hpp regroup.hpp replica_context.hpp strategy.hpp)
+set(CONSORT_LAYER_testing_HEADERS testing.hpp)

@@ -38,6 +38,7 @@ namespace detail {
 
 class runtime;
 struct joined_cluster;
+struct strategy_access;
 
 template <class T>
 decltype(auto) unwrap_arg(const T& arg, size_t local_index) {
@@ -358,6 +359,7 @@ public:
   int num_workers() const noexcept;
 
 private:
+  friend struct detail::strategy_access; // consort::testing builds workers over its own network
   explicit multi_worker_mirrored_strategy(std::unique_ptr<detail::joined_cluster> joined);
 
   std::shared_ptr<const consort::cluster_resolver> resolver_;

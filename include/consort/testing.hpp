@@ -1,0 +1,173 @@
+#pragma once
+
+// consort::testing: a cluster of workers in one process, for tests of code that uses consort
+// (docs/testing.md).
+//
+// Each worker is a real multi_worker_mirrored_strategy (its actors, replicas, cross-worker lanes
+// and collective algorithms are the production ones); only the network between the workers and
+// the membership's failure detector are simulated. The test injects faults, observes every
+// message, and moves a simulated clock:
+//
+//   consort::testing::cluster c({.workers = 3, .replicas_per_worker = 2, .seed = 7});
+//   auto ok = c.run_all([](consort::replica_context& ctx) {
+//     return ctx.all_reduce("SUM", consort::tensor::scalar<float>(1.0f));
+//   });                                // one future per worker, as N processes would run it
+//   c.kill(2);                         // worker 2 dies: its connections close
+//   auto f = c.strategy(0).run_async(step);
+//   c.advance(std::chrono::seconds(6)); // simulated time: deadlines pass, no wall-clock wait
+//
+// What is simulated and what is not:
+// - the network: per-link FIFO delivery, tag matching, a goodbye at a clean close, an abort that
+//   carries its cause, a connection that closes when a process dies, silence across a partition.
+//   Not simulated: the kernel's socket buffers (a send completes when it is copied), TCP's
+//   timing, shared memory, NCCL;
+// - the membership's failure detector: a worker cut off by a partition is declared lost by the
+//   others `peer_timeout` of simulated time after the cut, as heartbeats would find it. Not
+//   simulated: the rendezvous (the cluster forms at construction; a worker cannot join late);
+// - time: simulated time is real time plus what `advance` added; every deadline of the network
+//   (collective timeouts in the algorithms, the failure detector, delays) runs on it. Deadlines
+//   kept by the actors themselves (step_timeout) still run on real time.
+// - scheduling: the workers' threads are real, so thread interleavings are not replayed; the
+//   seed makes the test's own choices (faults, victims) replayable through `random()`.
+
+#include <consort/strategy.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace consort::testing {
+
+namespace detail {
+class sim_world;
+} // namespace detail
+
+/// What became of one message.
+enum class fate {
+  delivered, ///< reached the receiver (maybe after a delay the filter asked for)
+  dropped,   ///< the filter dropped it, or a partition swallowed it: nobody learns of it
+  corrupted, ///< the receiver found it malformed and closed the connection (peer_lost both ways)
+  refused,   ///< the link was already down (a dead or departed peer, an aborted group)
+};
+
+/// "delivered", "dropped", "corrupted" or "refused".
+const char* to_string(fate f) noexcept;
+
+/// One message between two workers, as the log records it.
+struct message {
+  std::chrono::nanoseconds time{0}; ///< simulated time when it was sent
+  int from = 0;
+  int to = 0;
+  std::string kind; ///< "data", "goodbye" (a clean close) or "abort" (an abort's notice)
+  uint64_t tag = 0; ///< the transport tag (data only)
+  std::size_t bytes = 0;
+  fate what = fate::delivered;
+  std::chrono::nanoseconds delay{0}; ///< the delay the filter asked for
+};
+
+/// What the filter does with a message.
+struct verdict {
+  enum class action { deliver, drop, corrupt };
+  action what = action::deliver;
+  /// Delivered this much simulated time later (deliver only). Later messages on the same link
+  /// wait behind it: links stay FIFO, as TCP is.
+  std::chrono::nanoseconds delay{0};
+
+  static verdict deliver() { return {}; }
+  static verdict drop() { return {action::drop, {}}; }
+  static verdict corrupt() { return {action::corrupt, {}}; }
+  static verdict delay_by(std::chrono::nanoseconds d) { return {action::deliver, d}; }
+};
+
+/// Decides the fate of each data message (`time`, `from`, `to`, `kind`, `tag`, `bytes` are set).
+/// Called with the harness's lock held: it must not call back into the cluster.
+using message_filter = std::function<verdict(const message&)>;
+
+struct cluster_options {
+  int workers = 2;
+  int replicas_per_worker = 1;
+  /// Seeds `cluster::random()`; print it with a failure (`cluster::describe()`) to replay the
+  /// test's choices.
+  uint64_t seed = 0;
+  /// After this much simulated time without a heartbeat, a worker is lost (as
+  /// multi_worker_options::peer_timeout).
+  std::chrono::milliseconds peer_timeout{std::chrono::seconds(5)};
+  /// Every worker's strategy options (collective_timeout is a deadline of the network, so it runs
+  /// on simulated time).
+  strategy_options strategy{};
+};
+
+/// N workers of a multi-worker job in one process, over a simulated network.
+///
+/// Thread safety: the fault, clock and log functions may be called from any thread, also while
+/// steps run; `strategy(i)` is as thread-safe as a strategy.
+class cluster {
+public:
+  /// Builds the workers and their network. @throws error(invalid_argument) for fewer than 2
+  /// workers, fewer than 1 replica per worker, or a negative peer_timeout.
+  explicit cluster(cluster_options opts = {});
+  /// Shuts every worker down (each leaves cleanly, as at the end of a job).
+  ~cluster();
+  cluster(const cluster&) = delete;
+  cluster& operator=(const cluster&) = delete;
+
+  int workers() const noexcept { return static_cast<int>(strategies_.size()); }
+  uint64_t seed() const noexcept { return opts_.seed; }
+  /// "3 workers x 2 replicas, seed 7": what a failure message should print to replay a run.
+  std::string describe() const;
+  /// The test's random source, seeded with `seed`.
+  std::mt19937_64& random() noexcept { return random_; }
+
+  /// Worker `worker`'s strategy (its rank in the group). @throws error(invalid_argument).
+  multi_worker_mirrored_strategy& strategy(int worker);
+
+  /// Starts `fn` on every worker at once (`run_async` on each strategy, as N processes would
+  /// call `run`) and returns their futures in worker order.
+  template <class F>
+  auto run_all(const F& fn) {
+    std::vector<decltype(strategies_.front()->run_async(fn))> out;
+    out.reserve(strategies_.size());
+    for (auto& s : strategies_)
+      out.push_back(s->run_async(fn));
+    return out;
+  }
+
+  // -- faults ------------------------------------------------------------------------------------
+
+  /// Worker `worker` dies: its connections close, so every other worker's pending and later
+  /// collectives fail with peer_lost naming it, and its own with peer_lost too.
+  void kill(int worker);
+  bool alive(int worker) const;
+  /// Cuts the workers in `side` off from the others: their messages vanish and no connection
+  /// closes; `peer_timeout` of simulated time later each side declares the other lost
+  /// (peer_lost). One partition at a time; a new one replaces the old.
+  void partition(std::vector<int> side);
+  /// Ends the partition (workers already declared lost stay lost, as in production).
+  void heal();
+  /// Every later data message goes through `filter` (empty: none).
+  void on_message(message_filter filter);
+
+  // -- time and observation ----------------------------------------------------------------------
+
+  /// Moves simulated time forward: deadlines, delayed messages and the failure detector see it
+  /// at once. @throws error(invalid_argument) for a negative duration.
+  void advance(std::chrono::nanoseconds by);
+  /// Simulated time since the cluster was built.
+  std::chrono::nanoseconds now() const;
+  /// Every message so far, in the order they were sent.
+  std::vector<message> messages() const;
+
+private:
+  multi_worker_mirrored_strategy& checked(int worker) const;
+
+  cluster_options opts_;
+  std::mt19937_64 random_;
+  std::shared_ptr<detail::sim_world> world_;
+  std::vector<std::unique_ptr<multi_worker_mirrored_strategy>> strategies_;
+};
+
+} // namespace consort::testing

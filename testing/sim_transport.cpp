@@ -1,0 +1,582 @@
+// The simulated network of consort::testing (see sim_transport.hpp).
+
+#include "testing/sim_transport.hpp"
+
+#include <consort/caf_error.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <optional>
+
+namespace consort::testing::detail {
+
+namespace {
+
+using std::chrono::nanoseconds;
+
+std::string n_bytes(std::size_t n) {
+  return std::to_string(n) + (n == 1 ? " byte" : " bytes");
+}
+
+std::string ms_text(nanoseconds d) {
+  return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
+}
+
+} // namespace
+
+// -- operations ----------------------------------------------------------------------------------
+
+class sim_op : public transport::operation {
+public:
+  sim_op(std::shared_ptr<sim_world> world, bool send, uint64_t tag, int me, int peer,
+         transport::mutable_bytes into, bool at_most, std::size_t bytes)
+      : world_(std::move(world)), send_(send), tag_(tag), me_(me), peer_(peer), into_(into),
+        at_most_(at_most), bytes_(bytes) {}
+
+  caf::error wait(transport::deadline until) override { return world_->wait(*this, until); }
+
+  bool done() const noexcept override {
+    std::lock_guard lock(world_->mu_);
+    return done_;
+  }
+
+  std::size_t message_bytes() const noexcept override {
+    std::lock_guard lock(world_->mu_);
+    return bytes_;
+  }
+
+  /// "recv of tag 7 (16 bytes) from rank 2": the prefix of every error of this operation.
+  std::string describe() const {
+    return std::string{send_ ? "send" : "recv"} + " of tag " + std::to_string(tag_) + " (" +
+           n_bytes(send_ ? bytes_ : into_.size()) + ") " + (send_ ? "to" : "from") + " rank " +
+           std::to_string(peer_);
+  }
+
+  // mu_ held from here on.
+  void complete(caf::error err = {}) {
+    if (done_)
+      return;
+    done_ = true;
+    err_ = std::move(err);
+  }
+  void fail(errc code, const std::string& why) {
+    complete(make_caf_error(code, describe() + ": " + why));
+  }
+  bool fits(std::size_t size) const {
+    return at_most_ ? size <= into_.size() : size == into_.size();
+  }
+
+  /// Copies a matched message in, or fails when it does not fit (the message is dropped).
+  void take(const std::vector<std::byte>& data) {
+    if (!fits(data.size())) {
+      fail(errc::invalid_argument,
+           std::string{at_most_ ? "the buffer holds at most " : "the buffer has "} +
+               n_bytes(into_.size()) + " but the message has " + n_bytes(data.size()) +
+               "; the message was dropped");
+      return;
+    }
+    if (!data.empty())
+      std::memcpy(into_.data(), data.data(), data.size());
+    bytes_ = data.size();
+    complete();
+  }
+
+  bool done_locked() const { return done_; }
+  const caf::error& error_locked() const { return err_; }
+  uint64_t tag() const { return tag_; }
+
+private:
+  std::shared_ptr<sim_world> world_;
+  const bool send_;
+  const uint64_t tag_;
+  const int me_;
+  const int peer_;
+  const transport::mutable_bytes into_;
+  const bool at_most_;
+  std::size_t bytes_; // guarded by world_->mu_
+  bool done_ = false; // guarded by world_->mu_
+  caf::error err_;    // guarded by world_->mu_
+};
+
+// -- contexts ------------------------------------------------------------------------------------
+
+class sim_context : public transport::context, public std::enable_shared_from_this<sim_context> {
+public:
+  sim_context(std::shared_ptr<sim_world> world, int rank, int size)
+      : world_(std::move(world)), rank_(rank), size_(size), links_(static_cast<std::size_t>(size)) {
+    for (int p = 0; p < size; ++p)
+      pairs_.push_back(std::make_unique<pair_to>(*this, p));
+  }
+
+  ~sim_context() override {
+    std::lock_guard lock(world_->mu_);
+    abort_locked("the context was destroyed", errc::peer_lost, false);
+    world_->cv_.notify_all();
+  }
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
+
+  transport::pair& to(int peer) override {
+    if (peer < 0 || peer >= size_ || peer == rank_)
+      throw_error(errc::invalid_argument, "sim rank " + std::to_string(rank_) +
+                                              ": no pair to rank " + std::to_string(peer) +
+                                              " in a group of " + std::to_string(size_));
+    return *pairs_[static_cast<std::size_t>(peer)];
+  }
+
+  void abort(const std::string& why, errc code) override {
+    std::lock_guard lock(world_->mu_);
+    abort_locked(why, code, true);
+    world_->cv_.notify_all();
+  }
+
+  caf::error close(const std::string& reason, transport::deadline) override {
+    std::lock_guard lock(world_->mu_);
+    if (closing_ || aborted_)
+      return {};
+    closing_ = true;
+    for (auto& link : links_)
+      fail_posted(link, errc::shutdown,
+                  "this rank left the group (" + reason + ") before the message arrived");
+    // Every send of this rank is complete (a send is copied when posted): say goodbye.
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || links_[static_cast<std::size_t>(p)].failed)
+        continue;
+      world_->notice(rank_, p, "goodbye", reason,
+                     [&](sim_context& peer) { peer.on_goodbye(rank_, reason); });
+    }
+    world_->cv_.notify_all();
+    return {};
+  }
+
+  transport::operation_ptr send(int peer, uint64_t tag,
+                                const std::vector<transport::const_bytes>& parts) {
+    std::size_t total = 0;
+    for (const auto& p : parts)
+      total += p.size();
+    auto op = std::make_shared<sim_op>(world_, true, tag, rank_, peer, transport::mutable_bytes{},
+                                       false, total);
+    std::lock_guard lock(world_->mu_);
+    auto& link = links_[static_cast<std::size_t>(peer)];
+    if (refused(*op, link))
+      return op;
+    if (link.left) {
+      op->fail(errc::peer_left, left_text(peer, link));
+      return op;
+    }
+    std::vector<std::byte> data;
+    data.reserve(total);
+    for (const auto& p : parts)
+      data.insert(data.end(), p.begin(), p.end());
+    op->complete();
+    world_->post(rank_, peer, tag, std::move(data));
+    world_->cv_.notify_all();
+    return op;
+  }
+
+  transport::operation_ptr recv(int peer, uint64_t tag, transport::mutable_bytes into,
+                                bool at_most) {
+    auto op = std::make_shared<sim_op>(world_, false, tag, rank_, peer, into, at_most, 0);
+    std::lock_guard lock(world_->mu_);
+    auto& link = links_[static_cast<std::size_t>(peer)];
+    if (auto it = link.stash.find(tag); it != link.stash.end() && !aborted_ && !closing_) {
+      op->take(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty())
+        link.stash.erase(it);
+    } else if (!refused(*op, link)) {
+      if (link.left)
+        op->fail(errc::peer_left, left_text(peer, link));
+      else
+        link.posted[tag].push_back(op);
+    }
+    world_->cv_.notify_all();
+    return op;
+  }
+
+  // -- mu_ held from here on -------------------------------------------------------------------
+
+  /// A message from `from` arrives.
+  void on_arrive(int from, uint64_t tag, std::vector<std::byte> data) {
+    auto& link = links_[static_cast<std::size_t>(from)];
+    if (aborted_ || closing_ || link.failed)
+      return; // dropped, as by a closed socket
+    if (auto it = link.posted.find(tag); it != link.posted.end()) {
+      auto op = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty())
+        link.posted.erase(it);
+      op->take(data);
+      return;
+    }
+    link.stash[tag].push_back(std::move(data));
+  }
+
+  /// `peer` said goodbye: what it has not sent it never will.
+  void on_goodbye(int peer, const std::string& reason) {
+    auto& link = links_[static_cast<std::size_t>(peer)];
+    if (link.failed || link.left)
+      return;
+    link.left = true;
+    link.left_reason = reason;
+    fail_posted(link, errc::peer_left, left_text(peer, link));
+  }
+
+  /// The link to `peer` is down (the peer died, aborted, or a frame was malformed).
+  void fail_link(int peer, errc code, const std::string& why) {
+    auto& link = links_[static_cast<std::size_t>(peer)];
+    if (link.failed)
+      return;
+    link.failed = true;
+    link.code = link.left ? errc::peer_left : code;
+    link.why = link.left ? left_text(peer, link) : why;
+    fail_posted(link, link.code, link.why);
+    link.stash.clear();
+  }
+
+  /// Fails everything of this context; `tell` sends the abort's notice to every peer it can
+  /// reach (a dying process tells no one).
+  void abort_locked(const std::string& why, errc code, bool tell) {
+    if (aborted_)
+      return;
+    aborted_ = true;
+    abort_why_ = why;
+    abort_code_ = code;
+    for (auto& link : links_) {
+      fail_posted(link, code, why);
+      link.stash.clear();
+    }
+    if (!tell || closing_)
+      return;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || links_[static_cast<std::size_t>(p)].failed)
+        continue;
+      world_->notice(rank_, p, "abort", why, [&](sim_context& peer) {
+        peer.fail_link(rank_, code, "rank " + std::to_string(rank_) + " aborted the group: " + why);
+      });
+    }
+  }
+
+private:
+  struct link_state {
+    std::map<uint64_t, std::deque<std::vector<std::byte>>> stash;
+    std::map<uint64_t, std::deque<std::shared_ptr<sim_op>>> posted;
+    bool failed = false;
+    errc code = errc::peer_lost;
+    std::string why;
+    bool left = false;
+    std::string left_reason;
+  };
+
+  class pair_to : public transport::pair {
+  public:
+    pair_to(sim_context& ctx, int peer) : ctx_(ctx), peer_(peer) {}
+    int peer_rank() const noexcept override { return peer_; }
+    transport::operation_ptr send(uint64_t tag,
+                                  std::vector<transport::const_bytes> parts) override {
+      return ctx_.send(peer_, tag, parts);
+    }
+    transport::operation_ptr recv(uint64_t tag, transport::mutable_bytes into) override {
+      return ctx_.recv(peer_, tag, into, false);
+    }
+    transport::operation_ptr recv_at_most(uint64_t tag, transport::mutable_bytes into) override {
+      return ctx_.recv(peer_, tag, into, true);
+    }
+
+  private:
+    sim_context& ctx_;
+    const int peer_;
+  };
+
+  /// Fails `op` at once when this context or the link can take no new operation.
+  bool refused(sim_op& op, const link_state& link) {
+    if (aborted_) {
+      op.fail(abort_code_, abort_why_);
+    } else if (closing_) {
+      op.fail(errc::shutdown, "this rank is leaving the group");
+    } else if (link.failed) {
+      op.fail(link.code, link.why);
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  std::string left_text(int peer, const link_state& link) const {
+    return "rank " + std::to_string(peer) + " left the group (" + link.left_reason + ")";
+  }
+
+  void fail_posted(link_state& link, errc code, const std::string& why) {
+    for (auto& [tag, ops] : link.posted)
+      for (auto& op : ops)
+        op->fail(code, why);
+    link.posted.clear();
+  }
+
+  std::shared_ptr<sim_world> world_;
+  const int rank_;
+  const int size_;
+  std::vector<std::unique_ptr<pair_to>> pairs_;
+  std::vector<link_state> links_; // guarded by world_->mu_, indexed by peer
+  bool aborted_ = false;          // guarded by world_->mu_
+  std::string abort_why_;
+  errc abort_code_ = errc::peer_lost;
+  bool closing_ = false; // guarded by world_->mu_
+};
+
+// -- the world -----------------------------------------------------------------------------------
+
+sim_world::sim_world(int size, std::chrono::milliseconds peer_timeout)
+    : size_(size), peer_timeout_(peer_timeout), epoch_(transport::clock::now()),
+      dead_(static_cast<std::size_t>(size), false) {
+  ticker_ = std::thread([this] { ticker(); });
+}
+
+sim_world::~sim_world() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  ticker_.join();
+}
+
+std::vector<transport::context_ptr> sim_world::make_contexts() {
+  std::vector<transport::context_ptr> out;
+  std::lock_guard lock(mu_);
+  for (int r = 0; r < size_; ++r) {
+    auto ctx = std::make_shared<sim_context>(shared_from_this(), r, size_);
+    contexts_.push_back(ctx);
+    out.push_back(std::move(ctx));
+  }
+  return out;
+}
+
+nanoseconds sim_world::now_locked() const {
+  return std::chrono::duration_cast<nanoseconds>(transport::clock::now() - epoch_) + advanced_;
+}
+
+nanoseconds sim_world::now() const {
+  std::lock_guard lock(mu_);
+  return now_locked();
+}
+
+caf::error sim_world::wait(sim_op& op, transport::deadline until) {
+  std::unique_lock lock(mu_);
+  // The budget left in real time now, spent in simulated time from here on.
+  const auto sim_deadline = now_locked() + (until - transport::clock::now());
+  while (!op.done_locked()) {
+    auto left = sim_deadline - now_locked();
+    if (left <= nanoseconds::zero())
+      return make_caf_error(errc::collective_timeout,
+                            op.describe() + " did not complete before its deadline (simulated " +
+                                "time " + ms_text(now_locked()) + ")");
+    cv_.wait_for(lock, left);
+  }
+  return op.error_locked();
+}
+
+bool sim_world::cut(int a, int b) const {
+  return !side_.empty() && (side_.count(a) > 0) != (side_.count(b) > 0);
+}
+
+std::shared_ptr<sim_context> sim_world::context_of(int rank) const {
+  if (dead_[static_cast<std::size_t>(rank)])
+    return nullptr;
+  return contexts_[static_cast<std::size_t>(rank)].lock();
+}
+
+void sim_world::notice(int from, int to, const char* kind, const std::string& reason,
+                       const std::function<void(sim_context&)>& deliver_to) {
+  message m;
+  m.time = now_locked();
+  m.from = from;
+  m.to = to;
+  m.kind = kind;
+  m.bytes = reason.size();
+  auto peer = context_of(to);
+  if (!peer || dead_[static_cast<std::size_t>(from)]) {
+    m.what = fate::refused;
+  } else if (cut(from, to)) {
+    m.what = fate::dropped;
+  } else {
+    // Control messages follow the data of their link (FIFO): deliver what is delayed first.
+    flush_link(from, to);
+    deliver_to(*peer);
+  }
+  log_.push_back(std::move(m));
+}
+
+void sim_world::post(int from, int to, uint64_t tag, std::vector<std::byte> data) {
+  message m;
+  m.time = now_locked();
+  m.from = from;
+  m.to = to;
+  m.kind = "data";
+  m.tag = tag;
+  m.bytes = data.size();
+  auto peer = context_of(to);
+  verdict v;
+  if (!peer) {
+    m.what = fate::refused;
+  } else if (cut(from, to)) {
+    m.what = fate::dropped;
+  } else if (filter_) {
+    v = filter_(m);
+  }
+  if (m.what == fate::delivered) {
+    switch (v.what) {
+    case verdict::action::drop:
+      m.what = fate::dropped;
+      break;
+    case verdict::action::corrupt: {
+      m.what = fate::corrupted;
+      peer->fail_link(from, errc::peer_lost,
+                      "malformed frame from rank " + std::to_string(from) +
+                          " (corrupted by the test harness); the connection was closed");
+      if (auto self = context_of(from))
+        self->fail_link(to, errc::peer_lost,
+                        "rank " + std::to_string(to) +
+                            " closed the connection (it received a malformed frame)");
+      break;
+    }
+    case verdict::action::deliver: {
+      m.delay = std::max(v.delay, nanoseconds::zero());
+      auto& queue = links_[{from, to}];
+      if (m.delay > nanoseconds::zero() || !queue.empty()) {
+        auto due = m.time + m.delay;
+        if (!queue.empty())
+          due = std::max(due, queue.back().due);
+        queue.push_back({due, from, to, tag, std::move(data)});
+      } else {
+        peer->on_arrive(from, tag, std::move(data));
+      }
+      break;
+    }
+    }
+  }
+  log_.push_back(std::move(m));
+}
+
+void sim_world::flush_link(int from, int to) {
+  auto it = links_.find({from, to});
+  if (it == links_.end())
+    return;
+  auto queue = std::move(it->second);
+  links_.erase(it);
+  for (auto& m : queue)
+    if (auto peer = context_of(to); peer && !cut(from, to))
+      peer->on_arrive(from, m.tag, std::move(m.data));
+}
+
+void sim_world::fire_due() {
+  const auto t = now_locked();
+  for (auto it = links_.begin(); it != links_.end();) {
+    auto& queue = it->second;
+    while (!queue.empty() && queue.front().due <= t) {
+      auto m = std::move(queue.front());
+      queue.pop_front();
+      if (auto peer = context_of(m.to); peer && !cut(m.from, m.to))
+        peer->on_arrive(m.from, m.tag, std::move(m.data));
+    }
+    it = queue.empty() ? links_.erase(it) : std::next(it);
+  }
+  if (!side_.empty() && !cut_reported_ && t >= cut_at_ + peer_timeout_) {
+    cut_reported_ = true;
+    // Each side's membership finds the other silent: every live worker aborts its group naming
+    // the first worker it lost, as the service's on_lost does in production.
+    for (int a = 0; a < size_; ++a)
+      for (int b = 0; b < size_; ++b)
+        if (cut(a, b))
+          if (auto ctx = context_of(a))
+            ctx->abort_locked("lost worker:" + std::to_string(b) + " (rank " + std::to_string(b) +
+                                  "): no heartbeat for " + ms_text(peer_timeout_) +
+                                  " (partitioned by the test harness)",
+                              errc::peer_lost, true);
+  }
+}
+
+void sim_world::ticker() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    fire_due();
+    cv_.notify_all();
+    // Sleep until the next due event in simulated time (real time runs at the same pace).
+    std::optional<nanoseconds> next;
+    for (const auto& [key, queue] : links_)
+      if (!queue.empty())
+        next = next ? std::min(*next, queue.front().due) : queue.front().due;
+    if (!side_.empty() && !cut_reported_)
+      next = next ? std::min(*next, cut_at_ + peer_timeout_) : cut_at_ + peer_timeout_;
+    if (next)
+      cv_.wait_for(lock,
+                   std::max(*next - now_locked(), nanoseconds{0}) + std::chrono::microseconds{50});
+    else
+      cv_.wait(lock);
+  }
+}
+
+void sim_world::kill(int rank) {
+  std::lock_guard lock(mu_);
+  if (dead_[static_cast<std::size_t>(rank)])
+    return;
+  auto victim = contexts_[static_cast<std::size_t>(rank)].lock();
+  dead_[static_cast<std::size_t>(rank)] = true;
+  // What was in flight to or from it is lost with it.
+  for (auto it = links_.begin(); it != links_.end();)
+    it = it->first.first == rank || it->first.second == rank ? links_.erase(it) : std::next(it);
+  if (victim)
+    victim->abort_locked("this worker was killed by the test harness", errc::peer_lost, false);
+  // Its connections close: every survivor's link to it fails, and its membership connection
+  // too, so every survivor's group is aborted naming it.
+  const auto cause = "lost worker:" + std::to_string(rank) + " (rank " + std::to_string(rank) +
+                     "): connection closed without leave (killed by the test harness)";
+  for (int r = 0; r < size_; ++r)
+    if (auto ctx = context_of(r)) {
+      ctx->fail_link(rank, errc::peer_lost,
+                     "rank " + std::to_string(rank) + " closed the connection (worker:" +
+                         std::to_string(rank) + " was killed by the test harness)");
+      ctx->abort_locked(cause, errc::peer_lost, true);
+    }
+  cv_.notify_all();
+}
+
+void sim_world::partition(const std::set<int>& side) {
+  std::lock_guard lock(mu_);
+  side_ = side;
+  cut_at_ = now_locked();
+  cut_reported_ = false;
+  cv_.notify_all();
+}
+
+void sim_world::heal() {
+  std::lock_guard lock(mu_);
+  side_.clear();
+  cv_.notify_all();
+}
+
+bool sim_world::alive(int rank) const {
+  std::lock_guard lock(mu_);
+  return !dead_[static_cast<std::size_t>(rank)];
+}
+
+void sim_world::set_filter(message_filter filter) {
+  std::lock_guard lock(mu_);
+  filter_ = std::move(filter);
+}
+
+void sim_world::advance(nanoseconds by) {
+  std::lock_guard lock(mu_);
+  advanced_ += by;
+  fire_due();
+  cv_.notify_all();
+}
+
+std::vector<message> sim_world::messages() const {
+  std::lock_guard lock(mu_);
+  return log_;
+}
+
+} // namespace consort::testing::detail

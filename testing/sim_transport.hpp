@@ -1,0 +1,107 @@
+#pragma once
+
+// The simulated network of consort::testing::cluster: a transport::context per worker, all of
+// them in one process, with the faults the harness injects (kill, partition, a filter that drops,
+// delays or corrupts messages), a log of every message, and the harness's clock.
+//
+// The clock. Simulated time is real time since the world began plus whatever the test advanced:
+// sim_now = (clock::now() - epoch) + advanced. A wait with deadline `until` gets the budget
+// `until - clock::now()` when it begins and times out once that much simulated time has passed,
+// so `advance` makes deadlines pass without a wall-clock wait, and a test that never advances
+// still ends in real time (nothing hangs). The failure detector of the membership service is
+// simulated the same way: a worker cut off by a partition is declared lost by the others
+// `peer_timeout` of simulated time after the cut.
+//
+// The contract of transport::pair holds (tests/testing run the algorithm suites over it): per
+// link FIFO, tag matching, size checks, abort with a carried code, close with a goodbye. A send
+// copies its bytes and completes at once (as a write into a socket buffer does).
+//
+// Thread safety: one mutex guards the whole world; every change notifies one condition variable.
+// Tests move kilobytes, not gigabytes, so the simplicity is worth the contention.
+
+#include <consort/testing.hpp>
+#include <consort/transport/pair.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace consort::testing::detail {
+
+class sim_context;
+class sim_op;
+
+class sim_world : public std::enable_shared_from_this<sim_world> {
+public:
+  sim_world(int size, std::chrono::milliseconds peer_timeout);
+  ~sim_world();
+
+  /// Rank `r`'s context (made once, by the constructor's caller through `make_contexts`).
+  std::vector<transport::context_ptr> make_contexts();
+
+  void kill(int rank);
+  bool alive(int rank) const;
+  void partition(const std::set<int>& side);
+  void heal();
+  void set_filter(message_filter filter);
+  void advance(std::chrono::nanoseconds by);
+  std::chrono::nanoseconds now() const;
+  std::vector<message> messages() const;
+
+  // -- used by contexts and operations (mu_ held where it says so) --------------------------
+  std::chrono::nanoseconds now_locked() const; // mu_ held
+  /// Waits for `op` to be done until the simulated deadline; mu_ not held.
+  caf::error wait(sim_op& op, transport::deadline until);
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+
+  // mu_ held:
+  /// A data message: logged, then filtered, delayed, dropped or handed to the receiver.
+  void post(int from, int to, uint64_t tag, std::vector<std::byte> data);
+  /// A control message (`kind` "goodbye" or "abort"): logged, and `deliver_to(receiver)` runs
+  /// unless the receiver is dead or cut off. It follows the data of its link.
+  void notice(int from, int to, const char* kind, const std::string& reason,
+              const std::function<void(sim_context&)>& deliver_to);
+
+private:
+  friend class sim_context;
+  struct in_flight {
+    std::chrono::nanoseconds due;
+    int from, to;
+    uint64_t tag;
+    std::vector<std::byte> data;
+  };
+
+  // mu_ held:
+  std::shared_ptr<sim_context> context_of(int rank) const; // null when dead or gone
+  void flush_link(int from, int to); // delivers the delayed messages of a link now
+  void fire_due();                   // delayed messages and the failure detector
+  bool cut(int a, int b) const;      // a partition separates a and b
+
+  void ticker();
+
+  const int size_;
+  const std::chrono::milliseconds peer_timeout_;
+  const transport::clock::time_point epoch_;
+  std::chrono::nanoseconds advanced_{0};
+  std::vector<std::weak_ptr<sim_context>> contexts_;
+  std::vector<bool> dead_;
+  std::set<int> side_; // the partitioned side (empty: none)
+  std::chrono::nanoseconds cut_at_{0};
+  bool cut_reported_ = false;
+  message_filter filter_;
+  std::vector<message> log_;
+  std::map<std::pair<int, int>, std::deque<in_flight>> links_; // delayed messages, per link
+  bool stopping_ = false;
+  std::thread ticker_;
+};
+
+} // namespace consort::testing::detail

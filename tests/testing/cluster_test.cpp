@@ -1,0 +1,353 @@
+// consort::testing::cluster: workers of a multi-worker job in one process over the simulated
+// network, driven through the public API (the strategies) and the harness's faults and clock;
+// and the simulated network itself against the transport's contract.
+
+#include <consort/testing.hpp>
+#include <consort/transport/algorithms.hpp>
+
+#include "support/expect_error.hpp"
+#include "support/transport_helpers.hpp"
+#include "testing/sim_transport.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace consort {
+namespace {
+
+using namespace std::chrono_literals;
+using consort::test::fails_with;
+using consort::test::has_error;
+using testing::cluster;
+using testing::verdict;
+using wall = std::chrono::steady_clock;
+
+/// The step of the examples: every replica contributes 1.
+tensor one_sum(replica_context& ctx) {
+  return ctx.all_reduce("SUM", tensor::scalar<float>(1.0f));
+}
+
+/// The code and message a future fails with, or "no error"; fails the test if it does not end
+/// within `within` of wall time (nothing may hang).
+template <class Future>
+::testing::AssertionResult fails(Future& f, errc code, const std::vector<std::string>& fragments,
+                                 std::chrono::milliseconds within = 10s) {
+  if (!f.wait_for(within))
+    return ::testing::AssertionFailure()
+           << "the run did not end within " << within.count() << " ms of wall time";
+  return fails_with([&] { f.get(); }, code, fragments);
+}
+
+/// Every component of every worker's result equals `want`.
+template <class Futures>
+void expect_all_equal(Futures& futures, float want, const cluster& c) {
+  for (size_t w = 0; w < futures.size(); ++w) {
+    ASSERT_TRUE(futures[w].wait_for(10s)) << "worker " << w << " did not finish; " << c.describe();
+    auto result = futures[w].get();
+    for (const auto& v : result.values())
+      EXPECT_EQ(v.template item<float>(), want) << "worker " << w << "; " << c.describe();
+  }
+}
+
+// -- the happy path ------------------------------------------------------------------------------
+
+TEST(TestingCluster, EveryWorkerRunsTheStepAndTheCollectiveSpansTheCluster) {
+  cluster c({.workers = 3, .replicas_per_worker = 2, .seed = 7});
+  EXPECT_EQ(c.workers(), 3);
+  EXPECT_EQ(c.describe(), "3 workers x 2 replicas, seed 7");
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_EQ(c.strategy(w).worker_rank(), w);
+    EXPECT_EQ(c.strategy(w).num_workers(), 3);
+    EXPECT_EQ(c.strategy(w).num_replicas_in_sync(), 6);
+  }
+  for (int round = 0; round < 3; ++round) {
+    auto runs = c.run_all(one_sum);
+    expect_all_equal(runs, 6.0f, c);
+  }
+  // Every message went between two distinct workers and was delivered.
+  auto log = c.messages();
+  ASSERT_FALSE(log.empty());
+  for (const auto& m : log) {
+    EXPECT_NE(m.from, m.to);
+    EXPECT_EQ(m.kind, "data");
+    EXPECT_EQ(m.what, testing::fate::delivered);
+  }
+}
+
+TEST(TestingCluster, DelayedMessagesKeepTheirLinksOrderAndTheResultsExact) {
+  cluster c({.workers = 3, .replicas_per_worker = 1, .seed = 1});
+  std::atomic<int> n{0};
+  // Every other message waits 20 ms of simulated time (which also passes in real time).
+  c.on_message([&](const testing::message&) {
+    return n++ % 2 ? verdict::delay_by(20ms) : verdict::deliver();
+  });
+  auto runs = c.run_all([](replica_context& ctx) {
+    std::vector<float> v(1001);
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<float>(ctx.replica_id_in_sync_group() * 1000 + static_cast<int>(i));
+    auto sum = ctx.all_reduce("SUM", tensor::from<float>(v));
+    return sum;
+  });
+  for (size_t w = 0; w < runs.size(); ++w) {
+    ASSERT_TRUE(runs[w].wait_for(10s));
+    auto got = runs[w].get().values().front().to_vector<float>();
+    ASSERT_EQ(got.size(), 1001u);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], static_cast<float>(3000 + 3 * static_cast<int>(i))) << "element " << i;
+  }
+  bool delayed = false;
+  for (const auto& m : c.messages())
+    delayed = delayed || m.delay == 20ms;
+  EXPECT_TRUE(delayed);
+}
+
+TEST(TestingCluster, AMessageDelayedAnHourArrivesWhenTheTestAdvancesTime) {
+  cluster c({.workers = 2, .seed = 2});
+  c.on_message([](const testing::message& m) {
+    return m.from == 1 ? verdict::delay_by(1h) : verdict::deliver();
+  });
+  auto started = wall::now();
+  auto runs = c.run_all(one_sum);
+  EXPECT_FALSE(runs[0].wait_for(50ms)) << "worker 0 waits for worker 1's delayed message";
+  c.on_message({});
+  c.advance(1h);
+  expect_all_equal(runs, 2.0f, c);
+  EXPECT_LT(wall::now() - started, 5s);
+  EXPECT_GE(c.now(), std::chrono::nanoseconds{1h});
+}
+
+// -- faults --------------------------------------------------------------------------------------
+
+TEST(TestingCluster, AKilledWorkerFailsEverySurvivorsCollectivesWithPeerLostNamingIt) {
+  cluster c({.workers = 3, .replicas_per_worker = 2, .seed = 3});
+  auto warm = c.run_all(one_sum);
+  expect_all_equal(warm, 6.0f, c);
+  const auto killed_at = c.messages().size();
+  c.kill(2);
+  EXPECT_FALSE(c.alive(2));
+  EXPECT_TRUE(c.alive(0));
+  for (int w : {0, 1}) {
+    auto f = c.strategy(w).run_async(one_sum);
+    EXPECT_TRUE(fails(f, errc::peer_lost, {"worker:2", "killed"})) << "worker " << w;
+    auto later = c.strategy(w).run_async(one_sum);
+    EXPECT_TRUE(fails(later, errc::peer_lost, {"worker:2"})) << "later, worker " << w;
+  }
+  auto dead = c.strategy(2).run_async(one_sum);
+  EXPECT_TRUE(fails(dead, errc::peer_lost, {"killed by the test harness"}));
+  // A dead process sends nothing: no message from worker 2 after the kill.
+  auto log = c.messages();
+  for (size_t i = killed_at; i < log.size(); ++i)
+    EXPECT_FALSE(log[i].from == 2 && log[i].what == testing::fate::delivered)
+        << "message " << i << " from the dead worker";
+}
+
+TEST(TestingCluster, AWorkerKilledInTheMiddleOfAnAllReduceFailsTheOthersAtOnce) {
+  cluster c({.workers = 3, .seed = 4});
+  // Workers 0 and 1 enter the all-reduce; worker 2 never does, then dies.
+  auto f0 = c.strategy(0).run_async(one_sum);
+  auto f1 = c.strategy(1).run_async(one_sum);
+  EXPECT_FALSE(f0.wait_for(20ms));
+  auto started = wall::now();
+  c.kill(2);
+  EXPECT_TRUE(fails(f0, errc::peer_lost, {"worker:2"}));
+  EXPECT_TRUE(fails(f1, errc::peer_lost, {"worker:2"}));
+  EXPECT_LT(wall::now() - started, 5s);
+}
+
+TEST(TestingCluster, APartitionIsFoundAfterThePeerTimeoutOfSimulatedTime) {
+  cluster c({.workers = 3, .seed = 5, .peer_timeout = 30s});
+  c.partition({2});
+  auto started = wall::now();
+  auto runs = c.run_all(one_sum);
+  EXPECT_FALSE(runs[0].wait_for(20ms)) << "silence: nobody learns anything before the timeout";
+  c.advance(29s);
+  EXPECT_FALSE(runs[0].wait_for(20ms)) << "29 of 30 s: still silent";
+  c.advance(2s);
+  EXPECT_TRUE(fails(runs[0], errc::peer_lost, {"worker:2", "no heartbeat for 30000 ms"}));
+  EXPECT_TRUE(fails(runs[1], errc::peer_lost, {"worker:2", "no heartbeat"}));
+  // The cut-off worker finds the others lost too.
+  EXPECT_TRUE(fails(runs[2], errc::peer_lost, {"no heartbeat"}));
+  EXPECT_LT(wall::now() - started, 5s) << "30 s of simulated time took no wall-clock wait";
+  // Nothing crossed the cut.
+  for (const auto& m : c.messages()) {
+    if ((m.from == 2) != (m.to == 2) && m.kind == "data") {
+      EXPECT_EQ(m.what, testing::fate::dropped);
+    }
+  }
+}
+
+TEST(TestingCluster, ACollectiveTimeoutPassesInSimulatedTime) {
+  testing::cluster_options opts;
+  opts.workers = 2;
+  opts.strategy.collective_timeout = 20s;
+  opts.peer_timeout = 1h;
+  cluster c(opts);
+  // Worker 1's data never reaches worker 0 (a lossy link, no close, no partition).
+  c.on_message(
+      [](const testing::message& m) { return m.from == 1 ? verdict::drop() : verdict::deliver(); });
+  auto started = wall::now();
+  auto f0 = c.strategy(0).run_async(one_sum);
+  auto f1 = c.strategy(1).run_async(one_sum);
+  EXPECT_FALSE(f0.wait_for(20ms));
+  c.advance(21s);
+  EXPECT_TRUE(fails(f0, errc::collective_timeout, {}));
+  EXPECT_LT(wall::now() - started, 5s);
+  // Worker 1 is not left hanging either: it fails by its deadline or with worker 0's abort.
+  ASSERT_TRUE(f1.wait_for(10s));
+}
+
+TEST(TestingCluster, ACorruptedFrameClosesTheConnectionWithPeerLost) {
+  cluster c({.workers = 2, .seed = 6});
+  std::atomic<bool> once{false};
+  c.on_message([&](const testing::message& m) {
+    return m.from == 1 && !once.exchange(true) ? verdict::corrupt() : verdict::deliver();
+  });
+  auto runs = c.run_all(one_sum);
+  EXPECT_TRUE(fails(runs[0], errc::peer_lost, {"malformed frame from rank 1"}));
+  // Worker 1 had what it needed from worker 0 before its own frame broke the link, or fails
+  // with peer_lost: either way it ends, and never with a wrong value.
+  ASSERT_TRUE(runs[1].wait_for(10s));
+  try {
+    EXPECT_EQ(runs[1].get().values().front().item<float>(), 2.0f);
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::peer_lost) << e.what();
+  }
+  bool corrupted = false;
+  for (const auto& m : c.messages())
+    corrupted = corrupted || m.what == testing::fate::corrupted;
+  EXPECT_TRUE(corrupted);
+}
+
+TEST(TestingCluster, AStepThatThrowsOnOneReplicaFailsItsWorkerAndNoWorkerHangs) {
+  testing::cluster_options opts;
+  opts.workers = 2;
+  opts.replicas_per_worker = 2;
+  opts.strategy.collective_timeout = 10s;
+  cluster c(opts);
+  auto started = wall::now();
+  auto runs = c.run_all([](replica_context& ctx) {
+    if (ctx.replica_id_in_sync_group() == 3)
+      throw std::runtime_error("bad batch on replica 3");
+    return one_sum(ctx);
+  });
+  EXPECT_TRUE(fails(runs[1], errc::step_failed, {"bad batch on replica 3"}));
+  // Worker 0's collective waits for worker 1's, which never comes: its deadline ends it.
+  c.advance(11s);
+  ASSERT_TRUE(runs[0].wait_for(10s));
+  EXPECT_THROW(runs[0].get(), error);
+  EXPECT_LT(wall::now() - started, 8s);
+}
+
+// -- misuse --------------------------------------------------------------------------------------
+
+TEST(TestingCluster, BadOptionsAndArgumentsAreRefusedSayingWhatWasExpected) {
+  EXPECT_TRUE(fails_with([] { cluster c({.workers = 1}); }, errc::invalid_argument,
+                         {"1 workers", "expected 2 or more"}));
+  EXPECT_TRUE(fails_with([] { cluster c({.workers = 2, .replicas_per_worker = 0}); },
+                         errc::invalid_argument, {"0 replicas per worker", "expected 1 or more"}));
+  cluster c({.workers = 2});
+  EXPECT_TRUE(
+      fails_with([&] { c.strategy(2); }, errc::invalid_argument, {"no worker 2", "0 to 1"}));
+  EXPECT_TRUE(fails_with([&] { c.kill(-1); }, errc::invalid_argument, {"no worker -1"}));
+  EXPECT_TRUE(fails_with([&] { c.partition({}); }, errc::invalid_argument,
+                         {"0 of 2 workers", "some but not all"}));
+  EXPECT_TRUE(fails_with([&] { c.partition({0, 1}); }, errc::invalid_argument, {"2 of 2"}));
+  EXPECT_TRUE(fails_with([&] { c.advance(-1ns); }, errc::invalid_argument, {"forward"}));
+  // The cluster still works after the refusals.
+  auto runs = c.run_all(one_sum);
+  expect_all_equal(runs, 2.0f, c);
+}
+
+// -- the simulated network against the transport's contract --------------------------------------
+
+std::vector<transport::context_ptr> sim_group(int n,
+                                              std::shared_ptr<testing::detail::sim_world>& w) {
+  w = std::make_shared<testing::detail::sim_world>(n, 5s);
+  return w->make_contexts();
+}
+
+TEST(SimTransport, TheRingAllReduceIsExactOverIt) {
+  for (int n : {2, 3, 5}) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}}) {
+      std::shared_ptr<testing::detail::sim_world> world;
+      auto ctxs = sim_group(n, world);
+      std::vector<std::vector<int32_t>> data(static_cast<size_t>(n), std::vector<int32_t>(count));
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i)
+          data[static_cast<size_t>(r)][i] = r * 7 + static_cast<int32_t>(i);
+      std::vector<std::future<caf::error>> runs;
+      for (int r = 0; r < n; ++r)
+        runs.push_back(std::async(std::launch::async, [&, r] {
+          return transport::all_reduce(ctxs[static_cast<size_t>(r)],
+                                       data[static_cast<size_t>(r)].data(), count, dtype::int32,
+                                       reduce_op::sum, {});
+        }));
+      for (auto& f : runs)
+        ASSERT_FALSE(f.get());
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(data[static_cast<size_t>(r)][i],
+                    7 * n * (n - 1) / 2 + n * static_cast<int32_t>(i))
+              << n << " ranks, " << count << " elements, rank " << r << ", element " << i;
+    }
+  }
+}
+
+TEST(SimTransport, ReceivesMatchTagsAndSizesAndALeaverFailsWhatItNeverSent) {
+  std::shared_ptr<testing::detail::sim_world> world;
+  auto ctxs = sim_group(2, world);
+  std::vector<std::byte> a(8, std::byte{1}), b(8, std::byte{2}), got(8), small(4);
+  auto r2 = ctxs[1]->to(0).recv(2, got);
+  EXPECT_FALSE(
+      ctxs[0]->to(1).send(1, {transport::const_bytes(a)})->wait(transport::clock::now() + 1s));
+  EXPECT_FALSE(
+      ctxs[0]->to(1).send(2, {transport::const_bytes(b)})->wait(transport::clock::now() + 1s));
+  EXPECT_FALSE(r2->wait(transport::clock::now() + 1s));
+  EXPECT_EQ(got, b);
+  EXPECT_TRUE(has_error(ctxs[1]->to(0).recv(1, small)->wait(transport::clock::now() + 1s),
+                        errc::invalid_argument, {"recv of tag 1", "has 8 bytes", "dropped"}));
+  auto never = ctxs[1]->to(0).recv(3, got);
+  EXPECT_TRUE(has_error(never->wait(transport::clock::now() + 10ms), errc::collective_timeout,
+                        {"recv of tag 3", "did not complete"}));
+  EXPECT_FALSE(ctxs[0]->close("done", transport::clock::now() + 1s));
+  EXPECT_TRUE(has_error(never->wait(transport::clock::now() + 1s), errc::peer_left,
+                        {"rank 0 left the group (done)"}));
+  EXPECT_TRUE(has_error(
+      ctxs[1]->to(0).send(4, {transport::const_bytes(a)})->wait(transport::clock::now() + 1s),
+      errc::peer_left, {"send of tag 4", "rank 0 left"}));
+  EXPECT_TRUE(has_error(
+      ctxs[0]->to(1).send(5, {transport::const_bytes(a)})->wait(transport::clock::now() + 1s),
+      errc::shutdown, {"leaving the group"}));
+}
+
+TEST(SimTransport, AnAbortCarriesItsCodeAndReasonToThePeers) {
+  std::shared_ptr<testing::detail::sim_world> world;
+  auto ctxs = sim_group(3, world);
+  std::vector<std::byte> got(4);
+  auto pending = ctxs[2]->to(0).recv(1, got);
+  ctxs[0]->abort("rank 0 called all_gather", errc::collective_mismatch);
+  EXPECT_TRUE(has_error(pending->wait(transport::clock::now() + 1s), errc::collective_mismatch,
+                        {"rank 0 aborted the group: rank 0 called all_gather"}));
+  EXPECT_TRUE(has_error(ctxs[0]->to(1).recv(1, got)->wait(transport::clock::now() + 1s),
+                        errc::collective_mismatch, {"rank 0 called all_gather"}));
+  // The others' own link is untouched.
+  std::vector<std::byte> a(4, std::byte{9});
+  auto r = ctxs[2]->to(1).recv(7, got);
+  EXPECT_FALSE(
+      ctxs[1]->to(2).send(7, {transport::const_bytes(a)})->wait(transport::clock::now() + 1s));
+  EXPECT_FALSE(r->wait(transport::clock::now() + 1s));
+  auto log = world->messages();
+  int notices = 0;
+  for (const auto& m : log)
+    notices += m.kind == "abort" && m.from == 0;
+  EXPECT_EQ(notices, 2) << "rank 0 told each peer once";
+}
+
+} // namespace
+} // namespace consort
