@@ -13,7 +13,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <future>
+#include <iostream>
+#include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -242,6 +246,166 @@ TEST(TestingCluster, AStepThatThrowsOnOneReplicaFailsItsWorkerAndNoWorkerHangs) 
   ASSERT_TRUE(runs[0].wait_for(10s));
   EXPECT_THROW(runs[0].get(), error);
   EXPECT_LT(wall::now() - started, 8s);
+}
+
+// -- random faults -------------------------------------------------------------------------------
+
+/// The fault one seed injects.
+enum class fault { none, kill, partition, drop, delay, corrupt, throw_in_step };
+
+const char* fault_name(fault f) {
+  switch (f) {
+  case fault::none:
+    return "none";
+  case fault::kill:
+    return "kill";
+  case fault::partition:
+    return "partition";
+  case fault::drop:
+    return "drop";
+  case fault::delay:
+    return "delay";
+  case fault::corrupt:
+    return "corrupt";
+  case fault::throw_in_step:
+    return "throw in a step";
+  }
+  return "?";
+}
+
+/// One seed: 3 workers x 2 replicas run 3 all-reduce steps; a random fault strikes before or
+/// during a random step. Every worker's every step must end (simulated time is pushed until it
+/// does) with the exact sum or a clear error; returns what went wrong, empty when nothing did.
+/// Per fault kind: steps that ended with the sum, and with an error (over every worker).
+struct tally {
+  int exact = 0;
+  int errors = 0;
+};
+
+std::string run_seed(uint64_t seed, std::map<fault, tally>& seen) {
+  testing::cluster_options opts;
+  opts.workers = 3;
+  opts.replicas_per_worker = 2;
+  opts.seed = seed;
+  opts.peer_timeout = 3s;
+  opts.strategy.collective_timeout = 10s;
+  cluster c(opts);
+  auto& rng = c.random();
+  const auto kind = static_cast<fault>(rng() % 7);
+  const int victim = static_cast<int>(rng() % 3);
+  const int at_step = static_cast<int>(rng() % 3);
+  const bool during = rng() % 2 == 0;
+  auto filter_rng = std::make_shared<std::mt19937_64>(seed ^ 0x5eedULL);
+  const std::string what = std::string{"seed "} + std::to_string(seed) + " (" + c.describe() +
+                           "): fault " + fault_name(kind) + " on worker " + std::to_string(victim) +
+                           (during ? " during" : " before") + " step " + std::to_string(at_step);
+  auto strike = [&] {
+    switch (kind) {
+    case fault::none:
+    case fault::throw_in_step:
+      break;
+    case fault::kill:
+      c.kill(victim);
+      break;
+    case fault::partition:
+      c.partition({victim});
+      break;
+    case fault::drop:
+      c.on_message([filter_rng, victim](const testing::message& m) {
+        return m.from == victim && (*filter_rng)() % 4 == 0 ? verdict::drop() : verdict::deliver();
+      });
+      break;
+    case fault::delay:
+      c.on_message([filter_rng](const testing::message&) {
+        return verdict::delay_by(std::chrono::milliseconds((*filter_rng)() % 2000));
+      });
+      break;
+    case fault::corrupt:
+      c.on_message([filter_rng, victim](const testing::message& m) {
+        return m.from == victim && (*filter_rng)() % 3 == 0 ? verdict::corrupt()
+                                                            : verdict::deliver();
+      });
+      break;
+    }
+  };
+  for (int step = 0; step < 3; ++step) {
+    if (step == at_step && !during)
+      strike();
+    const bool throws = kind == fault::throw_in_step && step == at_step;
+    auto runs = c.run_all([throws, victim](replica_context& ctx) {
+      if (throws && ctx.replica_id_in_sync_group() == 2 * victim + 1)
+        throw std::runtime_error("injected failure");
+      return ctx.all_reduce(
+          "SUM", tensor::scalar<float>(static_cast<float>(ctx.replica_id_in_sync_group() + 1)));
+    });
+    if (step == at_step && during)
+      strike();
+    // Push simulated time until every worker's step has ended: 60 s is past every deadline.
+    auto all_done = [&] {
+      for (auto& f : runs)
+        if (!f.wait_for(2ms))
+          return false;
+      return true;
+    };
+    for (int pushed = 0; !all_done() && pushed < 60; ++pushed)
+      c.advance(1s);
+    for (size_t w = 0; w < runs.size(); ++w) {
+      if (!runs[w].wait_for(10s))
+        return what + ": worker " + std::to_string(w) + " hangs in step " + std::to_string(step);
+      try {
+        auto result = runs[w].get();
+        for (const auto& v : result.values())
+          if (v.item<float>() != 21.0f)
+            return what + ": worker " + std::to_string(w) + " got " +
+                   std::to_string(v.item<float>()) + " instead of 21 in step " +
+                   std::to_string(step);
+        ++seen[kind].exact;
+      } catch (const error& e) {
+        ++seen[kind].errors;
+        const auto code = e.code();
+        const bool clear = code == errc::peer_lost || code == errc::collective_timeout ||
+                           code == errc::step_failed || code == errc::collective_aborted ||
+                           code == errc::peer_left;
+        if (!clear || std::string{e.what()}.empty())
+          return what + ": worker " + std::to_string(w) + " failed with errc::" + to_string(code) +
+                 ": " + e.what();
+        if (kind == fault::none)
+          return what + ": worker " + std::to_string(w) + " failed without a fault: " + e.what();
+      }
+    }
+  }
+  return {};
+}
+
+TEST(TestingClusterFuzz, RandomFaultsEndInExactResultsOrClearErrorsOnEveryWorker) {
+  // CONSORT_HARNESS_SEEDS overrides the count (tools/sanitize.sh runs fewer).
+  uint64_t seeds = 1000;
+  if (const char* env = std::getenv("CONSORT_HARNESS_SEEDS"))
+    seeds = std::strtoull(env, nullptr, 10);
+  uint64_t first = 0;
+  if (const char* env = std::getenv("CONSORT_HARNESS_SEED_ONLY")) {
+    first = std::strtoull(env, nullptr, 10);
+    seeds = 1;
+  }
+  std::map<fault, tally> seen;
+  auto started = wall::now();
+  for (uint64_t seed = first; seed < first + seeds; ++seed) {
+    auto failure = run_seed(seed, seen);
+    ASSERT_TRUE(failure.empty()) << failure << "\nreplay: CONSORT_HARNESS_SEED_ONLY=" << seed;
+  }
+  std::cout << seeds << " seeds in "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(wall::now() - started).count()
+            << " ms of wall time; worker-steps exact / failed:";
+  for (const auto& [kind, t] : seen)
+    std::cout << " " << fault_name(kind) << " " << t.exact << "/" << t.errors << ";";
+  std::cout << std::endl;
+  if (seeds >= 100) {
+    // The faults bite: each kind that must break a step did, and fault-free runs never failed.
+    for (auto kind : {fault::kill, fault::partition, fault::throw_in_step, fault::corrupt})
+      EXPECT_GT(seen[kind].errors, 0) << fault_name(kind);
+    EXPECT_GT(seen[fault::none].exact, 0);
+    EXPECT_GT(seen[fault::delay].exact, 0);
+  }
 }
 
 // -- misuse --------------------------------------------------------------------------------------
