@@ -111,6 +111,11 @@ void cluster::advance(std::chrono::nanoseconds by) {
   world_->advance(by);
 }
 
+bool cluster::wait_blocked(int worker, std::chrono::milliseconds within) {
+  checked(worker);
+  return world_->wait_blocked(worker, within);
+}
+
 std::chrono::nanoseconds cluster::now() const {
   return world_->now();
 }

@@ -85,6 +85,7 @@ public:
   bool done_locked() const { return done_; }
   const caf::error& error_locked() const { return err_; }
   uint64_t tag() const { return tag_; }
+  int me() const { return me_; }
 
 private:
   std::shared_ptr<sim_world> world_;
@@ -330,7 +331,7 @@ private:
 
 sim_world::sim_world(int size, std::chrono::milliseconds peer_timeout)
     : size_(size), peer_timeout_(peer_timeout), epoch_(transport::clock::now()),
-      dead_(static_cast<std::size_t>(size), false) {
+      dead_(static_cast<std::size_t>(size), false), waiting_(static_cast<std::size_t>(size), 0) {
   ticker_ = std::thread([this] { ticker(); });
 }
 
@@ -367,14 +368,20 @@ caf::error sim_world::wait(sim_op& op, transport::deadline until) {
   std::unique_lock lock(mu_);
   // The budget left in real time now, spent in simulated time from here on.
   const auto sim_deadline = now_locked() + (until - transport::clock::now());
+  auto& waiting = waiting_[static_cast<std::size_t>(op.me())];
+  ++waiting;
+  cv_.notify_all(); // wait_blocked
   while (!op.done_locked()) {
     auto left = sim_deadline - now_locked();
-    if (left <= nanoseconds::zero())
+    if (left <= nanoseconds::zero()) {
+      --waiting;
       return make_caf_error(errc::collective_timeout,
                             op.describe() + " did not complete before its deadline (simulated " +
                                 "time " + ms_text(now_locked()) + ")");
+    }
     cv_.wait_for(lock, left);
   }
+  --waiting;
   return op.error_locked();
 }
 
@@ -572,6 +579,11 @@ void sim_world::advance(nanoseconds by) {
   advanced_ += by;
   fire_due();
   cv_.notify_all();
+}
+
+bool sim_world::wait_blocked(int rank, nanoseconds within) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, within, [&] { return waiting_[static_cast<std::size_t>(rank)] > 0; });
 }
 
 std::vector<message> sim_world::messages() const {

@@ -52,6 +52,7 @@ public:
   void heal();
   void set_filter(message_filter filter);
   void advance(std::chrono::nanoseconds by);
+  bool wait_blocked(int rank, std::chrono::nanoseconds within);
   std::chrono::nanoseconds now() const;
   std::vector<message> messages() const;
 
@@ -94,7 +95,8 @@ private:
   std::chrono::nanoseconds advanced_{0};
   std::vector<std::weak_ptr<sim_context>> contexts_;
   std::vector<bool> dead_;
-  std::set<int> side_; // the partitioned side (empty: none)
+  std::vector<int> waiting_; // per rank: threads inside wait() on an operation not yet done
+  std::set<int> side_;       // the partitioned side (empty: none)
   std::chrono::nanoseconds cut_at_{0};
   bool cut_reported_ = false;
   message_filter filter_;

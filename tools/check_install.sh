@@ -6,7 +6,8 @@
 #                  tests/install with find_package(consort CONFIG REQUIRED) against that prefix
 #                  alone, and runs it;
 #   2. vendored:   builds the same consumer with add_subdirectory(SOURCE_DIR) and runs it.
-# The consumer links only consort::consort and exits 0 only when a 2-replica reduce is right.
+# The consumer links only consort::consort; its two programs exit 0 only when a 2-replica reduce is
+# right (app) and when a consort::testing cluster sums and reports a killed worker (harness).
 #
 # Usage:   tools/check_install.sh [SOURCE_DIR]     (default: the repository holding this script)
 # Env:     JOBS=N      parallel build jobs (default: nproc)
@@ -130,9 +131,11 @@ found_dir="$(sed -n 's/^consort_DIR:PATH=//p' "${tmp}/consumer-package/CMakeCach
   "not in ${prefix}"
 run package-build cmake --build "${tmp}/consumer-package" --parallel "${jobs}"
 
-step "[4/6] run the find_package consumer"
+step "[4/6] run the find_package consumer (app, harness)"
 run package-run "${tmp}/consumer-package/app"
 step "      $(cat "${tmp}/package-run.log")"
+run package-harness "${tmp}/consumer-package/harness"
+step "      $(cat "${tmp}/package-harness.log")"
 
 # -- 2. consume with add_subdirectory -------------------------------------------------------------
 step "[5/6] build tests/install with add_subdirectory(${src})"
@@ -145,8 +148,10 @@ parent_build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "${tmp}/consumer-sub
   fail "add_subdirectory(consort) changed its parent's CMAKE_BUILD_TYPE from none to '${parent_build_type}'"
 run subdirectory-build cmake --build "${tmp}/consumer-subdirectory" --parallel "${jobs}"
 
-step "[6/6] run the add_subdirectory consumer"
+step "[6/6] run the add_subdirectory consumer (app, harness)"
 run subdirectory-run "${tmp}/consumer-subdirectory/app"
 step "      $(cat "${tmp}/subdirectory-run.log")"
+run subdirectory-harness "${tmp}/consumer-subdirectory/harness"
+step "      $(cat "${tmp}/subdirectory-harness.log")"
 
 echo "check_install: PASS (installed package and add_subdirectory both work)"

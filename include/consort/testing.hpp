@@ -156,6 +156,11 @@ public:
   /// Moves simulated time forward: deadlines, delayed messages and the failure detector see it
   /// at once. @throws error(invalid_argument) for a negative duration.
   void advance(std::chrono::nanoseconds by);
+  /// Waits (in real time, up to `within`) until a thread of worker `worker` waits on the
+  /// network, e.g. inside a collective that needs a peer; false when none did in time. Call it
+  /// before `advance` when a deadline must pass for a call that is starting: a call's deadline
+  /// counts from when it begins, so time advanced before it began does not count for it.
+  bool wait_blocked(int worker, std::chrono::milliseconds within = std::chrono::seconds(10));
   /// Simulated time since the cluster was built.
   std::chrono::nanoseconds now() const;
   /// Every message so far, in the order they were sent.
