@@ -450,19 +450,7 @@ TEST(CrossWorkerTest, ABadArgumentOfALoneReplicaFailsItAndAbortsTheCallOnTheOthe
     EXPECT_EQ(f.get()[0].as_tensor(), tensor::from<float>({2, 2}, {2}));
 }
 
-TEST(CrossWorkerTest, AWorkerThatNeverCallsTimesOutTheOthersNamingTheCall) {
-  cluster c(2, 1, 300ms);
-  // Only worker 0 runs a step with a collective.
-  auto f = c.workers[0]->submit(
-      [](replica_context& ctx) { return nest(ctx.all_reduce("SUM", row(1))); });
-  auto message = message_of(f);
-  EXPECT_NE(message.find("all_reduce(SUM) #0 of step 0"), std::string::npos) << message;
-  try {
-    f.get();
-  } catch (const error& e) {
-    EXPECT_EQ(e.code(), errc::collective_timeout);
-  }
-}
+// A worker that never calls: tests/testing/cluster_test.cpp, on simulated time.
 
 TEST(CrossWorkerTest, ALostPeerFailsPendingAndLaterCallsWithPeerLost) {
   cluster c(2, 1);

@@ -211,6 +211,22 @@ TEST(TestingCluster, ACollectiveTimeoutPassesInSimulatedTime) {
   ASSERT_TRUE(f1.wait_for(10s));
 }
 
+// Moved here from tests/actors/cross_worker_test.cpp, where it waited 300 ms of wall time: the
+// default 30 s deadline now passes in simulated time.
+TEST(TestingCluster, AWorkerThatNeverCallsTimesOutTheOthersNamingTheCall) {
+  cluster c({.workers = 2, .seed = 8});
+  auto started = wall::now();
+  // Only worker 0 runs a step with a collective.
+  auto f = c.strategy(0).run_async(one_sum);
+  ASSERT_TRUE(c.wait_blocked(0));
+  c.advance(29s);
+  EXPECT_FALSE(f.wait_for(20ms)) << "29 of the 30 s: still waiting";
+  c.advance(2s);
+  EXPECT_TRUE(fails(f, errc::collective_timeout,
+                    {"all_reduce(SUM) #0 of step 0", "receive from rank 1", "did not complete"}));
+  EXPECT_LT(wall::now() - started, 1s);
+}
+
 TEST(TestingCluster, ACorruptedFrameClosesTheConnectionWithPeerLost) {
   cluster c({.workers = 2, .seed = 6});
   std::atomic<bool> once{false};
