@@ -209,6 +209,35 @@ public:
   }
 };
 
+/// Rank 0 of a group of 2 whose rank 1 is a raw socket that has completed the handshake.
+struct rank_and_raw_peer {
+  context_ptr ctx; // null (and a failure added) when the handshake did not complete
+  std::unique_ptr<raw_peer> peer;
+};
+
+rank_and_raw_peer connect_raw_peer() {
+  rank_and_raw_peer out;
+  auto ctx = listen_rank(0, 2);
+  if (!ctx)
+    return out;
+  auto connected = std::async(std::launch::async, [ctx] {
+    return ctx->connect({ctx->listen_address(), "127.0.0.1:1"});
+  });
+  out.peer = std::make_unique<raw_peer>(ctx->port());
+  out.peer->hello(1, 2);
+  wire::hello reply;
+  if (!out.peer->read_hello(reply) || reply.rank != 0) {
+    ADD_FAILURE() << "rank 0 did not answer the raw peer's hello";
+    return out;
+  }
+  if (auto err = connected.get()) {
+    ADD_FAILURE() << "rank 0 did not connect to the raw peer: " << text_of(err);
+    return out;
+  }
+  out.ctx = std::move(ctx);
+  return out;
+}
+
 // -- frame heads ---------------------------------------------------------------------------------
 
 TEST(TcpWireTest, FrameHeaderRoundTripsThroughItsEncoding) {
@@ -696,22 +725,13 @@ TEST(TcpTest, PeerThatGoesAwayFailsPendingAndLaterOperationsWithPeerLost) {
 
 TEST(TcpTest, SendToAPeerThatStopsReadingFailsWithPeerLostWhenItCloses) {
   // Rank 1 is a raw socket that completes the handshake, never reads, then closes.
-  auto ctx = listen_rank(0, 2);
+  auto [ctx, peer] = connect_raw_peer();
   ASSERT_TRUE(ctx);
-  auto connected = std::async(std::launch::async, [&] {
-    return ctx->connect({ctx->listen_address(), "127.0.0.1:1"});
-  });
-  raw_peer peer(ctx->port());
-  peer.hello(1, 2);
-  wire::hello reply;
-  ASSERT_TRUE(peer.read_hello(reply));
-  EXPECT_EQ(reply.rank, 0u);
-  ASSERT_FALSE(connected.get());
   auto big = pattern(std::size_t{64} << 20, 1);
   auto send = ctx->to(1).send(1, parts_of(big));
   EXPECT_TRUE(has_error(send->wait(in(200ms)), errc::collective_timeout,
                         {"send of tag 1", "rank 1", "did not complete"}));
-  peer.close();
+  peer->close();
   EXPECT_TRUE(has_error(send->wait(in(10s)), errc::peer_lost, {"send of tag 1", "rank 1"}));
 }
 
@@ -721,22 +741,14 @@ TEST(TcpTest, SendToAPeerThatStopsReadingFailsWithPeerLostWhenItCloses) {
 // the peer's abort carried, not with a bare broken pipe. Both orders happen; the loop meets both.
 TEST(TcpTest, ASendCutOffByThePeersAbortFailsWithTheCauseTheAbortCarried) {
   for (int round = 0; round < 8; ++round) {
-    auto ctx = listen_rank(0, 2);
+    auto [ctx, peer] = connect_raw_peer();
     ASSERT_TRUE(ctx);
-    auto connected = std::async(std::launch::async, [&] {
-      return ctx->connect({ctx->listen_address(), "127.0.0.1:1"});
-    });
-    raw_peer peer(ctx->port());
-    peer.hello(1, 2);
-    wire::hello reply;
-    ASSERT_TRUE(peer.read_hello(reply));
-    ASSERT_FALSE(connected.get());
     auto big = pattern(std::size_t{16} << 20, 2);
     auto send = ctx->to(1).send(2, parts_of(big));
     ASSERT_TRUE(has_error(send->wait(in(50ms)), errc::collective_timeout, {"send of tag 2"}))
         << "the peer reads nothing, so the send is still under way";
-    peer.abort_frame(1, errc::collective_mismatch, "rank 1 called all_gather, rank 0 all_reduce");
-    peer.close(); // unread bytes: the kernel answers with a reset
+    peer->abort_frame(1, errc::collective_mismatch, "rank 1 called all_gather, rank 0 all_reduce");
+    peer->close(); // unread bytes: the kernel answers with a reset
     EXPECT_TRUE(has_error(send->wait(in(10s)), errc::collective_mismatch,
                           {"send of tag 2", "rank 1 aborted the group",
                            "rank 1 called all_gather, rank 0 all_reduce"}))
@@ -769,20 +781,12 @@ TEST(TcpTest, AbortFailsPendingOperationsAtOnceAndEveryLaterOne) {
 
 TEST(TcpTest, AbortFailsAReceiveWhosePayloadIsHalfRead) {
   // Rank 1 is a raw socket that sends 10 of the 100 bytes it announces, then stalls.
-  auto ctx = listen_rank(0, 2);
+  auto [ctx, peer] = connect_raw_peer();
   ASSERT_TRUE(ctx);
-  auto connected = std::async(std::launch::async, [&] {
-    return ctx->connect({ctx->listen_address(), "127.0.0.1:1"});
-  });
-  raw_peer peer(ctx->port());
-  peer.hello(1, 2);
-  wire::hello reply;
-  ASSERT_TRUE(peer.read_hello(reply));
-  ASSERT_FALSE(connected.get());
   bytes got(100);
   auto recv = ctx->to(1).recv(5, got);
-  peer.header(5, 100, 1);
-  peer.write(pattern(10, 5));
+  peer->header(5, 100, 1);
+  peer->write(pattern(10, 5));
   // Wait until the 10 bytes are in (the timeout message counts them), then abort.
   auto until = in(10s);
   caf::error err;
@@ -794,7 +798,7 @@ TEST(TcpTest, AbortFailsAReceiveWhosePayloadIsHalfRead) {
   EXPECT_TRUE(recv->done());
   EXPECT_TRUE(has_error(recv->wait(in(1s)), errc::peer_lost,
                         {"recv of tag 5", "after 10 of 100 bytes", "test abort"}));
-  EXPECT_TRUE(peer.closed_by_peer());
+  EXPECT_TRUE(peer->closed_by_peer());
 }
 
 TEST(TcpTest, DestroyingAContextFailsItsPendingOperations) {
