@@ -6,6 +6,7 @@
 #include "actors/strategy_access.hpp"
 #include "testing/sim_transport.hpp"
 
+#include <algorithm>
 #include <set>
 
 namespace consort::testing {
@@ -25,28 +26,48 @@ const char* to_string(fate f) noexcept {
 }
 
 cluster::cluster(cluster_options opts) : opts_(std::move(opts)), random_(opts_.seed) {
+  const std::string who = "consort::testing::cluster: ";
   if (opts_.workers < 2)
     throw_error(errc::invalid_argument,
-                "consort::testing::cluster: " + std::to_string(opts_.workers) +
+                who + std::to_string(opts_.workers) +
                     " workers; expected 2 or more (one worker needs no network: use "
                     "mirrored_strategy)");
   if (opts_.replicas_per_worker < 1)
-    throw_error(errc::invalid_argument,
-                "consort::testing::cluster: " + std::to_string(opts_.replicas_per_worker) +
-                    " replicas per worker; expected 1 or more");
+    throw_error(errc::invalid_argument, who + std::to_string(opts_.replicas_per_worker) +
+                                            " replicas per worker; expected 1 or more");
   if (opts_.peer_timeout.count() < 0)
-    throw_error(errc::invalid_argument, "consort::testing::cluster: peer_timeout is " +
+    throw_error(errc::invalid_argument, who + "peer_timeout is " +
                                             std::to_string(opts_.peer_timeout.count()) +
                                             " ms; expected 0 or more");
+  if (opts_.rendezvous_timeout.count() < 0)
+    throw_error(errc::invalid_argument, who + "rendezvous_timeout is " +
+                                            std::to_string(opts_.rendezvous_timeout.count()) +
+                                            " ms; expected 0 or more");
+  joined_.assign(static_cast<size_t>(opts_.workers), true);
+  for (int w : opts_.late) {
+    check_index(w, "late");
+    if (!joined_[static_cast<size_t>(w)])
+      throw_error(errc::invalid_argument,
+                  who + "worker " + std::to_string(w) + " is named twice in late");
+    joined_[static_cast<size_t>(w)] = false;
+  }
   world_ = std::make_shared<detail::sim_world>(opts_.workers, opts_.peer_timeout);
+  rendezvous_deadline_ = world_->now() + opts_.rendezvous_timeout;
+  if (opts_.late.empty())
+    form();
+}
+
+void cluster::form() {
   auto contexts = world_->make_contexts();
   std::vector<std::string> devices;
   for (int d = 0; d < opts_.replicas_per_worker; ++d)
     devices.push_back("CPU:" + std::to_string(d));
+  std::vector<std::unique_ptr<multi_worker_mirrored_strategy>> built;
   for (int w = 0; w < opts_.workers; ++w)
-    strategies_.push_back(consort::detail::strategy_access::simulated_worker(
+    built.push_back(consort::detail::strategy_access::simulated_worker(
         opts_.strategy, w, opts_.workers, devices, contexts[static_cast<size_t>(w)],
         std::chrono::seconds(1)));
+  strategies_ = std::move(built);
 }
 
 cluster::~cluster() {
@@ -54,36 +75,86 @@ cluster::~cluster() {
   strategies_.clear();
 }
 
+void cluster::check_rendezvous() {
+  if (formed() || !rendezvous_failure_.empty() || world_->now() < rendezvous_deadline_)
+    return;
+  std::string missing, joined;
+  for (int w = 0; w < opts_.workers; ++w)
+    (joined_[static_cast<size_t>(w)] ? joined : missing) +=
+        std::string{(joined_[static_cast<size_t>(w)] ? joined : missing).empty() ? "" : ", "} +
+        "worker:" + std::to_string(w);
+  rendezvous_failure_ = "rendezvous at sim-worker-0:0 timed out after " +
+                        std::to_string(opts_.rendezvous_timeout.count()) + " ms: " + missing +
+                        " did not join (joined: " + joined + ")";
+}
+
+void cluster::join(int worker) {
+  check_index(worker, "join");
+  const bool late = std::find(opts_.late.begin(), opts_.late.end(), worker) != opts_.late.end();
+  if (!late || joined_[static_cast<size_t>(worker)])
+    throw_error(errc::invalid_argument,
+                "consort::testing::cluster::join: worker " + std::to_string(worker) +
+                    (late ? " has already joined" : " is not late (it started with the cluster)"));
+  check_rendezvous();
+  if (!rendezvous_failure_.empty())
+    throw_error(errc::collective_timeout,
+                "joining the cluster as worker:" + std::to_string(worker) +
+                    ": too late: " + rendezvous_failure_);
+  joined_[static_cast<size_t>(worker)] = true;
+  if (std::all_of(joined_.begin(), joined_.end(), [](bool j) { return j; }))
+    form();
+}
+
 std::string cluster::describe() const {
   return std::to_string(opts_.workers) + " workers x " + std::to_string(opts_.replicas_per_worker) +
          " replicas, seed " + std::to_string(opts_.seed);
 }
 
+void cluster::check_index(int worker, const char* what) const {
+  if (worker < 0 || worker >= opts_.workers)
+    throw_error(errc::invalid_argument, std::string{"consort::testing::cluster: "} + what +
+                                            ": no worker " + std::to_string(worker) +
+                                            "; the workers are 0 to " +
+                                            std::to_string(opts_.workers - 1));
+}
+
 multi_worker_mirrored_strategy& cluster::checked(int worker) const {
-  if (worker < 0 || worker >= static_cast<int>(strategies_.size()))
-    throw_error(errc::invalid_argument, "consort::testing::cluster: no worker " +
-                                            std::to_string(worker) + "; the workers are 0 to " +
-                                            std::to_string(strategies_.size() - 1));
+  check_index(worker, "strategy");
+  if (!formed())
+    throw_error(errc::invalid_argument,
+                "consort::testing::cluster: worker " + std::to_string(worker) +
+                    " has not started: the cluster is still forming (join the late workers, or "
+                    "advance past the rendezvous timeout)");
   return *strategies_[static_cast<size_t>(worker)];
 }
 
 multi_worker_mirrored_strategy& cluster::strategy(int worker) {
+  check_index(worker, "strategy");
+  if (!formed()) {
+    check_rendezvous();
+    if (!rendezvous_failure_.empty())
+      throw_error(errc::collective_timeout,
+                  "joining the cluster as worker:" + std::to_string(worker) + ": " +
+                      rendezvous_failure_);
+  }
   return checked(worker);
 }
 
 void cluster::kill(int worker) {
+  check_index(worker, "kill");
   checked(worker);
   world_->kill(worker);
 }
 
 bool cluster::alive(int worker) const {
-  checked(worker);
+  check_index(worker, "alive");
   return world_->alive(worker);
 }
 
 void cluster::partition(std::vector<int> side) {
   std::set<int> members;
   for (int w : side) {
+    check_index(w, "partition");
     checked(w);
     members.insert(w);
   }
@@ -109,10 +180,11 @@ void cluster::advance(std::chrono::nanoseconds by) {
                 "consort::testing::cluster::advance: " + std::to_string(by.count()) +
                     " ns; time only moves forward");
   world_->advance(by);
+  check_rendezvous();
 }
 
 bool cluster::wait_blocked(int worker, std::chrono::milliseconds within) {
-  checked(worker);
+  check_index(worker, "wait_blocked");
   return world_->wait_blocked(worker, within);
 }
 

@@ -22,8 +22,9 @@
 //   Not simulated: the kernel's socket buffers (a send completes when it is copied), TCP's
 //   timing, shared memory, NCCL;
 // - the membership's failure detector: a worker cut off by a partition is declared lost by the
-//   others `peer_timeout` of simulated time after the cut, as heartbeats would find it. Not
-//   simulated: the rendezvous (the cluster forms at construction; a worker cannot join late);
+//   others `peer_timeout` of simulated time after the cut, as heartbeats would find it; and the
+//   outcome of the rendezvous: workers named `late` start only when the test calls `join`, and
+//   past `rendezvous_timeout` every worker's start fails naming the missing ones;
 // - time: simulated time is real time plus what `advance` added; every deadline of the network
 //   (collective timeouts in the algorithms, the failure detector, delays) runs on it. Deadlines
 //   kept by the actors themselves (step_timeout) still run on real time.
@@ -99,6 +100,13 @@ struct cluster_options {
   /// Every worker's strategy options (collective_timeout is a deadline of the network, so it runs
   /// on simulated time).
   strategy_options strategy{};
+  /// Workers that do not start with the others: the cluster forms when the test has called
+  /// `join` for each of them (as the chief's view forms when the last worker joins).
+  std::vector<int> late{};
+  /// How long the others wait for the late workers, in simulated time; then every worker's start
+  /// fails with error(collective_timeout) naming the workers that did not join (as
+  /// multi_worker_options::rendezvous_timeout).
+  std::chrono::milliseconds rendezvous_timeout{std::chrono::seconds(60)};
 };
 
 /// N workers of a multi-worker job in one process, over a simulated network.
@@ -115,20 +123,32 @@ public:
   cluster(const cluster&) = delete;
   cluster& operator=(const cluster&) = delete;
 
-  int workers() const noexcept { return static_cast<int>(strategies_.size()); }
+  int workers() const noexcept { return opts_.workers; }
   uint64_t seed() const noexcept { return opts_.seed; }
   /// "3 workers x 2 replicas, seed 7": what a failure message should print to replay a run.
   std::string describe() const;
   /// The test's random source, seeded with `seed`.
   std::mt19937_64& random() noexcept { return random_; }
 
-  /// Worker `worker`'s strategy (its rank in the group). @throws error(invalid_argument).
+  /// Worker `worker`'s strategy (its rank in the group). @throws error(invalid_argument) for a
+  /// worker that does not exist, or while the cluster is still forming (late workers have not
+  /// joined and the rendezvous timeout has not passed); error(collective_timeout) when the
+  /// rendezvous timed out: what the worker's strategy constructor would have thrown.
   multi_worker_mirrored_strategy& strategy(int worker);
 
+  /// A late worker starts (cluster_options::late). When it is the last one, the cluster forms.
+  /// @throws error(invalid_argument) for a worker that is not late or already joined;
+  /// error(collective_timeout) when the rendezvous had already timed out.
+  void join(int worker);
+  /// Whether every worker has started (the strategies exist).
+  bool formed() const noexcept { return !strategies_.empty(); }
+
   /// Starts `fn` on every worker at once (`run_async` on each strategy, as N processes would
-  /// call `run`) and returns their futures in worker order.
+  /// call `run`) and returns their futures in worker order. @throws as `strategy` before the
+  /// cluster has formed.
   template <class F>
   auto run_all(const F& fn) {
+    strategy(0); // throws while forming, or after a failed rendezvous
     std::vector<decltype(strategies_.front()->run_async(fn))> out;
     out.reserve(strategies_.size());
     for (auto& s : strategies_)
@@ -168,6 +188,14 @@ public:
 
 private:
   multi_worker_mirrored_strategy& checked(int worker) const;
+  void check_index(int worker, const char* what) const;
+  /// Builds every worker's strategy (every worker has started).
+  void form();
+  /// Fails the rendezvous when its deadline has passed in simulated time.
+  void check_rendezvous();
+  std::vector<bool> joined_;
+  std::chrono::nanoseconds rendezvous_deadline_{0};
+  std::string rendezvous_failure_; // set when the rendezvous timed out
 
   cluster_options opts_;
   std::mt19937_64 random_;

@@ -130,6 +130,45 @@ TEST(TestingCluster, AMessageDelayedAnHourArrivesWhenTheTestAdvancesTime) {
   EXPECT_GE(c.now(), std::chrono::nanoseconds{1h});
 }
 
+// -- the start -----------------------------------------------------------------------------------
+
+TEST(TestingCluster, ALateWorkerHoldsTheClusterUntilItJoins) {
+  testing::cluster_options opts;
+  opts.workers = 3;
+  opts.late = {2};
+  cluster c(opts);
+  EXPECT_FALSE(c.formed());
+  EXPECT_TRUE(fails_with([&] { c.strategy(0); }, errc::invalid_argument,
+                         {"worker 0 has not started", "still forming"}));
+  EXPECT_TRUE(fails_with([&] { c.run_all(one_sum); }, errc::invalid_argument, {"still forming"}));
+  c.advance(59s); // within the 60 s rendezvous timeout
+  c.join(2);
+  EXPECT_TRUE(c.formed());
+  auto runs = c.run_all(one_sum);
+  expect_all_equal(runs, 3.0f, c);
+  EXPECT_TRUE(fails_with([&] { c.join(2); }, errc::invalid_argument, {"already joined"}));
+  EXPECT_TRUE(fails_with([&] { c.join(0); }, errc::invalid_argument, {"is not late"}));
+}
+
+TEST(TestingCluster, AWorkerThatNeverJoinsFailsEveryStartAtTheRendezvousTimeout) {
+  testing::cluster_options opts;
+  opts.workers = 3;
+  opts.late = {1};
+  opts.rendezvous_timeout = 60s;
+  cluster c(opts);
+  auto started = wall::now();
+  c.advance(61s);
+  for (int w : {0, 1, 2})
+    EXPECT_TRUE(fails_with([&] { c.strategy(w); }, errc::collective_timeout,
+                           {"joining the cluster as worker:" + std::to_string(w),
+                            "timed out after 60000 ms", "worker:1 did not join",
+                            "(joined: worker:0, worker:2)"}));
+  EXPECT_TRUE(fails_with([&] { c.join(1); }, errc::collective_timeout,
+                         {"worker:1", "too late", "worker:1 did not join"}));
+  EXPECT_FALSE(c.formed());
+  EXPECT_LT(wall::now() - started, 1s);
+}
+
 // -- faults --------------------------------------------------------------------------------------
 
 TEST(TestingCluster, AKilledWorkerFailsEverySurvivorsCollectivesWithPeerLostNamingIt) {
@@ -444,6 +483,13 @@ TEST(TestingCluster, BadOptionsAndArgumentsAreRefusedSayingWhatWasExpected) {
                          {"0 of 2 workers", "some but not all"}));
   EXPECT_TRUE(fails_with([&] { c.partition({0, 1}); }, errc::invalid_argument, {"2 of 2"}));
   EXPECT_TRUE(fails_with([&] { c.advance(-1ns); }, errc::invalid_argument, {"forward"}));
+  EXPECT_TRUE(fails_with([] { cluster bad({.workers = 2, .late = {2}}); }, errc::invalid_argument,
+                         {"late: no worker 2"}));
+  EXPECT_TRUE(fails_with(
+      [] {
+        cluster bad({.workers = 3, .late = {1, 1}});
+      },
+      errc::invalid_argument, {"worker 1 is named twice"}));
   // The cluster still works after the refusals.
   auto runs = c.run_all(one_sum);
   expect_all_equal(runs, 2.0f, c);
