@@ -374,6 +374,16 @@ std::unique_ptr<multi_worker_mirrored_strategy> detail::strategy_access::simulat
       new multi_worker_mirrored_strategy(std::move(joined)));
 }
 
+void detail::strategy_access::advance_step_clock(multi_worker_mirrored_strategy& s,
+                                                 std::chrono::nanoseconds by) {
+  s.runtime().advance_step_clock(by);
+}
+
+std::optional<std::pair<uint64_t, std::chrono::nanoseconds>>
+detail::strategy_access::oldest_running_step(multi_worker_mirrored_strategy& s) {
+  return s.runtime().oldest_running_step();
+}
+
 multi_worker_mirrored_strategy::multi_worker_mirrored_strategy(strategy_options opts,
                                                                multi_worker_options mw)
     : multi_worker_mirrored_strategy(join_cluster(opts, std::move(mw))) {}

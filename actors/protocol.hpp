@@ -319,8 +319,19 @@ public:
   /// Starts the next step; `done` runs once when its join completes (on the completing thread).
   std::shared_ptr<step_join> launch(step_function_ptr fn, step_join::completion done);
 
-  /// Expires every step past its deadline at `now`. Returns whether steps are still running.
+  /// Expires every step past its deadline at `now` (plus the time advanced). Returns whether
+  /// steps are still running.
   bool expire_overdue(caf::actor_clock::time_point now);
+
+  /// Moves the step deadlines' clock forward by `by` (consort::testing's simulated time), and
+  /// expires what is then overdue at once.
+  void advance_clock(std::chrono::nanoseconds by);
+  /// The oldest running step: its number and how far ahead its deadline is (none: nullopt).
+  struct running_step {
+    step_id step;
+    std::chrono::nanoseconds deadline_in;
+  };
+  std::optional<running_step> oldest_running();
 
   /// The actor that runs the watchdog (set once, after it is spawned).
   void watchdog(strategy_actor hdl);
@@ -342,6 +353,8 @@ private:
   step_id next_step_ = 0;
   std::deque<std::pair<caf::actor_clock::time_point, std::weak_ptr<step_join>>> watch_;
   strategy_actor watchdog_;
+  /// Time advanced by advance_clock, added to the actor clock's now.
+  std::atomic<int64_t> advanced_ns_{0};
 };
 
 /// How one replica actor is set up.

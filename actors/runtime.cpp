@@ -215,6 +215,18 @@ int runtime::first_replica_id() const noexcept {
   return impl_->first_id;
 }
 
+void runtime::advance_step_clock(std::chrono::nanoseconds by) {
+  if (impl_ && impl_->launcher)
+    impl_->launcher->advance_clock(by);
+}
+
+std::optional<std::pair<uint64_t, std::chrono::nanoseconds>> runtime::oldest_running_step() const {
+  if (impl_ && impl_->launcher)
+    if (auto r = impl_->launcher->oldest_running())
+      return std::pair{r->step, r->deadline_in};
+  return std::nullopt;
+}
+
 int runtime::worker_rank() const noexcept {
   return impl_->mw.worker_rank;
 }

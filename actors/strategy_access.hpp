@@ -9,7 +9,9 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace consort::detail {
@@ -23,6 +25,12 @@ struct strategy_access {
   simulated_worker(const strategy_options& opts, int rank, int workers,
                    std::vector<std::string> devices, transport::context_ptr network,
                    std::chrono::milliseconds close_timeout);
+
+  /// Moves the clock of `s`'s step deadlines (strategy_options::step_timeout) forward by `by`.
+  static void advance_step_clock(multi_worker_mirrored_strategy& s, std::chrono::nanoseconds by);
+  /// `s`'s oldest running step: its number and how far ahead its deadline is (none: nullopt).
+  static std::optional<std::pair<uint64_t, std::chrono::nanoseconds>>
+  oldest_running_step(multi_worker_mirrored_strategy& s);
 };
 
 } // namespace consort::detail

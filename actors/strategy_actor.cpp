@@ -175,7 +175,8 @@ std::shared_ptr<step_join> step_launcher::launch(step_function_ptr fn, step_join
         break;
       watch_.pop_front();
     }
-    watch_.emplace_back(sys_.clock().now() + step_timeout_, join);
+    watch_.emplace_back(
+        sys_.clock().now() + std::chrono::nanoseconds{advanced_ns_.load()} + step_timeout_, join);
     // Sent under the lock: every replica must see steps in the same order.
     for (auto& replica : replicas_)
       caf::anon_send(replica, step_atom_v, step_message{join->step(), fn, join});
@@ -187,7 +188,25 @@ std::shared_ptr<step_join> step_launcher::launch(step_function_ptr fn, step_join
   return join;
 }
 
+void step_launcher::advance_clock(std::chrono::nanoseconds by) {
+  advanced_ns_ += by.count();
+  expire_overdue(sys_.clock().now());
+}
+
+std::optional<step_launcher::running_step> step_launcher::oldest_running() {
+  const auto now = sys_.clock().now() + std::chrono::nanoseconds{advanced_ns_.load()};
+  std::lock_guard<std::mutex> guard{mtx_};
+  for (const auto& [deadline, weak] : watch_) {
+    auto join = weak.lock();
+    if (join && !join->complete())
+      return running_step{join->step(),
+                          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now)};
+  }
+  return std::nullopt;
+}
+
 bool step_launcher::expire_overdue(caf::actor_clock::time_point now) {
+  now += std::chrono::nanoseconds{advanced_ns_.load()};
   std::vector<std::shared_ptr<step_join>> overdue;
   bool busy = false;
   {

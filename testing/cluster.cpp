@@ -68,9 +68,21 @@ void cluster::form() {
         opts_.strategy, w, opts_.workers, devices, contexts[static_cast<size_t>(w)],
         std::chrono::seconds(1)));
   strategies_ = std::move(built);
+  // The actors' step deadlines (step_timeout) move with the network's clock, in event order.
+  detail::sim_world::worker_hooks hooks;
+  hooks.oldest_step = [this](int rank) {
+    return consort::detail::strategy_access::oldest_running_step(
+        *strategies_[static_cast<size_t>(rank)]);
+  };
+  hooks.on_advanced = [this](std::chrono::nanoseconds step) {
+    for (auto& s : strategies_)
+      consort::detail::strategy_access::advance_step_clock(*s, step);
+  };
+  world_->set_worker_hooks(std::move(hooks));
 }
 
 cluster::~cluster() {
+  world_->set_worker_hooks({});
   // Each worker leaves as at the end of its process; the network outlives them all.
   strategies_.clear();
 }

@@ -331,7 +331,8 @@ private:
 
 sim_world::sim_world(int size, std::chrono::milliseconds peer_timeout)
     : size_(size), peer_timeout_(peer_timeout), epoch_(transport::clock::now()),
-      dead_(static_cast<std::size_t>(size), false), waiting_(static_cast<std::size_t>(size), 0) {
+      dead_(static_cast<std::size_t>(size), false), waiting_(static_cast<std::size_t>(size), 0),
+      waits_begun_(static_cast<std::size_t>(size), 0) {
   ticker_ = std::thread([this] { ticker(); });
 }
 
@@ -370,19 +371,29 @@ caf::error sim_world::wait(sim_op& op, transport::deadline until) {
   const auto sim_deadline = now_locked() + (until - transport::clock::now());
   auto& waiting = waiting_[static_cast<std::size_t>(op.me())];
   ++waiting;
+  ++waits_begun_[static_cast<std::size_t>(op.me())];
+  // advance() stops at this deadline and lets this wait end before time moves on.
+  auto registered = deadlines_.emplace(sim_deadline, op.me());
   cv_.notify_all(); // wait_blocked
-  while (!op.done_locked()) {
+  caf::error result;
+  for (;;) {
+    if (op.done_locked()) {
+      result = op.error_locked();
+      break;
+    }
     auto left = sim_deadline - now_locked();
     if (left <= nanoseconds::zero()) {
-      --waiting;
-      return make_caf_error(errc::collective_timeout,
-                            op.describe() + " did not complete before its deadline (simulated " +
-                                "time " + ms_text(now_locked()) + ")");
+      result = make_caf_error(errc::collective_timeout,
+                              op.describe() + " did not complete before its deadline (simulated " +
+                                  "time " + ms_text(now_locked()) + ")");
+      break;
     }
     cv_.wait_for(lock, left);
   }
   --waiting;
-  return op.error_locked();
+  deadlines_.erase(registered);
+  cv_.notify_all(); // advance waits for the waits whose deadline came to end
+  return result;
 }
 
 bool sim_world::cut(int a, int b) const {
@@ -574,11 +585,89 @@ void sim_world::set_filter(message_filter filter) {
   filter_ = std::move(filter);
 }
 
-void sim_world::advance(nanoseconds by) {
+void sim_world::set_worker_hooks(worker_hooks hooks) {
   std::lock_guard lock(mu_);
-  advanced_ += by;
-  fire_due();
-  cv_.notify_all();
+  hooks_ = std::move(hooks);
+}
+
+void sim_world::advance(nanoseconds by) {
+  // From event to event, in time order: a delayed message, the failure detector, a wait's
+  // deadline, a step's deadline (kept by the actors). At each one, what is due happens, and a
+  // worker whose wait timed out is given the (real) time to act on it (its step fails, or it
+  // waits on the network again) before time moves on. So a message due after a deadline arrives
+  // after that wait timed out, and a step fails with the collective's timeout, not with the step
+  // deadline that came later, as in real time.
+  worker_hooks hooks;
+  nanoseconds target;
+  {
+    std::lock_guard lock(mu_);
+    target = now_locked() + by;
+    hooks = hooks_;
+  }
+  using step_info = std::optional<std::pair<uint64_t, nanoseconds>>;
+  auto steps = [&] {
+    std::vector<step_info> out(static_cast<std::size_t>(size_));
+    if (hooks.oldest_step)
+      for (int r = 0; r < size_; ++r)
+        out[static_cast<std::size_t>(r)] = hooks.oldest_step(r);
+    return out;
+  };
+  for (;;) {
+    // Outside the lock: the hooks take the actors' locks, whose holders may wait for this one.
+    const auto before = steps();
+    std::vector<int> timed_out;
+    std::vector<uint64_t> begun;
+    nanoseconds step{0};
+    {
+      std::unique_lock lock(mu_);
+      const auto now = now_locked();
+      if (now >= target)
+        break;
+      // Only events strictly ahead count: what is due now is fired below.
+      auto next = target;
+      auto consider = [&](nanoseconds t) {
+        if (t > now)
+          next = std::min(next, t);
+      };
+      for (const auto& [key, queue] : links_)
+        if (!queue.empty())
+          consider(queue.front().due);
+      if (!side_.empty() && !cut_reported_)
+        consider(cut_at_ + peer_timeout_);
+      if (auto it = deadlines_.upper_bound(now); it != deadlines_.end())
+        consider(it->first);
+      for (const auto& s : before)
+        if (s)
+          consider(now + s->second);
+      step = next - now;
+      advanced_ += step;
+      fire_due();
+      const auto reached = now_locked();
+      for (auto it = deadlines_.begin(); it != deadlines_.end() && it->first <= reached; ++it)
+        if (std::find(timed_out.begin(), timed_out.end(), it->second) == timed_out.end())
+          timed_out.push_back(it->second);
+      begun = waits_begun_;
+      cv_.notify_all();
+    }
+    if (hooks.on_advanced)
+      hooks.on_advanced(step);
+    // Each worker whose wait timed out settles: its oldest step ends, or it waits on the network
+    // again. Bounded, so that a worker that cannot run (descheduled, or a step busy elsewhere)
+    // does not stop the clock.
+    const auto give_up = transport::clock::now() + std::chrono::seconds(1);
+    for (int r : timed_out) {
+      const auto i = static_cast<std::size_t>(r);
+      for (;;) {
+        auto now_step = hooks.oldest_step ? hooks.oldest_step(r) : step_info{};
+        const bool step_moved = !now_step || !before[i] || now_step->first != before[i]->first;
+        std::unique_lock lock(mu_);
+        const bool waits_again = waits_begun_[i] > begun[i] && waiting_[i] > 0;
+        if (step_moved || waits_again || transport::clock::now() >= give_up)
+          break;
+        cv_.wait_for(lock, std::chrono::milliseconds(1));
+      }
+    }
+  }
 }
 
 bool sim_world::wait_blocked(int rank, nanoseconds within) {

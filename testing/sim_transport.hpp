@@ -28,9 +28,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace consort::testing::detail {
@@ -52,6 +54,15 @@ public:
   void heal();
   void set_filter(message_filter filter);
   void advance(std::chrono::nanoseconds by);
+  /// What the world needs from the workers' actors, called without mu_ held.
+  struct worker_hooks {
+    /// Worker `rank`'s oldest running step: its number and how far ahead its deadline is.
+    std::function<std::optional<std::pair<uint64_t, std::chrono::nanoseconds>>(int rank)>
+        oldest_step;
+    /// Moves every worker's step-deadline clock by one step of `advance`.
+    std::function<void(std::chrono::nanoseconds)> on_advanced;
+  };
+  void set_worker_hooks(worker_hooks hooks);
   bool wait_blocked(int rank, std::chrono::nanoseconds within);
   std::chrono::nanoseconds now() const;
   std::vector<message> messages() const;
@@ -96,7 +107,10 @@ private:
   std::vector<std::weak_ptr<sim_context>> contexts_;
   std::vector<bool> dead_;
   std::vector<int> waiting_; // per rank: threads inside wait() on an operation not yet done
-  std::set<int> side_;       // the partitioned side (empty: none)
+  std::multimap<std::chrono::nanoseconds, int> deadlines_; // of the waits in progress, by rank
+  std::vector<uint64_t> waits_begun_;                      // per rank
+  worker_hooks hooks_;
+  std::set<int> side_; // the partitioned side (empty: none)
   std::chrono::nanoseconds cut_at_{0};
   bool cut_reported_ = false;
   message_filter filter_;

@@ -25,9 +25,9 @@
 //   others `peer_timeout` of simulated time after the cut, as heartbeats would find it; and the
 //   outcome of the rendezvous: workers named `late` start only when the test calls `join`, and
 //   past `rendezvous_timeout` every worker's start fails naming the missing ones;
-// - time: simulated time is real time plus what `advance` added; every deadline of the network
-//   (collective timeouts in the algorithms, the failure detector, delays) runs on it. Deadlines
-//   kept by the actors themselves (step_timeout) still run on real time.
+// - time: simulated time is real time plus what `advance` added; the deadlines of the network
+//   (collective timeouts in the algorithms, the failure detector, delays) and the actors' step
+//   deadlines (step_timeout) run on it, and `advance` moves from event to event in time order;
 // - scheduling: the workers' threads are real, so thread interleavings are not replayed; the
 //   seed makes the test's own choices (faults, victims) replayable through `random()`.
 

@@ -111,23 +111,30 @@ TEST(TestingCluster, DelayedMessagesKeepTheirLinksOrderAndTheResultsExact) {
   EXPECT_TRUE(delayed);
 }
 
-TEST(TestingCluster, AMessageDelayedAnHourArrivesWhenTheTestAdvancesTime) {
-  cluster c({.workers = 2, .seed = 2});
-  c.on_message([](const testing::message& m) {
-    return m.from == 1 ? verdict::delay_by(1h) : verdict::deliver();
-  });
-  auto started = wall::now();
-  auto runs = c.run_all(one_sum);
-  ASSERT_TRUE(c.wait_blocked(0)) << "worker 0 waits for worker 1's delayed message";
-  // Worker 1 has what it needs from worker 0 (the sum travels with the descriptor): it ends,
-  // its own message sent and held by the link.
-  ASSERT_TRUE(runs[1].wait_for(10s));
-  EXPECT_FALSE(runs[0].wait_for(20ms));
-  c.on_message({});
-  c.advance(1h);
-  expect_all_equal(runs, 2.0f, c);
-  EXPECT_LT(wall::now() - started, 5s);
-  EXPECT_GE(c.now(), std::chrono::nanoseconds{1h});
+TEST(TestingCluster, ADelayWithinTheDeadlineArrivesInTimeAndOneBeyondItLosesToTheDeadline) {
+  for (auto delay : {std::chrono::nanoseconds{20s}, std::chrono::nanoseconds{1h}}) {
+    cluster c({.workers = 2, .seed = 2}); // collective_timeout 30 s, step_timeout 10 min
+    c.on_message([delay](const testing::message& m) {
+      return m.from == 1 ? verdict::delay_by(delay) : verdict::deliver();
+    });
+    auto started = wall::now();
+    auto runs = c.run_all(one_sum);
+    ASSERT_TRUE(c.wait_blocked(0)) << "worker 0 waits for worker 1's delayed message";
+    // Worker 1 has what it needs from worker 0 (the sum travels with the descriptor): it ends,
+    // its own message sent and held by the link.
+    ASSERT_TRUE(runs[1].wait_for(10s));
+    EXPECT_FALSE(runs[0].wait_for(20ms));
+    // One call covers the whole delay: time moves from event to event, so the 30 s deadline
+    // comes before a message due in an hour, and after one due in 20 s.
+    c.advance(delay);
+    if (delay < 30s) {
+      expect_all_equal(runs, 2.0f, c);
+    } else {
+      EXPECT_TRUE(fails(runs[0], errc::collective_timeout, {"receive from rank 1"}));
+    }
+    EXPECT_LT(wall::now() - started, 5s);
+    EXPECT_GE(c.now(), delay);
+  }
 }
 
 // -- the start -----------------------------------------------------------------------------------
@@ -466,6 +473,31 @@ TEST(TestingClusterFuzz, RandomFaultsEndInExactResultsOrClearErrorsOnEveryWorker
     EXPECT_GT(seen[fault::none].exact, 0);
     EXPECT_GT(seen[fault::delay].exact, 0);
   }
+}
+
+TEST(TestingCluster, AStepThatHangsFailsWithStepTimeoutInSimulatedTime) {
+  testing::cluster_options opts;
+  opts.workers = 2;
+  opts.strategy.step_timeout = 10min;
+  cluster c(opts);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  auto started = wall::now();
+  auto runs = c.run_all([released](replica_context& ctx) {
+    if (ctx.replica_id_in_sync_group() == 1)
+      released.wait(); // worker 1's replica hangs before its collective
+    return one_sum(ctx);
+  });
+  ASSERT_TRUE(c.wait_blocked(0)) << "worker 0 waits in its all-reduce";
+  c.advance(31s); // worker 0's collective deadline (30 s) passes
+  EXPECT_TRUE(fails(runs[0], errc::collective_timeout, {"receive from rank 1"}));
+  EXPECT_FALSE(runs[1].wait_for(20ms)) << "worker 1's step is within its 10 min";
+  c.advance(10min); // and worker 1's step deadline
+  EXPECT_TRUE(
+      fails(runs[1], errc::step_timeout,
+            {"step 0 did not finish within the step deadline of 600000 ms", "on replica(s) 1"}));
+  EXPECT_LT(wall::now() - started, 5s) << "10 minutes of step deadline took no wall-clock wait";
+  release.set_value(); // the hung replica finishes (its step already failed)
 }
 
 // -- misuse --------------------------------------------------------------------------------------
