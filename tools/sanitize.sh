@@ -16,12 +16,14 @@
 #
 # What runs (.ci/run does not call this script yet: see its comment; the rest is left out for
 # time, or because it cannot work; docs/sanitizers.md has the reasons):
-#   address: consort_core_tests, consort_actors_tests and consort_transport_tests, all but the
+#   address: consort_core_tests, consort_actors_tests, consort_transport_tests and
+#            consort_testing_tests (its fuzz test at 200 seeds), all but the
 #            1M-element all-reduce sweeps and the sweeps over shared memory (`large_sweeps`), and
 #            multiworker.collectives_* (mw_job under tools/consort-launch, 2-4 workers x 1-2
 #            replicas).
 #   thread:  consort_core_tests and consort_transport_tests (without any 1M-element sweep or 64 MiB
-#            all-reduce or two-way transfer: `tsan_slow`), and the suites of
+#            all-reduce or two-way transfer: `tsan_slow`), consort_testing_tests' SimTransport
+#            suite (the simulated network alone), and the suites of
 #            consort_actors_tests that run under CAF's test_coordinator or without CAF
 #            (`caf_free`, a list of suites to include, so that a new suite on CAF's threaded
 #            scheduler is left out until it is known to work), not the ones that run CAF's
@@ -45,7 +47,7 @@ case "${1:-all}" in
     ;;
 esac
 
-unit_binaries='^consort_(core|actors|transport)_tests$'
+unit_binaries='^consort_(core|actors|transport|testing)_tests$'
 # The 1M-element all-reduce sweeps: most of the unit tests' time under ASan; the same code paths
 # run, chunked, at 1001 elements, and the 64 MiB all-reduce still runs. (Left out for CI's time
 # budget: the whole .ci/run took 27.8 minutes of its 30 with them at 2 to 3 ranks.)
@@ -74,7 +76,8 @@ export LSAN_OPTIONS="suppressions=${root}/tools/lsan.supp:print_suppressions=0"
 # The host block cache (device/host_memory.hpp) reuses freed tensors and transport buffers, which
 # would hide a use after free from ASan: it is off under ASan (its own tests check both modes).
 # TSan keeps it: its mutex is part of what TSan should see.
-asan_env=(env CONSORT_HOST_CACHE_MB=0)
+# The harness's fuzz test runs 200 of its 1000 seeds (each seed builds three strategies).
+asan_env=(env CONSORT_HOST_CACHE_MB=0 CONSORT_HARNESS_SEEDS=200)
 export TSAN_OPTIONS="suppressions=${root}/tools/tsan.supp:second_deadlock_stack=1:history_size=4:print_suppressions=0"
 
 # build KIND DIR: configure and build the selected targets of one sanitizer build.
@@ -89,7 +92,8 @@ build() {
     -DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc "${launcher[@]}" \
     -DCONSORT_SANITIZE="$kind" -DCONSORT_WERROR=ON -DCONSORT_WITH_CUDA=OFF \
     -DCONSORT_BUILD_BENCH=OFF -DCONSORT_BUILD_EXAMPLES=OFF >/dev/null
-  local targets=(consort_core_tests consort_actors_tests consort_transport_tests)
+  local targets=(consort_core_tests consort_actors_tests consort_transport_tests
+    consort_testing_tests)
   [ "$kind" = address ] && targets+=(mw_job)
   cmake --build "$dir" --parallel "$jobs" --target "${targets[@]}"
 }
@@ -107,6 +111,8 @@ run_tests() {
   else
     "${ctest[@]}" -L '^consort_(core|transport)_tests$' -E "$large_sweeps|$tsan_slow" || failed=1
     "${ctest[@]}" -L '^consort_actors_tests$' -R "$caf_free" || failed=1
+    # consort::testing's simulated network on its own (its cluster tests run CAF's threads).
+    "${ctest[@]}" -L '^consort_testing_tests$' -R '^SimTransport\.' || failed=1
   fi
   return "$failed"
 }
