@@ -434,6 +434,7 @@ void sim_world::post(int from, int to, uint64_t tag, std::vector<std::byte> data
   m.to = to;
   m.kind = "data";
   m.tag = tag;
+  m.link_seq = link_seq_[{from, to}]++;
   m.bytes = data.size();
   auto peer = context_of(to);
   verdict v;
@@ -448,6 +449,10 @@ void sim_world::post(int from, int to, uint64_t tag, std::vector<std::byte> data
     switch (v.what) {
     case verdict::action::drop:
       m.what = fate::dropped;
+      break;
+    case verdict::action::crash_sender:
+      m.what = fate::dropped;
+      kill_locked(from);
       break;
     case verdict::action::corrupt: {
       m.what = fate::corrupted;
@@ -538,6 +543,10 @@ void sim_world::ticker() {
 
 void sim_world::kill(int rank) {
   std::lock_guard lock(mu_);
+  kill_locked(rank);
+}
+
+void sim_world::kill_locked(int rank) {
   if (dead_[static_cast<std::size_t>(rank)])
     return;
   auto victim = contexts_[static_cast<std::size_t>(rank)].lock();

@@ -99,6 +99,7 @@ private:
   bool cut(int a, int b) const;      // a partition separates a and b
 
   void ticker();
+  void kill_locked(int rank);
 
   const int size_;
   const std::chrono::milliseconds peer_timeout_;
@@ -116,6 +117,7 @@ private:
   message_filter filter_;
   std::vector<message> log_;
   std::map<std::pair<int, int>, std::deque<in_flight>> links_; // delayed messages, per link
+  std::map<std::pair<int, int>, uint64_t> link_seq_;           // data messages sent, per link
   bool stopping_ = false;
   std::thread ticker_;
 };

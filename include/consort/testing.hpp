@@ -65,6 +65,10 @@ struct message {
   int to = 0;
   std::string kind; ///< "data", "goodbye" (a clean close) or "abort" (an abort's notice)
   uint64_t tag = 0; ///< the transport tag (data only)
+  /// How many data messages went from `from` to `to` before this one. The algorithms send the
+  /// same sequence on a link whatever the threads do, so a filter that decides by (from, to,
+  /// link_seq) and the seed injects the same faults at the same points on every run.
+  uint64_t link_seq = 0;
   std::size_t bytes = 0;
   fate what = fate::delivered;
   std::chrono::nanoseconds delay{0}; ///< the delay the filter asked for
@@ -72,7 +76,7 @@ struct message {
 
 /// What the filter does with a message.
 struct verdict {
-  enum class action { deliver, drop, corrupt };
+  enum class action { deliver, drop, corrupt, crash_sender };
   action what = action::deliver;
   /// Delivered this much simulated time later (deliver only). Later messages on the same link
   /// wait behind it: links stay FIFO, as TCP is.
@@ -81,10 +85,14 @@ struct verdict {
   static verdict deliver() { return {}; }
   static verdict drop() { return {action::drop, {}}; }
   static verdict corrupt() { return {action::corrupt, {}}; }
+  /// The sender dies as it sends this message (as `cluster::kill`; the message is lost with it):
+  /// a crash at an exact point of the protocol.
+  static verdict crash_sender() { return {action::crash_sender, {}}; }
   static verdict delay_by(std::chrono::nanoseconds d) { return {action::deliver, d}; }
 };
 
-/// Decides the fate of each data message (`time`, `from`, `to`, `kind`, `tag`, `bytes` are set).
+/// Decides the fate of each data message (`time`, `from`, `to`, `kind`, `tag`, `link_seq` and
+/// `bytes` are set).
 /// Called with the harness's lock held: it must not call back into the cluster.
 using message_filter = std::function<verdict(const message&)>;
 

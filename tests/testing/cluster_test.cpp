@@ -18,8 +18,10 @@
 #include <iostream>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace consort {
@@ -340,15 +342,31 @@ const char* fault_name(fault f) {
   return "?";
 }
 
-/// One seed: 3 workers x 2 replicas run 3 all-reduce steps; a random fault strikes before or
-/// during a random step. Every worker's every step must end (simulated time is pushed until it
-/// does) with the exact sum or a clear error; returns what went wrong, empty when nothing did.
 /// Per fault kind: steps that ended with the sum, and with an error (over every worker).
 struct tally {
   int exact = 0;
   int errors = 0;
 };
 
+/// A number that depends only on the seed and the message's place on its link (splitmix64), so
+/// that a filter built on it injects the same faults on every run of the seed.
+uint64_t mix(uint64_t seed, const testing::message& m) {
+  uint64_t x = seed * 0x9e3779b97f4a7c15ULL ^ (static_cast<uint64_t>(m.from) << 48) ^
+               (static_cast<uint64_t>(m.to) << 40) ^ m.link_seq;
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+/// One seed: 3 workers x 2 replicas run 3 all-reduce steps; a random fault strikes before or
+/// during a random step. Every worker's every step must end (simulated time is pushed until it
+/// does) with the exact sum or a clear error; returns what went wrong, empty when nothing did.
+/// The faults on messages (drop, delay, corrupt, and the kill during a step, a crash of the
+/// victim as it sends its first message of the step) are decided by the seed and the message's
+/// place on its link, so they strike the same messages on every run; the partition during a step
+/// strikes when the test thread gets there.
 std::string run_seed(uint64_t seed, std::map<fault, tally>& seen) {
   testing::cluster_options opts;
   opts.workers = 3;
@@ -362,42 +380,47 @@ std::string run_seed(uint64_t seed, std::map<fault, tally>& seen) {
   const int victim = static_cast<int>(rng() % 3);
   const int at_step = static_cast<int>(rng() % 3);
   const bool during = rng() % 2 == 0;
-  auto filter_rng = std::make_shared<std::mt19937_64>(seed ^ 0x5eedULL);
   const std::string what = std::string{"seed "} + std::to_string(seed) + " (" + c.describe() +
                            "): fault " + fault_name(kind) + " on worker " + std::to_string(victim) +
                            (during ? " during" : " before") + " step " + std::to_string(at_step);
-  auto strike = [&] {
+  // Before the step: a kill or a partition now, or a filter on the messages from now on.
+  auto strike_before = [&] {
     switch (kind) {
     case fault::none:
     case fault::throw_in_step:
       break;
     case fault::kill:
-      c.kill(victim);
+      if (during) // the victim crashes as it sends its first message of the step
+        c.on_message([victim](const testing::message& m) {
+          return m.from == victim ? verdict::crash_sender() : verdict::deliver();
+        });
+      else
+        c.kill(victim);
       break;
     case fault::partition:
-      c.partition({victim});
+      if (!during)
+        c.partition({victim});
       break;
     case fault::drop:
-      c.on_message([filter_rng, victim](const testing::message& m) {
-        return m.from == victim && (*filter_rng)() % 4 == 0 ? verdict::drop() : verdict::deliver();
+      c.on_message([seed, victim](const testing::message& m) {
+        return m.from == victim && mix(seed, m) % 4 == 0 ? verdict::drop() : verdict::deliver();
       });
       break;
     case fault::delay:
-      c.on_message([filter_rng](const testing::message&) {
-        return verdict::delay_by(std::chrono::milliseconds((*filter_rng)() % 2000));
+      c.on_message([seed](const testing::message& m) {
+        return verdict::delay_by(std::chrono::milliseconds(mix(seed, m) % 2000));
       });
       break;
     case fault::corrupt:
-      c.on_message([filter_rng, victim](const testing::message& m) {
-        return m.from == victim && (*filter_rng)() % 3 == 0 ? verdict::corrupt()
-                                                            : verdict::deliver();
+      c.on_message([seed, victim](const testing::message& m) {
+        return m.from == victim && mix(seed, m) % 3 == 0 ? verdict::corrupt() : verdict::deliver();
       });
       break;
     }
   };
   for (int step = 0; step < 3; ++step) {
-    if (step == at_step && !during)
-      strike();
+    if (step == at_step)
+      strike_before();
     const bool throws = kind == fault::throw_in_step && step == at_step;
     auto runs = c.run_all([throws, victim](replica_context& ctx) {
       if (throws && ctx.replica_id_in_sync_group() == 2 * victim + 1)
@@ -405,8 +428,8 @@ std::string run_seed(uint64_t seed, std::map<fault, tally>& seen) {
       return ctx.all_reduce(
           "SUM", tensor::scalar<float>(static_cast<float>(ctx.replica_id_in_sync_group() + 1)));
     });
-    if (step == at_step && during)
-      strike();
+    if (step == at_step && during && kind == fault::partition)
+      c.partition({victim});
     // Push simulated time until every worker's step has ended: 60 s is past every deadline.
     auto all_done = [&] {
       for (auto& f : runs)
@@ -442,6 +465,58 @@ std::string run_seed(uint64_t seed, std::map<fault, tally>& seen) {
     }
   }
   return {};
+}
+
+TEST(TestingCluster, ASenderCrashesAtAnExactPointOfTheProtocol) {
+  cluster c({.workers = 3, .seed = 9});
+  auto warm = c.run_all(one_sum);
+  expect_all_equal(warm, 3.0f, c);
+  // Worker 1 dies as it sends its second message to worker 2 (its first of the next step).
+  c.on_message([](const testing::message& m) {
+    return m.from == 1 && m.to == 2 && m.link_seq == 1 ? verdict::crash_sender()
+                                                       : verdict::deliver();
+  });
+  auto runs = c.run_all(one_sum);
+  for (int w : {0, 2})
+    EXPECT_TRUE(fails(runs[static_cast<size_t>(w)], errc::peer_lost, {"worker:1"}))
+        << "worker " << w;
+  EXPECT_FALSE(c.alive(1));
+  int after = 0;
+  bool crashed_at = false;
+  for (const auto& m : c.messages()) {
+    if (m.from == 1 && m.to == 2 && m.link_seq == 1) {
+      crashed_at = true;
+      EXPECT_EQ(m.what, testing::fate::dropped) << "the message is lost with its sender";
+    } else if (crashed_at && m.from == 1 && m.kind == "data") {
+      after += m.what == testing::fate::delivered;
+    }
+  }
+  EXPECT_TRUE(crashed_at);
+  EXPECT_EQ(after, 0) << "nothing leaves a dead worker";
+}
+
+TEST(TestingCluster, AFilterThatDecidesByLinkPlaceStrikesTheSameMessagesOnEveryRun) {
+  auto dropped = [] {
+    cluster c({.workers = 3, .replicas_per_worker = 2, .seed = 11});
+    c.on_message([](const testing::message& m) {
+      return m.from == 2 && mix(11, m) % 2 == 0 ? verdict::drop() : verdict::deliver();
+    });
+    for (int step = 0; step < 3; ++step) {
+      auto runs = c.run_all(one_sum);
+      for (int pushed = 0; pushed < 60 && !runs[0].wait_for(2ms); ++pushed)
+        c.advance(1s);
+      for (auto& f : runs)
+        f.wait_for(10s);
+    }
+    std::set<std::tuple<int, int, uint64_t>> out;
+    for (const auto& m : c.messages())
+      if (m.what == testing::fate::dropped)
+        out.insert({m.from, m.to, m.link_seq});
+    return out;
+  };
+  auto first = dropped();
+  EXPECT_FALSE(first.empty());
+  EXPECT_EQ(dropped(), first);
 }
 
 TEST(TestingClusterFuzz, RandomFaultsEndInExactResultsOrClearErrorsOnEveryWorker) {
