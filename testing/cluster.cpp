@@ -83,6 +83,9 @@ void cluster::form() {
 
 cluster::~cluster() {
   world_->set_worker_hooks({});
+  // No delivery on the ticker's thread while the workers go (it could hold a worker's last
+  // reference to its network); then each worker leaves as at the end of its process.
+  world_->stop_ticker();
   // Each worker leaves as at the end of its process; the network outlives them all.
   strategies_.clear();
 }

@@ -25,6 +25,26 @@ std::string ms_text(nanoseconds d) {
 
 } // namespace
 
+// -- the world's lock ----------------------------------------------------------------------------
+
+namespace {
+
+thread_local const sim_world* locked_world = nullptr;
+
+} // namespace
+
+world_lock::world_lock(const sim_world& w) : lock_(w.mu_), previous_(locked_world) {
+  locked_world = &w;
+}
+
+world_lock::~world_lock() {
+  locked_world = previous_;
+}
+
+bool world_lock::held(const sim_world& w) noexcept {
+  return locked_world == &w;
+}
+
 // -- operations ----------------------------------------------------------------------------------
 
 class sim_op : public transport::operation {
@@ -37,12 +57,12 @@ public:
   caf::error wait(transport::deadline until) override { return world_->wait(*this, until); }
 
   bool done() const noexcept override {
-    std::lock_guard lock(world_->mu_);
+    world_lock lock(*world_);
     return done_;
   }
 
   std::size_t message_bytes() const noexcept override {
-    std::lock_guard lock(world_->mu_);
+    world_lock lock(*world_);
     return bytes_;
   }
 
@@ -111,7 +131,11 @@ public:
   }
 
   ~sim_context() override {
-    std::lock_guard lock(world_->mu_);
+    // A temporary taken under the world's lock may hold the last reference: then the lock is
+    // this thread's already.
+    std::optional<world_lock> lock;
+    if (!world_lock::held(*world_))
+      lock.emplace(*world_);
     abort_locked("the context was destroyed", errc::peer_lost, false);
     world_->cv_.notify_all();
   }
@@ -128,13 +152,13 @@ public:
   }
 
   void abort(const std::string& why, errc code) override {
-    std::lock_guard lock(world_->mu_);
+    world_lock lock(*world_);
     abort_locked(why, code, true);
     world_->cv_.notify_all();
   }
 
   caf::error close(const std::string& reason, transport::deadline) override {
-    std::lock_guard lock(world_->mu_);
+    world_lock lock(*world_);
     if (closing_ || aborted_)
       return {};
     closing_ = true;
@@ -159,7 +183,7 @@ public:
       total += p.size();
     auto op = std::make_shared<sim_op>(world_, true, tag, rank_, peer, transport::mutable_bytes{},
                                        false, total);
-    std::lock_guard lock(world_->mu_);
+    world_lock lock(*world_);
     auto& link = links_[static_cast<std::size_t>(peer)];
     if (refused(*op, link))
       return op;
@@ -180,7 +204,7 @@ public:
   transport::operation_ptr recv(int peer, uint64_t tag, transport::mutable_bytes into,
                                 bool at_most) {
     auto op = std::make_shared<sim_op>(world_, false, tag, rank_, peer, into, at_most, 0);
-    std::lock_guard lock(world_->mu_);
+    world_lock lock(*world_);
     auto& link = links_[static_cast<std::size_t>(peer)];
     if (auto it = link.stash.find(tag); it != link.stash.end() && !aborted_ && !closing_) {
       op->take(it->second.front());
@@ -337,17 +361,22 @@ sim_world::sim_world(int size, std::chrono::milliseconds peer_timeout)
 }
 
 sim_world::~sim_world() {
+  stop_ticker();
+}
+
+void sim_world::stop_ticker() {
   {
-    std::lock_guard lock(mu_);
+    world_lock lock(*this);
     stopping_ = true;
   }
   cv_.notify_all();
-  ticker_.join();
+  if (ticker_.joinable())
+    ticker_.join();
 }
 
 std::vector<transport::context_ptr> sim_world::make_contexts() {
   std::vector<transport::context_ptr> out;
-  std::lock_guard lock(mu_);
+  world_lock lock(*this);
   for (int r = 0; r < size_; ++r) {
     auto ctx = std::make_shared<sim_context>(shared_from_this(), r, size_);
     contexts_.push_back(ctx);
@@ -361,12 +390,12 @@ nanoseconds sim_world::now_locked() const {
 }
 
 nanoseconds sim_world::now() const {
-  std::lock_guard lock(mu_);
+  world_lock lock(*this);
   return now_locked();
 }
 
 caf::error sim_world::wait(sim_op& op, transport::deadline until) {
-  std::unique_lock lock(mu_);
+  world_lock lock(*this);
   // The budget left in real time now, spent in simulated time from here on.
   const auto sim_deadline = now_locked() + (until - transport::clock::now());
   auto& waiting = waiting_[static_cast<std::size_t>(op.me())];
@@ -388,7 +417,7 @@ caf::error sim_world::wait(sim_op& op, transport::deadline until) {
                                   "time " + ms_text(now_locked()) + ")");
       break;
     }
-    cv_.wait_for(lock, left);
+    cv_.wait_for(lock.get(), left);
   }
   --waiting;
   deadlines_.erase(registered);
@@ -522,7 +551,7 @@ void sim_world::fire_due() {
 }
 
 void sim_world::ticker() {
-  std::unique_lock lock(mu_);
+  world_lock lock(*this);
   while (!stopping_) {
     fire_due();
     cv_.notify_all();
@@ -534,15 +563,15 @@ void sim_world::ticker() {
     if (!side_.empty() && !cut_reported_)
       next = next ? std::min(*next, cut_at_ + peer_timeout_) : cut_at_ + peer_timeout_;
     if (next)
-      cv_.wait_for(lock,
+      cv_.wait_for(lock.get(),
                    std::max(*next - now_locked(), nanoseconds{0}) + std::chrono::microseconds{50});
     else
-      cv_.wait(lock);
+      cv_.wait(lock.get());
   }
 }
 
 void sim_world::kill(int rank) {
-  std::lock_guard lock(mu_);
+  world_lock lock(*this);
   kill_locked(rank);
 }
 
@@ -571,7 +600,7 @@ void sim_world::kill_locked(int rank) {
 }
 
 void sim_world::partition(const std::set<int>& side) {
-  std::lock_guard lock(mu_);
+  world_lock lock(*this);
   side_ = side;
   cut_at_ = now_locked();
   cut_reported_ = false;
@@ -579,23 +608,23 @@ void sim_world::partition(const std::set<int>& side) {
 }
 
 void sim_world::heal() {
-  std::lock_guard lock(mu_);
+  world_lock lock(*this);
   side_.clear();
   cv_.notify_all();
 }
 
 bool sim_world::alive(int rank) const {
-  std::lock_guard lock(mu_);
+  world_lock lock(*this);
   return !dead_[static_cast<std::size_t>(rank)];
 }
 
 void sim_world::set_filter(message_filter filter) {
-  std::lock_guard lock(mu_);
+  world_lock lock(*this);
   filter_ = std::move(filter);
 }
 
 void sim_world::set_worker_hooks(worker_hooks hooks) {
-  std::lock_guard lock(mu_);
+  world_lock lock(*this);
   hooks_ = std::move(hooks);
 }
 
@@ -609,7 +638,7 @@ void sim_world::advance(nanoseconds by) {
   worker_hooks hooks;
   nanoseconds target;
   {
-    std::lock_guard lock(mu_);
+    world_lock lock(*this);
     target = now_locked() + by;
     hooks = hooks_;
   }
@@ -628,7 +657,7 @@ void sim_world::advance(nanoseconds by) {
     std::vector<uint64_t> begun;
     nanoseconds step{0};
     {
-      std::unique_lock lock(mu_);
+      world_lock lock(*this);
       const auto now = now_locked();
       if (now >= target)
         break;
@@ -669,23 +698,24 @@ void sim_world::advance(nanoseconds by) {
       for (;;) {
         auto now_step = hooks.oldest_step ? hooks.oldest_step(r) : step_info{};
         const bool step_moved = !now_step || !before[i] || now_step->first != before[i]->first;
-        std::unique_lock lock(mu_);
+        world_lock lock(*this);
         const bool waits_again = waits_begun_[i] > begun[i] && waiting_[i] > 0;
         if (step_moved || waits_again || transport::clock::now() >= give_up)
           break;
-        cv_.wait_for(lock, std::chrono::milliseconds(1));
+        cv_.wait_for(lock.get(), std::chrono::milliseconds(1));
       }
     }
   }
 }
 
 bool sim_world::wait_blocked(int rank, nanoseconds within) {
-  std::unique_lock lock(mu_);
-  return cv_.wait_for(lock, within, [&] { return waiting_[static_cast<std::size_t>(rank)] > 0; });
+  world_lock lock(*this);
+  return cv_.wait_for(lock.get(), within,
+                      [&] { return waiting_[static_cast<std::size_t>(rank)] > 0; });
 }
 
 std::vector<message> sim_world::messages() const {
-  std::lock_guard lock(mu_);
+  world_lock lock(*this);
   return log_;
 }
 

@@ -39,6 +39,25 @@ namespace consort::testing::detail {
 
 class sim_context;
 class sim_op;
+class sim_world;
+
+/// A lock of a world's mutex that the locking thread records, so that a context whose last
+/// reference is dropped while its world is locked (by a temporary taken under the lock) cleans up
+/// without locking again.
+class world_lock {
+public:
+  explicit world_lock(const sim_world& w);
+  ~world_lock();
+  world_lock(const world_lock&) = delete;
+  world_lock& operator=(const world_lock&) = delete;
+  std::unique_lock<std::mutex>& get() noexcept { return lock_; }
+  /// Whether this thread holds `w`'s mutex (or waits on its condition variable).
+  static bool held(const sim_world& w) noexcept;
+
+private:
+  std::unique_lock<std::mutex> lock_;
+  const sim_world* previous_;
+};
 
 class sim_world : public std::enable_shared_from_this<sim_world> {
 public:
@@ -48,6 +67,9 @@ public:
   /// Rank `r`'s context (made once, by the constructor's caller through `make_contexts`).
   std::vector<transport::context_ptr> make_contexts();
 
+  /// Stops the thread that delivers delayed messages on time (the destructor does too); the
+  /// owner calls it before it lets go of the workers, so that no delivery runs while they go.
+  void stop_ticker();
   void kill(int rank);
   bool alive(int rank) const;
   void partition(const std::set<int>& side);
