@@ -253,27 +253,31 @@ TEST(CollectiveTest, PerCallTimeoutNamesArrivedAndMissingReplicas) {
     strategy.run([&late, &one_is_calling](replica_context& ctx) {
       auto id = ctx.replica_id_in_sync_group();
       if (id == 2) {
-        // Arrives only after its peers have timed out: waits for the first error, not a clock.
-        while (late.load() < 2)
-          std::this_thread::yield();
+        // Arrives only after its peers have timed out: waits for their errors, not a clock.
+        // Blocked, not spinning: on 2 cores a spinning thread delays the others' arrival.
+        for (int seen = late.load(); seen < 2; seen = late.load())
+          late.wait(seen);
       }
       // Replica 0 calls once replica 1 is about to: the deadline must not have to cover the
-      // skew of the step's start on each replica (a CI run under ASan exceeded 50 ms there).
-      if (id == 1)
+      // skew of the step's start on each replica (CI runs under ASan exceeded 50 ms there, and
+      // once 200 ms while two replicas spun on yield beside it).
+      if (id == 1) {
         one_is_calling = true;
+        one_is_calling.notify_all();
+      }
       if (id == 0)
-        while (!one_is_calling.load())
-          std::this_thread::yield();
+        one_is_calling.wait(false);
       try {
-        return ctx.all_reduce("SUM", tensor::scalar<float>(1), {.timeout = 200ms});
+        return ctx.all_reduce("SUM", tensor::scalar<float>(1), {.timeout = 500ms});
       } catch (const error&) {
         ++late;
+        late.notify_all();
         throw;
       }
     });
   });
   EXPECT_EQ(e.code(), errc::collective_timeout) << e.what();
-  EXPECT_TRUE(contains(e, "timed out after 200 ms")) << e.what();
+  EXPECT_TRUE(contains(e, "timed out after 500 ms")) << e.what();
   EXPECT_TRUE(contains(e, "replicas [0, 1] arrived, replicas [2] did not")) << e.what();
   // The next step works normally.
   auto ok = strategy.run(
