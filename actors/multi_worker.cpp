@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -351,19 +352,12 @@ std::unique_ptr<multi_worker_mirrored_strategy> detail::strategy_access::simulat
     transport::context_ptr network, std::chrono::milliseconds close_timeout) {
   detail::validated(opts);
   devices = detail::canonical_devices(devices);
-  std::vector<std::string> addresses;
+  std::map<int, std::string> tasks;
   for (int w = 0; w < workers; ++w)
-    addresses.push_back("sim-worker-" + std::to_string(w) + ":0");
+    tasks[w] = "sim-worker-" + std::to_string(w) + ":0";
   auto joined = std::make_unique<detail::joined_cluster>();
   joined->resolver = std::make_shared<simple_cluster_resolver>(
-      cluster_spec{cluster_spec::job_map{{"worker",
-                                          [&] {
-                                            std::map<int, std::string> tasks;
-                                            for (int w = 0; w < workers; ++w)
-                                              tasks[w] = addresses[static_cast<size_t>(w)];
-                                            return tasks;
-                                          }()}}},
-      "worker", rank);
+      cluster_spec{cluster_spec::job_map{{"worker", std::move(tasks)}}}, "worker", rank);
   detail::multi_worker_setup setup;
   setup.worker_rank = rank;
   setup.num_workers = workers;

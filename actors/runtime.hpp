@@ -77,12 +77,12 @@ public:
   int num_replicas_in_sync() const noexcept;
   /// The replica id (in sync group) of this worker's first replica.
   int first_replica_id() const noexcept;
-  /// This worker's rank and the number of workers.
   /// Moves the step deadlines' clock forward (consort::testing's simulated time).
   void advance_step_clock(std::chrono::nanoseconds by);
   /// The oldest running step: its number and how far ahead its deadline is (none: nullopt).
   std::optional<std::pair<uint64_t, std::chrono::nanoseconds>> oldest_running_step() const;
 
+  /// This worker's rank and the number of workers.
   int worker_rank() const noexcept;
   int num_workers() const noexcept;
   const strategy_options& options() const noexcept;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The sanitizer tier of CI (.ci/run runs it after tools/test.sh): builds the core, actors and
-# transport tests (and, for ASan, the multi-worker job) under
+# The sanitizer tier of CI (.ci/run runs it after tools/test.sh): builds the core, actors,
+# transport and testing tests (and, for ASan, the multi-worker job) under
 #   address  ASan + UBSan (UBSan findings fatal) into build-asan/,
 #   thread   TSan into build-tsan/,
 # with GCC 12 (the compiler libcaf-dev, libcapnp-dev and libgtest-dev were built with: the same
@@ -14,8 +14,8 @@
 #          SANITIZE_BUILD_ONLY=1  build, run nothing
 # Exit:    0 when every selected test passes with no sanitizer report.
 #
-# What runs (.ci/run does not call this script yet: see its comment; the rest is left out for
-# time, or because it cannot work; docs/sanitizers.md has the reasons):
+# What runs (the rest is left out for time, or because it cannot work; docs/sanitizers.md has the
+# reasons):
 #   address: consort_core_tests, consort_actors_tests, consort_transport_tests and
 #            consort_testing_tests (its fuzz test at 200 seeds), all but the
 #            1M-element all-reduce sweeps and the sweeps over shared memory (`large_sweeps`), and

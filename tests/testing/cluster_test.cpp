@@ -86,6 +86,45 @@ TEST(TestingCluster, EveryWorkerRunsTheStepAndTheCollectiveSpansTheCluster) {
   }
 }
 
+// The end of a run: every worker has its last result, then each leaves cleanly (a goodbye to
+// each peer, no abort), and nothing follows a worker's goodbye.
+TEST(TestingCluster, TheEndOfARunDeliversEveryLastResultThenEachWorkerSaysGoodbye) {
+  cluster c({.workers = 3, .replicas_per_worker = 2, .seed = 12});
+  auto last = c.run_all(one_sum);
+  expect_all_equal(last, 6.0f, c);
+  for (int w = 0; w < 3; ++w)
+    c.strategy(w).shutdown(); // as each process returns from main
+  std::map<std::pair<int, int>, int> goodbyes;
+  std::set<int> gone;
+  for (const auto& m : c.messages()) {
+    EXPECT_NE(m.kind, "abort") << "a clean end aborts nothing";
+    EXPECT_FALSE(gone.count(m.from) && m.kind == "data")
+        << "data from worker " << m.from << " after its goodbye";
+    if (m.kind == "goodbye") {
+      ++goodbyes[{m.from, m.to}];
+      gone.insert(m.from);
+    }
+  }
+  for (int a = 0; a < 3; ++a)
+    for (int b = 0; b < 3; ++b)
+      if (a != b) {
+        EXPECT_EQ((goodbyes[{a, b}]), 1) << "worker " << a << " to worker " << b;
+      }
+  auto after = c.strategy(0).run_async(one_sum);
+  EXPECT_TRUE(fails(after, errc::shutdown, {}));
+}
+
+TEST(TestingCluster, HealingBeforeThePeerTimeoutLosesNobody) {
+  cluster c({.workers = 3, .seed = 13, .peer_timeout = 5s});
+  EXPECT_FALSE(c.wait_blocked(0, 20ms)) << "no call, no thread waiting on the network";
+  c.partition({2});
+  c.advance(4s);
+  c.heal();
+  c.advance(10s); // past the peer timeout: the cut ended before it, so nobody is declared lost
+  auto runs = c.run_all(one_sum);
+  expect_all_equal(runs, 3.0f, c);
+}
+
 TEST(TestingCluster, DelayedMessagesKeepTheirLinksOrderAndTheResultsExact) {
   cluster c({.workers = 3, .replicas_per_worker = 1, .seed = 1});
   std::atomic<int> n{0};
@@ -506,7 +545,7 @@ TEST(TestingCluster, AFilterThatDecidesByLinkPlaceStrikesTheSameMessagesOnEveryR
       for (int pushed = 0; pushed < 60 && !runs[0].wait_for(2ms); ++pushed)
         c.advance(1s);
       for (auto& f : runs)
-        f.wait_for(10s);
+        EXPECT_TRUE(f.wait_for(10s)) << "step " << step;
     }
     std::set<std::tuple<int, int, uint64_t>> out;
     for (const auto& m : c.messages())
