@@ -76,7 +76,7 @@ void framed_connection::start_write() {
     return;
   }
   writing_ = true;
-  write_started_ = clock::now();
+  write_started_ = owner_.now();
   asio::async_write(socket_, asio::buffer(queue_.front()),
                     [this, self = shared_from_this()](const error_code& ec, std::size_t n) {
                       writing_ = false;
@@ -96,7 +96,7 @@ void framed_connection::close_gracefully(std::chrono::milliseconds linger) {
   if (closed_ || graceful_)
     return;
   graceful_ = true;
-  linger_until_ = clock::now() + linger;
+  linger_until_ = owner_.now() + linger;
   start_write(); // shuts the sending side down at once when nothing is queued
 }
 

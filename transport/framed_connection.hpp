@@ -55,6 +55,10 @@ public:
     /// complete afterwards do nothing.
     virtual bool stopped() const noexcept = 0;
 
+    /// The time on the owner's clock, which the connection's times (`write_started`, the end of
+    /// a linger) are taken on.
+    virtual clock::time_point now() const { return clock::now(); }
+
     /// Reads a frame's length from its prefix; returns why the length is unacceptable (the frame
     /// format's bounds, checked before anything is allocated), or "" and sets `length`.
     virtual std::string frame_length(std::span<const std::byte, prefix_bytes> prefix,

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -158,22 +159,64 @@ uint16_t free_port() {
   return acceptor.local_endpoint().port();
 }
 
-/// A cluster of `n` services in this process. Members are destroyed before the captures.
+// -- virtual time --------------------------------------------------------------------------------
+
+/// A clock the test moves (`membership::options::clock`); it starts at the steady clock's now
+/// and stands still until moved. Must outlive the services that read it.
+class manual_clock {
+public:
+  std::function<clock_type::time_point()> function() {
+    return [this] {
+      return now();
+    };
+  }
+
+  clock_type::time_point now() const {
+    return clock_type::time_point(clock_type::duration(ticks_.load()));
+  }
+
+  /// Moves the clock by `by` in steps of `step`, running the deadline checks of every service
+  /// after each step (in order), so that heartbeats keep flowing between the healthy members
+  /// and whatever falls due happens at the step it falls due in.
+  void advance(milliseconds by, milliseconds step,
+               const std::vector<membership::service*>& services) {
+    for (milliseconds done{0}; done < by; done += step) {
+      ticks_ += clock_type::duration(std::min(step, by - done)).count();
+      for (auto* s : services)
+        if (s)
+          s->check_deadlines();
+    }
+  }
+
+private:
+  std::atomic<clock_type::rep> ticks_{clock_type::now().time_since_epoch().count()};
+};
+
+/// Whether a cluster's deadlines run on real time or on its manual clock.
+enum class timing { real, manual };
+
+/// A cluster of `n` services in this process. Members are destroyed before the captures and
+/// the clock.
 struct cluster {
-  explicit cluster(int n, const std::function<void(membership::options&)>& tweak = {}) {
+  explicit cluster(int n, const std::function<void(membership::options&)>& tweak = {},
+                   timing t = timing::real) {
     for (int r = 0; r < n; ++r)
       lost.push_back(std::make_unique<loss_recorder>());
+    auto configure = [&](membership::options& opts) {
+      if (t == timing::manual)
+        opts.clock = clock.function();
+      if (tweak)
+        tweak(opts);
+    };
     auto chief_opts = options_for(n, 0, "127.0.0.1:0", &logs);
-    if (tweak)
-      tweak(chief_opts);
+    configure(chief_opts);
     services.push_back(start_ok(chief_opts));
     if (!services[0])
       return;
     chief_address = services[0]->listen_address();
     for (int r = 1; r < n; ++r) {
       auto opts = options_for(n, r, chief_address, &logs);
-      if (tweak)
-        tweak(opts);
+      configure(opts);
       services.push_back(start_ok(opts));
     }
     for (int r = 0; r < n; ++r)
@@ -204,11 +247,38 @@ struct cluster {
     return true;
   }
 
+  /// Moves the manual clock by `by`, in steps of the heartbeat interval (see manual_clock).
+  void advance(milliseconds by) {
+    std::vector<membership::service*> all;
+    for (auto& svc : services)
+      all.push_back(svc.get());
+    clock.advance(by, 50ms, all);
+  }
+
+  manual_clock clock;
   log_capture logs;
   std::vector<std::unique_ptr<loss_recorder>> lost;
   std::string chief_address;
   std::vector<std::unique_ptr<membership::service>> services;
 };
+
+/// Moves `clock` in steps of 50 ms, running the deadline checks of `services`, until `done`
+/// holds, at most by `limit`; returns how far it moved. Only for waits whose end is a deadline:
+/// while it moves, real events (connections, frames) race with the clock.
+milliseconds advance_until(manual_clock& clock, const std::vector<membership::service*>& services,
+                           const std::function<bool()>& done, milliseconds limit = 60s) {
+  milliseconds moved{0};
+  while (!done() && moved < limit) {
+    clock.advance(50ms, 50ms, services);
+    moved += 50ms;
+  }
+  return moved;
+}
+
+template <class T>
+bool ready(const std::future<T>& f) {
+  return f.wait_for(0s) == std::future_status::ready;
+}
 
 // -- raw peers -----------------------------------------------------------------------------------
 
@@ -453,26 +523,32 @@ TEST(MembershipTest, WorkersStartedBeforeTheChiefRetryUntilItListens) {
 }
 
 TEST(MembershipTest, MissingWorkerFailsTheChiefNamingItAndTheJoinedWorkerPromptly) {
+  manual_clock clock;
   log_capture logs;
   auto chief_opts = options_for(3, 0, "127.0.0.1:0", &logs);
   chief_opts.rendezvous_timeout = 1000ms;
+  chief_opts.clock = clock.function();
   auto chief = start_ok(chief_opts);
   ASSERT_TRUE(chief);
   // Worker 1 joins, with a deadline far later than the chief's; worker 2 never starts.
   auto worker_opts = options_for(3, 1, chief->listen_address(), &logs);
   worker_opts.rendezvous_timeout = 30s;
+  worker_opts.clock = clock.function();
   auto worker = start_ok(worker_opts);
   ASSERT_TRUE(worker);
-  auto started = clock_type::now();
   auto joined = std::async(std::launch::async, [&] { return worker->rendezvous(); });
   ASSERT_TRUE(logs.wait_for({"worker:1 (rank 1) joined from 127.0.0.1:"}));
-  auto chief_view = chief->rendezvous();
+  auto chief_view = std::async(std::launch::async, [&] { return chief->rendezvous(); });
+  // The chief's deadline counts from its rendezvous, which may start after the clock moved a
+  // little: it fails no earlier than 1000 ms on the clock, and long before the worker's 30 s.
+  auto moved = advance_until(clock, {chief.get(), worker.get()}, [&] { return ready(chief_view); });
+  EXPECT_GE(moved, 1000ms);
+  EXPECT_LT(moved, 30s);
   auto expected = "rendezvous at " + chief->listen_address() +
                   " timed out after 1000 ms: worker:2 did not join (joined: worker:0, worker:1)";
-  EXPECT_TRUE(has_error(chief_view, errc::collective_timeout, {expected}));
-  auto worker_view = joined.get();
+  EXPECT_TRUE(has_error(chief_view.get(), errc::collective_timeout, {expected}));
+  auto worker_view = joined.get(); // the chief's abort reached it: not its own deadline
   EXPECT_TRUE(has_error(worker_view, errc::collective_timeout, {expected}));
-  EXPECT_LT(clock_type::now() - started, 10s); // not at its own 30 s deadline
   EXPECT_TRUE(logs.wait_for(
       {"worker:0 (rank 0): waiting for 1 of 3 tasks to join: worker:2 (joined: worker:0, "
        "worker:1)"}))
@@ -482,11 +558,19 @@ TEST(MembershipTest, MissingWorkerFailsTheChiefNamingItAndTheJoinedWorkerPromptl
 TEST(MembershipTest, WorkerThatCannotReachTheChiefTimesOutWithTheLastError) {
   log_capture logs;
   auto address = "127.0.0.1:" + std::to_string(free_port());
+  manual_clock clock;
   auto opts = options_for(2, 1, address, &logs);
   opts.rendezvous_timeout = 300ms;
+  opts.clock = clock.function();
   auto worker = start_ok(opts);
   ASSERT_TRUE(worker);
-  EXPECT_TRUE(has_error(worker->rendezvous(), errc::collective_timeout,
+  auto result = std::async(std::launch::async, [&] { return worker->rendezvous(); });
+  // Refused attempts are retried (on real time) until the deadline passes on the clock.
+  ASSERT_TRUE(logs.wait_for({"cannot join the chief at " + address + " yet", "refused"}))
+      << logs.all();
+  auto moved = advance_until(clock, {worker.get()}, [&] { return ready(result); });
+  EXPECT_GE(moved, 300ms);
+  EXPECT_TRUE(has_error(result.get(), errc::collective_timeout,
                         {"could not join the cluster at chief " + address + " within 300 ms",
                          "connect to " + address, "refused"}));
 }
@@ -498,18 +582,24 @@ TEST(MembershipTest, WorkerThatCannotReachTheChiefTimesOutWithTheLastError) {
 std::pair<caf::expected<membership::view>, caf::expected<membership::view>>
 rendezvous_with_secrets(const std::string& chief_secret, const std::string& worker_secret,
                         log_capture& logs, milliseconds chief_timeout = 300ms) {
+  // On a manual clock: the worker's outcome (a view or a refusal) comes from real events while
+  // the clock stands still; only then does the clock move, for the chief's deadline.
+  manual_clock clock;
   auto chief_opts = options_for(2, 0, "127.0.0.1:0", &logs);
   chief_opts.secret = chief_secret;
   chief_opts.rendezvous_timeout = chief_timeout;
+  chief_opts.clock = clock.function();
   auto chief = start_ok(chief_opts);
   if (!chief)
     return {membership::view{}, membership::view{}};
   auto worker_opts = options_for(2, 1, chief->listen_address(), &logs);
   worker_opts.secret = worker_secret;
+  worker_opts.clock = clock.function();
   auto worker = start_ok(worker_opts);
-  auto w = std::async(std::launch::async, [&] { return worker->rendezvous(); });
-  auto c = chief->rendezvous();
-  return {std::move(c), w.get()};
+  auto c = std::async(std::launch::async, [&] { return chief->rendezvous(); });
+  auto w = worker->rendezvous();
+  advance_until(clock, {chief.get()}, [&] { return ready(c); });
+  return {c.get(), std::move(w)};
 }
 
 TEST(MembershipTest, TheRightSharedSecretJoins) {
@@ -632,20 +722,31 @@ struct bad_frame {
   std::string name;
   std::function<void(raw_peer&)> send;
   std::string reason;
+  bool closed_at_the_handshake_deadline = false; // else at once, with the clock standing still
 };
 
 class MembershipBadFrameTest : public ::testing::TestWithParam<bad_frame> {};
 
 TEST_P(MembershipBadFrameTest, ConnectionIsClosedWithALoggedReasonAndTheViewStillForms) {
+  manual_clock clock;
   log_capture logs;
   auto chief_opts = options_for(3, 0, "127.0.0.1:0", &logs);
   chief_opts.handshake_timeout = 300ms;
+  chief_opts.rendezvous_timeout = 600s;
+  chief_opts.clock = clock.function();
   auto chief = start_ok(chief_opts);
   ASSERT_TRUE(chief);
   auto chief_view = std::async(std::launch::async, [&] { return chief->rendezvous(); });
   {
     raw_peer peer(chief->listen_address());
     GetParam().send(peer);
+    if (GetParam().closed_at_the_handshake_deadline) {
+      // The handshake's deadline counts from the accept, which may come a step late.
+      auto moved = advance_until(clock, {chief.get()}, [&] {
+        return logs.wait_for({"closed the connection from 127.0.0.1:"}, 0ms);
+      });
+      EXPECT_GE(moved, 300ms);
+    }
     EXPECT_TRUE(peer.closed_by_peer());
     EXPECT_TRUE(logs.wait_for({"closed the connection from 127.0.0.1:", GetParam().reason}))
         << logs.all();
@@ -701,7 +802,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "expected a Join, got a heartbeat message"},
         bad_frame{"ClosedWithoutAJoin", [](raw_peer& p) { p.shutdown_write(); },
                   "the connection closed without a Join (end of file)"},
-        bad_frame{"Silent", [](raw_peer&) {}, "no valid Join within 300 ms"}),
+        bad_frame{"Silent", [](raw_peer&) {}, "no valid Join within 300 ms", true}),
     [](const ::testing::TestParamInfo<bad_frame>& info) { return info.param.name; });
 
 // -- losses --------------------------------------------------------------------------------------
@@ -729,21 +830,28 @@ TEST(MembershipTest, ACrashedWorkerIsReportedAtOnceByTheChiefAndTheOtherWorkers)
 }
 
 TEST(MembershipTest, ASuspendedWorkerIsLostAfterThePeerTimeout) {
-  cluster c(3);
+  cluster c(3, {}, timing::manual);
   ASSERT_TRUE(c.form());
-  auto suspended_at = clock_type::now();
   c.services[2]->suspend();
-  auto at_chief = c.lost[0]->wait_for(2, 1500ms);
+  // On the manual clock: nobody is lost before the 500 ms peer timeout (the last heartbeats
+  // left when the view formed, and the clock stood still since), and the chief reports worker 2
+  // in the step that reaches it, while the others' heartbeats keep them alive.
+  c.advance(450ms);
+  EXPECT_TRUE(c.lost[0]->events().empty()) << describe(c.lost[0]->events()) << c.logs.all();
+  c.advance(50ms);
+  auto at_chief = c.lost[0]->wait_for(2, 0ms);
   ASSERT_TRUE(at_chief) << c.logs.all();
   EXPECT_EQ(at_chief->ranks, std::vector<int>{2});
   EXPECT_EQ(at_chief->cause, "worker:2 (rank 2) sent no heartbeat for 500 ms");
-  EXPECT_LT(clock_type::now() - suspended_at, 1500ms);
-  auto at_worker = c.lost[1]->wait_for(2, 1500ms);
+  auto at_worker = c.lost[1]->wait_for(2); // told by the chief, or its own timeout
   ASSERT_TRUE(at_worker) << c.logs.all();
   EXPECT_EQ(at_worker->cause, at_chief->cause);
-  // The others stay alive: nothing else is reported about them.
+  // The others stay alive, four peer timeouts later: nothing else is reported about them.
+  c.advance(2000ms);
   EXPECT_EQ(c.lost[0]->events().size(), 1u) << describe(c.lost[0]->events());
   EXPECT_EQ(c.lost[1]->events().size(), 1u) << describe(c.lost[1]->events());
+  // Gone at once, rather than a leave whose linger waits on the standing clock.
+  c.services[2]->crash();
 }
 
 TEST(MembershipTest, ACrashedChiefIsReportedAsRankZeroByEveryWorker) {
@@ -761,12 +869,16 @@ TEST(MembershipTest, ACrashedChiefIsReportedAsRankZeroByEveryWorker) {
 }
 
 TEST(MembershipTest, ASuspendedChiefIsReportedAsRankZeroAfterThePeerTimeout) {
-  cluster c(2);
+  cluster c(2, {}, timing::manual);
   ASSERT_TRUE(c.form());
   c.services[0]->suspend();
-  auto e = c.lost[1]->wait_for(0, 1500ms);
+  c.advance(450ms);
+  EXPECT_TRUE(c.lost[1]->events().empty()) << describe(c.lost[1]->events()) << c.logs.all();
+  c.advance(50ms);
+  auto e = c.lost[1]->wait_for(0, 0ms);
   ASSERT_TRUE(e) << c.logs.all();
   EXPECT_EQ(e->cause, "worker:0 (rank 0) sent no heartbeat for 500 ms");
+  c.services[0]->crash(); // as above
 }
 
 TEST(MembershipTest, AMemberThatLeavesIsNotReportedLost) {

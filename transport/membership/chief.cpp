@@ -74,7 +74,7 @@ void service::impl::on_accepted(const conn_ptr& c) {
   ++handshakes_;
   conns_.insert(c);
   c->socket().set_option(asio_tcp::no_delay(true), ec);
-  c->opened_at = clock::now();
+  c->opened_at = now();
   c->nonce = random_bytes(nonce_bytes);
   send(c, codec::challenge{c->nonce});
   c->read_frames();
@@ -237,7 +237,7 @@ void service::impl::maybe_form_view() {
   }
   view_formed_ = true;
   view_ = v;
-  auto now = clock::now();
+  auto now = this->now();
   next_heartbeat_ = now + opts_.heartbeat_interval;
   for (std::size_t r = 1; r < by_rank_.size(); ++r) {
     auto& c = by_rank_[r];

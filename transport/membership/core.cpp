@@ -3,7 +3,9 @@
 //
 // Deadlines. One periodic tick (at most 50 ms apart) enforces all of them: handshakes, connection
 // attempts, the rendezvous, heartbeats sent and expected, writes that do not complete, and the
-// linger of graceful closes. Nothing else waits.
+// linger of graceful closes. Nothing else waits. The times are read from `now()`: the options'
+// clock (a test's manual clock, which `check_deadlines` runs the tick after moving) or the
+// steady clock.
 //
 // Closing. A clean close (Leave, Refusal, Abort before the view) queues its last message and
 // closes the connection gracefully (transport/framed_connection.hpp): the sending side is shut
@@ -87,7 +89,7 @@ void service::impl::arm_tick() {
 }
 
 void service::impl::tick() {
-  auto now = clock::now();
+  auto now = this->now();
   // Graceful closes whose peer did not close in time.
   std::vector<conn_ptr> expired;
   for (const auto& c : conns_)
@@ -171,7 +173,7 @@ void service::impl::on_frame(const std::shared_ptr<framed_connection>& fc,
   if (!why.empty())
     return failed(c, "malformed message: " + why);
   if (!suspended_ && !c->graceful()) {
-    c->last_rx = clock::now();
+    c->last_rx = now();
     on_message(c, m);
   }
 }
@@ -247,7 +249,7 @@ void service::impl::start_rendezvous() {
   if (rendezvous_started_ || leaving_ || crashed_ || decided())
     return;
   rendezvous_started_ = true;
-  auto now = clock::now();
+  auto now = this->now();
   rendezvous_deadline_ = now + opts_.rendezvous_timeout;
   next_missing_log_ = now + opts_.missing_log_interval;
   if (chief_)

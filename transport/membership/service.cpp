@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <future>
 
 namespace consort::transport::membership {
 
@@ -236,6 +237,22 @@ void service::impl::crash() {
   cv_.wait_until(lock, clock::now() + milliseconds{2000}, [this] { return crash_done_; });
 }
 
+void service::impl::check_deadlines() {
+  if (stopped_)
+    return;
+  if (std::this_thread::get_id() == thread_.get_id())
+    return tick();
+  auto ran = std::make_shared<std::promise<void>>();
+  auto done = ran->get_future();
+  asio::post(io_, [this, ran] {
+    if (!stopped_)
+      tick();
+    ran->set_value();
+  });
+  // Bounded: a service stopped meanwhile never runs the handler.
+  done.wait_for(milliseconds{2000});
+}
+
 // -- service -------------------------------------------------------------------------------------
 
 caf::expected<std::unique_ptr<service>> service::start(options opts) {
@@ -278,6 +295,10 @@ void service::leave(const std::string& reason) {
 
 void service::suspend() {
   impl_->suspend();
+}
+
+void service::check_deadlines() {
+  impl_->check_deadlines();
 }
 
 void service::crash() {

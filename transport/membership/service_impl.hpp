@@ -92,6 +92,7 @@ public:
   void on_lost(std::function<void(const lost_event&)> fn);
   void leave(const std::string& reason);
   void suspend() { suspended_.store(true); }
+  void check_deadlines();
   void crash();
   void shutdown();
 
@@ -101,6 +102,7 @@ private:
   bool stopped() const noexcept override { return stopped_; }
   std::string frame_length(std::span<const std::byte, codec::prefix_bytes> prefix,
                            uint32_t& length) override;
+  clock::time_point now() const override { return opts_.clock ? opts_.clock() : clock::now(); }
   void on_frame(const std::shared_ptr<framed_connection>& fc, std::vector<std::byte> body) override;
   void on_read_error(const std::shared_ptr<framed_connection>& fc, const error_code& ec) override;
   void on_failure(const std::shared_ptr<framed_connection>& fc, const std::string& what) override;

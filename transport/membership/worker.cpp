@@ -32,7 +32,7 @@ void service::impl::start_attempt() {
   auto c = new_connection();
   c->remote(opts_.chief_address);
   c->rank = 0;
-  c->opened_at = clock::now();
+  c->opened_at = now();
   chief_conn_ = c;
   conns_.insert(c);
   resolver_.async_resolve(
@@ -69,7 +69,7 @@ void service::impl::attempt_failed(const conn_ptr& c, const std::string& why) {
   last_error_ = why;
   if (stopped_ || crashed_ || leaving_ || rendezvous_failed_ || view_formed_ || decided())
     return;
-  auto now = clock::now();
+  auto now = this->now();
   if (now + backoff_ >= rendezvous_deadline_)
     return; // the tick fails the rendezvous at its deadline with this error
   if (!warned_) {
@@ -178,7 +178,7 @@ void service::impl::on_view(const conn_ptr& c, codec::view_message& m) {
   view_formed_ = true;
   view_ = v;
   c->state = phase::member;
-  auto now = clock::now();
+  auto now = this->now();
   c->last_rx = now;
   next_heartbeat_ = now + opts_.heartbeat_interval;
   log_line("received the view of epoch " + std::to_string(v.epoch) + " from the chief at " +

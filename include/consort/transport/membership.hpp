@@ -157,6 +157,14 @@ struct options {
   /// Chief only: copied into the view, e.g. the NCCL unique id of the group (at most 4096 bytes).
   std::vector<std::byte> nccl_unique_id;
 
+  /// The clock the service's deadlines run on: handshakes, the rendezvous, heartbeats, peer
+  /// timeouts, stuck writes and the linger of a leave. Empty: `std::chrono::steady_clock::now`.
+  /// A test may pass a clock it moves itself and call
+  /// `check_deadlines` after each move; retries of refused connections and the service's own
+  /// checks (at most 50 ms apart) still pace on real time, and the bounds of the callers' waits
+  /// (the rendezvous' deadline plus 2 s, a leave's, a crash's) are real time too.
+  std::function<std::chrono::steady_clock::time_point()> clock;
+
   /// Receives one line per notable event (a refused or broken connection and why, missing tasks,
   /// losses). Called on the service's I/O thread. Empty: stderr, prefixed "consort membership: ".
   std::function<void(const std::string&)> log;
@@ -227,6 +235,12 @@ public:
   /// Simulates a partition: from now on this service sends nothing (no heartbeats), ignores every
   /// message it receives, and reports nothing, without closing its sockets.
   void suspend();
+
+  /// Runs the deadline checks now on the I/O thread (sending the heartbeats that are due) and
+  /// returns once they ran, or at once when the service is stopped. The service runs them itself
+  /// at least every 50 ms; a test that moves `options::clock` calls this after each move so that
+  /// what the move made due happens before it goes on.
+  void check_deadlines();
 
   /// Simulates `kill -9`: closes every socket at once without Leave. The service reports nothing
   /// afterwards; a pending `rendezvous` fails with `shutdown`.
