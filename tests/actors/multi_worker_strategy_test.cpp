@@ -152,7 +152,8 @@ TEST(MultiWorkerStrategyTest, TwoWorkersOnTwoThreadsOverTcp) {
   EXPECT_EQ(theirs.second, tensor::scalar<int32_t>(3));
 }
 
-/// The log lines of a worker whose chief never starts (worker:1 of `spec`, 300 ms), with `secret`.
+/// The log lines of a worker whose chief never starts (worker:1 of `spec`, 100 ms: the warning
+/// comes before the rendezvous, whose timeout is the expected end), with `secret`.
 std::vector<std::string> start_up_log(const cluster_spec& spec, const std::string& secret) {
   ::unsetenv("CONSORT_CLUSTER_SECRET"); // only the option counts here
   auto mw = quiet(std::make_shared<simple_cluster_resolver>(spec, "worker", 1));
@@ -161,7 +162,7 @@ std::vector<std::string> start_up_log(const cluster_spec& spec, const std::strin
     lines->push_back(line);
   };
   mw.secret = secret;
-  mw.rendezvous_timeout = 300ms;
+  mw.rendezvous_timeout = 100ms;
   EXPECT_THROW(multi_worker_mirrored_strategy({}, mw), error);
   return *lines;
 }
