@@ -127,6 +127,9 @@ public:
   const clock::time_point posted;
   /// The message of a send (read in place).
   std::vector<const_bytes> parts;
+  /// A send kept for its receiver after its sender left: the message's own copy, which
+  /// `parts` points into (see group::leave).
+  std::vector<std::byte> kept;
   /// The buffer of a receive (written in place).
   mutable_bytes into;
   /// A receive: whether a smaller message fits (recv_at_most).
@@ -221,7 +224,11 @@ public:
       std::unique_lock<std::mutex> guard{ch.mtx};
       // Checked under the channel's mutex: `abort` sets the flag before it sweeps this channel,
       // so an operation is either swept or sees the flag.
-      if (at(src).aborted.load() || at(dst).aborted.load()) {
+      // A receive from a rank that left cleanly may still meet a send it made before it left
+      // (kept by `leave`, as a socket's buffer keeps what was written before the goodbye).
+      const bool from_leaver = !op->is_send && at(src).aborted.load() &&
+                               !at(dst).aborted.load() && ch.sends.count(op->tag) != 0;
+      if ((at(src).aborted.load() || at(dst).aborted.load()) && !from_leaver) {
         guard.unlock();
         fail_lost(op, at(src).aborted.load() ? src : dst);
         return;
@@ -252,6 +259,24 @@ public:
   /// Fails every pending operation that involves `rank` and every later one, then waits until
   /// no copy touches `rank`'s buffers.
   void abort(int rank, const std::string& why, errc code = errc::peer_lost) {
+    sweep(rank, why, code, false);
+  }
+
+  /// Leaves cleanly (context::close), as a TCP rank does: what it sent before is kept for its
+  /// peers (a send that no receive has met yet is copied and completes, as a write into a
+  /// socket buffer does), then every other operation with `rank` fails, the peers' with
+  /// peer_left and its own with shutdown. A peer's later receive still meets a kept send of its
+  /// tag; one that meets none fails with peer_left. Returns at once: nothing waits on a peer.
+  caf::error leave(int rank, const std::string& why, deadline /*until*/) {
+    sweep(rank, why, errc::peer_left, true);
+    return {};
+  }
+
+private:
+  /// Marks `rank` aborted (or left), then fails every pending operation that involves it,
+  /// except, when `keep_sends`, its own unmatched sends, which are copied and kept for their
+  /// receivers. Then waits until no copy touches `rank`'s buffers.
+  void sweep(int rank, const std::string& why, errc code, bool keep_sends) {
     auto& ep = at(rank);
     {
       std::lock_guard<std::mutex> guard{ep.why_mtx};
@@ -262,52 +287,47 @@ public:
       ep.aborted.store(true);
     }
     std::vector<op_ptr> victims;
+    std::vector<op_ptr> sent;
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank)
         continue;
       for (auto* ch : {&between(rank, peer), &between(peer, rank)}) {
         std::lock_guard<std::mutex> guard{ch->mtx};
-        for (auto* queues : {&ch->sends, &ch->recvs})
-          for (auto& [tag, ops] : *queues)
-            for (auto& op : ops)
+        const bool keep = keep_sends && ch == &between(rank, peer);
+        for (auto& [tag, ops] : ch->sends)
+          for (auto& op : ops) {
+            if (keep) {
+              // Unmatched, so no copy reads it: copy it here, under the channel's lock.
+              auto copy = std::make_shared<local_op>(true, op->self, op->peer, op->tag);
+              copy->kept.resize(op->bytes());
+              auto* out = copy->kept.data();
+              for (const auto& part : op->parts) {
+                if (!part.empty())
+                  std::memcpy(out, part.data(), part.size());
+                out += part.size();
+              }
+              copy->parts = {const_bytes{copy->kept.data(), copy->kept.size()}};
+              sent.push_back(std::exchange(op, std::move(copy)));
+            } else {
               victims.push_back(std::move(op));
-        ch->sends.clear();
+            }
+          }
+        if (!keep)
+          ch->sends.clear();
+        for (auto& [tag, ops] : ch->recvs)
+          for (auto& op : ops)
+            victims.push_back(std::move(op));
         ch->recvs.clear();
       }
     }
+    for (auto& op : sent)
+      op->complete({});
     for (auto& op : victims)
       fail_lost(op, rank);
     for (int n = ep.copying.load(); n != 0; n = ep.copying.load())
       ep.copying.wait(n);
   }
 
-  /// Leaves cleanly (context::close): waits until `until` for the sends `rank` posted to be
-  /// received (a send here completes only when it is), then fails what is left: the peers'
-  /// operations with `rank` with peer_left, its own with shutdown.
-  caf::error leave(int rank, const std::string& why, deadline until) {
-    std::vector<op_ptr> sends;
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer == rank)
-        continue;
-      auto& ch = between(rank, peer);
-      std::lock_guard<std::mutex> guard{ch.mtx};
-      for (auto& [tag, ops] : ch.sends)
-        sends.insert(sends.end(), ops.begin(), ops.end());
-    }
-    size_t late = 0;
-    for (auto& op : sends)
-      if (op->wait(until))
-        ++late;
-    abort(rank, why, errc::peer_left);
-    if (late == 0)
-      return {};
-    return make_caf_error(errc::collective_timeout,
-                          "rank " + std::to_string(rank) + " left the group (" + why + "), but " +
-                              std::to_string(late) +
-                              " of its sends were not received before the deadline");
-  }
-
-private:
   /// Fails `op` because `lost` (its own rank or its peer) was aborted or left.
   void fail_lost(const op_ptr& op, int lost) {
     auto code = at(lost).reason_code();

@@ -19,6 +19,11 @@
 // - `abort(why)` on a context fails its pending and later operations with `peer_lost`, and the
 //   peers' pending and later operations with it too (as a closed connection would). When it
 //   returns, no copy touches this context's buffers any more.
+// - `close(why, until)` leaves cleanly, as a TCP rank does: the sends it posted before that no
+//   receive has met yet are copied and kept for their receivers, and complete (as a write into a
+//   socket buffer does; TCP's reader keeps a message that arrives before its receive). Then its
+//   peers' receives that meet no kept send, and their later sends to it, fail with `peer_left`,
+//   and its own operations with `shutdown`. It returns at once: nothing waits on a peer.
 // - Destroying a context aborts it.
 
 #include <consort/transport/pair.hpp>
