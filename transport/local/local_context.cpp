@@ -226,8 +226,8 @@ public:
       // so an operation is either swept or sees the flag.
       // A receive from a rank that left cleanly may still meet a send it made before it left
       // (kept by `leave`, as a socket's buffer keeps what was written before the goodbye).
-      const bool from_leaver = !op->is_send && at(src).aborted.load() &&
-                               !at(dst).aborted.load() && ch.sends.count(op->tag) != 0;
+      const bool from_leaver = !op->is_send && at(src).aborted.load() && !at(dst).aborted.load() &&
+                               ch.sends.count(op->tag) != 0;
       if ((at(src).aborted.load() || at(dst).aborted.load()) && !from_leaver) {
         guard.unlock();
         fail_lost(op, at(src).aborted.load() ? src : dst);
