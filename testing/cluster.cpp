@@ -145,6 +145,7 @@ multi_worker_mirrored_strategy& cluster::checked(int worker) const {
 
 multi_worker_mirrored_strategy& cluster::strategy(int worker) {
   check_index(worker, "strategy");
+  check_filter();
   if (!formed()) {
     check_rendezvous();
     if (!rendezvous_failure_.empty())
@@ -189,6 +190,10 @@ void cluster::on_message(message_filter filter) {
   world_->set_filter(std::move(filter));
 }
 
+void cluster::check_filter() const {
+  world_->check_filter();
+}
+
 void cluster::advance(std::chrono::nanoseconds by) {
   if (by.count() < 0)
     throw_error(errc::invalid_argument,
@@ -196,10 +201,12 @@ void cluster::advance(std::chrono::nanoseconds by) {
                     " ns; time only moves forward");
   world_->advance(by);
   check_rendezvous();
+  check_filter();
 }
 
 bool cluster::wait_blocked(int worker, std::chrono::milliseconds within) {
   check_index(worker, "wait_blocked");
+  check_filter();
   return world_->wait_blocked(worker, within);
 }
 
@@ -208,6 +215,7 @@ std::chrono::nanoseconds cluster::now() const {
 }
 
 std::vector<message> cluster::messages() const {
+  check_filter();
   return world_->messages();
 }
 

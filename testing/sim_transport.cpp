@@ -474,8 +474,24 @@ void sim_world::post(int from, int to, uint64_t tag, std::vector<std::byte> data
   } else if (filter_) {
     v = filter_(m);
   }
+  if (m.what == fate::delivered && v.what == verdict::action::partition) {
+    // The cut begins with this message, which it swallows when it crosses it.
+    if (auto why = invalid_side(v.side); !why.empty()) {
+      if (filter_error_.empty())
+        filter_error_ = "consort::testing: the filter's verdict::partition for the message " +
+                        std::to_string(m.link_seq) + " from worker " + std::to_string(from) +
+                        " to worker " + std::to_string(to) + " was refused: " + why;
+    } else {
+      partition_locked(std::set<int>(v.side.begin(), v.side.end()));
+      if (cut(from, to))
+        m.what = fate::dropped;
+    }
+    v = verdict::deliver();
+  }
   if (m.what == fate::delivered) {
     switch (v.what) {
+    case verdict::action::partition: // handled above
+      break;
     case verdict::action::drop:
       m.what = fate::dropped;
       break;
@@ -601,10 +617,38 @@ void sim_world::kill_locked(int rank) {
 
 void sim_world::partition(const std::set<int>& side) {
   world_lock lock(*this);
+  partition_locked(side);
+}
+
+void sim_world::partition_locked(const std::set<int>& side) {
   side_ = side;
   cut_at_ = now_locked();
   cut_reported_ = false;
   cv_.notify_all();
+}
+
+std::string sim_world::invalid_side(const std::vector<int>& side) const {
+  std::set<int> members;
+  for (int w : side) {
+    if (w < 0 || w >= size_)
+      return "worker " + std::to_string(w) + " does not exist (expected 0 to " +
+             std::to_string(size_ - 1) + ")";
+    members.insert(w);
+  }
+  if (members.empty() || static_cast<int>(members.size()) == size_)
+    return "the side has " + std::to_string(members.size()) + " of " + std::to_string(size_) +
+           " workers; expected some but not all";
+  return {};
+}
+
+void sim_world::check_filter() {
+  std::string why;
+  {
+    world_lock lock(*this);
+    why.swap(filter_error_);
+  }
+  if (!why.empty())
+    throw_error(errc::invalid_argument, why);
 }
 
 void sim_world::heal() {

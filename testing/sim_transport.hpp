@@ -88,6 +88,8 @@ public:
   bool wait_blocked(int rank, std::chrono::nanoseconds within);
   std::chrono::nanoseconds now() const;
   std::vector<message> messages() const;
+  /// Throws (once) the error of a verdict the world refused (an invalid partition side).
+  void check_filter();
 
   // -- used by contexts and operations (mu_ held where it says so) --------------------------
   std::chrono::nanoseconds now_locked() const; // mu_ held
@@ -122,6 +124,9 @@ private:
 
   void ticker();
   void kill_locked(int rank);
+  void partition_locked(const std::set<int>& side);
+  /// Why `side` is no partition of this world (empty when it is one).
+  std::string invalid_side(const std::vector<int>& side) const;
 
   const int size_;
   const std::chrono::milliseconds peer_timeout_;
@@ -137,6 +142,7 @@ private:
   std::chrono::nanoseconds cut_at_{0};
   bool cut_reported_ = false;
   message_filter filter_;
+  std::string filter_error_; // a refused verdict, until check_filter throws it
   std::vector<message> log_;
   std::map<std::pair<int, int>, std::deque<in_flight>> links_; // delayed messages, per link
   std::map<std::pair<int, int>, uint64_t> link_seq_;           // data messages sent, per link

@@ -29,7 +29,10 @@
 //   (collective timeouts in the algorithms, the failure detector, delays) and the actors' step
 //   deadlines (step_timeout) run on it, and `advance` moves from event to event in time order;
 // - scheduling: the workers' threads are real, so thread interleavings are not replayed; the
-//   seed makes the test's own choices (faults, victims) replayable through `random()`.
+//   seed makes the test's own choices (faults, victims) replayable through `random()`, and a
+//   filter that decides by a message's place on its link (`link_seq`) strikes the same messages
+//   on every run, for every fault a verdict can carry (drop, delay, corrupt, a crash, a
+//   partition).
 
 #include <consort/strategy.hpp>
 
@@ -76,11 +79,13 @@ struct message {
 
 /// What the filter does with a message.
 struct verdict {
-  enum class action { deliver, drop, corrupt, crash_sender };
+  enum class action { deliver, drop, corrupt, crash_sender, partition };
   action what = action::deliver;
   /// Delivered this much simulated time later (deliver only). Later messages on the same link
   /// wait behind it: links stay FIFO, as TCP is.
   std::chrono::nanoseconds delay{0};
+  /// The workers a partition cuts off (partition only).
+  std::vector<int> side{};
 
   static verdict deliver() { return {}; }
   static verdict drop() { return {action::drop, {}}; }
@@ -89,6 +94,15 @@ struct verdict {
   /// a crash at an exact point of the protocol.
   static verdict crash_sender() { return {action::crash_sender, {}}; }
   static verdict delay_by(std::chrono::nanoseconds d) { return {action::deliver, d}; }
+  /// A partition begins as this message is sent (as `cluster::partition(side)` would, but at an
+  /// exact point of the protocol): the message vanishes when it crosses the cut and is delivered
+  /// otherwise, and so does every later one. A side that names no worker, every worker, or a
+  /// worker that does not exist is refused: the message is delivered, no partition begins, and
+  /// the test's next `advance`, `messages`, `wait_blocked` or `strategy` call throws
+  /// error(invalid_argument) saying why.
+  static verdict partition(std::vector<int> side) {
+    return {action::partition, {}, std::move(side)};
+  }
 };
 
 /// Decides the fate of each data message (`time`, `from`, `to`, `kind`, `tag`, `link_seq` and
@@ -178,6 +192,9 @@ public:
   void heal();
   /// Every later data message goes through `filter` (empty: none).
   void on_message(message_filter filter);
+  /// Throws the error of a verdict the filter returned and the harness refused (see
+  /// verdict::partition), once; `advance`, `messages`, `wait_blocked` and `strategy` call it.
+  void check_filter() const;
 
   // -- time and observation ----------------------------------------------------------------------
 

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -48,6 +49,17 @@ template <class Future>
     return ::testing::AssertionFailure()
            << "the run did not end within " << within.count() << " ms of wall time";
   return fails_with([&] { f.get(); }, code, fragments);
+}
+
+/// The code a finished future fails with (errc::none when it holds a value).
+template <class Future>
+errc code_of(Future& f) {
+  try {
+    f.get();
+  } catch (const error& e) {
+    return e.code();
+  }
+  return errc::none;
 }
 
 /// Every component of every worker's result equals `want`.
@@ -402,10 +414,9 @@ uint64_t mix(uint64_t seed, const testing::message& m) {
 /// One seed: 3 workers x 2 replicas run 3 all-reduce steps; a random fault strikes before or
 /// during a random step. Every worker's every step must end (simulated time is pushed until it
 /// does) with the exact sum or a clear error; returns what went wrong, empty when nothing did.
-/// The faults on messages (drop, delay, corrupt, and the kill during a step, a crash of the
-/// victim as it sends its first message of the step) are decided by the seed and the message's
-/// place on its link, so they strike the same messages on every run; the partition during a step
-/// strikes when the test thread gets there.
+/// The faults during a step (drop, delay, corrupt; a kill, as a crash of the victim as it sends
+/// its first message of the step; a partition, which begins with that message) are decided by
+/// the seed and the message's place on its link, so they strike the same messages on every run.
 std::string run_seed(uint64_t seed, std::map<fault, tally>& seen) {
   testing::cluster_options opts;
   opts.workers = 3;
@@ -437,7 +448,11 @@ std::string run_seed(uint64_t seed, std::map<fault, tally>& seen) {
         c.kill(victim);
       break;
     case fault::partition:
-      if (!during)
+      if (during) // the cut begins with the victim's first message of the step
+        c.on_message([victim](const testing::message& m) {
+          return m.from == victim ? verdict::partition({victim}) : verdict::deliver();
+        });
+      else
         c.partition({victim});
       break;
     case fault::drop:
@@ -467,8 +482,6 @@ std::string run_seed(uint64_t seed, std::map<fault, tally>& seen) {
       return ctx.all_reduce(
           "SUM", tensor::scalar<float>(static_cast<float>(ctx.replica_id_in_sync_group() + 1)));
     });
-    if (step == at_step && during && kind == fault::partition)
-      c.partition({victim});
     // Push simulated time until every worker's step has ended: 60 s is past every deadline.
     auto all_done = [&] {
       for (auto& f : runs)
@@ -556,6 +569,79 @@ TEST(TestingCluster, AFilterThatDecidesByLinkPlaceStrikesTheSameMessagesOnEveryR
   auto first = dropped();
   EXPECT_FALSE(first.empty());
   EXPECT_EQ(dropped(), first);
+}
+
+// A partition that begins at an exact message: the first step is exact on every worker; in the
+// second, worker 2's message of that step to worker 0 starts the cut. Everything before it was
+// delivered, it and every later message across the cut vanish, and workers 0 and 1, which never
+// get worker 2's part, fail with peer_lost after the peer timeout. On every run the same messages
+// of worker 2 are struck. What the others sent to worker 2 in that step crossed or not depending
+// on whether they sent it before the cut began (threads), so worker 2 ends with the exact sum or
+// with peer_lost.
+TEST(TestingCluster, APartitionVerdictCutsAtAnExactMessageOfTheVictim) {
+  auto run = [] {
+    cluster c({.workers = 3, .replicas_per_worker = 2, .seed = 13, .peer_timeout = 4s});
+    c.on_message([](const testing::message& m) {
+      return m.from == 2 && m.to == 0 && m.link_seq == 1 ? verdict::partition({2})
+                                                         : verdict::deliver();
+    });
+    for (int step = 0; step < 2; ++step) {
+      auto runs = c.run_all(one_sum);
+      for (int pushed = 0; pushed < 10 && !runs[0].wait_for(2ms); ++pushed)
+        c.advance(1s);
+      for (int w = 0; w < 3; ++w) {
+        auto& f = runs[static_cast<size_t>(w)];
+        EXPECT_TRUE(f.wait_for(10s)) << "step " << step;
+        auto code = code_of(f);
+        if (step == 0)
+          EXPECT_EQ(code, errc::none) << "worker " << w;
+        else if (w < 2)
+          EXPECT_EQ(code, errc::peer_lost) << "worker " << w;
+        else
+          EXPECT_TRUE(code == errc::none || code == errc::peer_lost) << to_string(code);
+      }
+    }
+    std::vector<std::tuple<int, int, uint64_t, testing::fate>> victims;
+    bool cut = false;
+    for (const auto& m : c.messages()) {
+      if (m.kind != "data")
+        continue;
+      if (m.from == 2 && m.to == 0 && m.link_seq == 1)
+        cut = true;
+      if ((m.from == 2) != (m.to == 2)) { // the log is in sending order
+        EXPECT_EQ(m.what, cut ? testing::fate::dropped : testing::fate::delivered)
+            << m.from << " -> " << m.to << " #" << m.link_seq;
+      }
+      if (m.from == 2)
+        victims.emplace_back(m.from, m.to, m.link_seq, m.what);
+    }
+    EXPECT_TRUE(cut) << "the cutting message was sent";
+    std::sort(victims.begin(), victims.end());
+    return victims;
+  };
+  auto first = run();
+  EXPECT_EQ(first.size(), 4u) << "two steps, one message to each peer";
+  EXPECT_EQ(run(), first);
+}
+
+// A partition verdict whose side is no partition is refused: the message goes through, the step
+// is exact, and the test's next call says what was wrong, once.
+TEST(TestingCluster, AnInvalidPartitionVerdictIsRefusedSayingWhy) {
+  for (auto side : {std::vector<int>{}, std::vector<int>{0, 1}, std::vector<int>{5}}) {
+    cluster c({.workers = 2, .seed = 3});
+    c.on_message([side](const testing::message& m) {
+      return m.link_seq == 0 && m.from == 0 ? verdict::partition(side) : verdict::deliver();
+    });
+    auto runs = c.run_all(one_sum);
+    for (auto& f : runs)
+      EXPECT_EQ(code_of(f), errc::none);
+    auto why = side.size() == 1 ? "worker 5 does not exist (expected 0 to 1)"
+                                : "expected some but not all";
+    EXPECT_TRUE(fails_with(
+        [&] { c.messages(); }, errc::invalid_argument,
+        {"verdict::partition for the message 0 from worker 0 to worker 1", "was refused", why}));
+    EXPECT_NO_THROW(c.messages()) << "reported once";
+  }
 }
 
 TEST(TestingClusterFuzz, RandomFaultsEndInExactResultsOrClearErrorsOnEveryWorker) {
