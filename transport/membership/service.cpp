@@ -223,6 +223,8 @@ void service::impl::leave(const std::string& reason) {
   asio::post(io_, [this, reason] { do_leave(reason); });
   if (std::this_thread::get_id() == thread_.get_id())
     return; // from a callback: the I/O thread finishes the leave after it returns
+  if (suspended_)
+    return; // it sends nothing, so nothing can come of waiting (membership.hpp, suspend)
   std::unique_lock lock(mu_);
   cv_.wait_until(lock, clock::now() + linger_ + milliseconds{500}, [this] { return leave_done_; });
 }

@@ -233,7 +233,9 @@ public:
   // -- test hooks --------------------------------------------------------------------------------
 
   /// Simulates a partition: from now on this service sends nothing (no heartbeats), ignores every
-  /// message it receives, and reports nothing, without closing its sockets.
+  /// message it receives, and reports nothing, without closing its sockets. A suspended service
+  /// cannot leave: `leave` and the destructor send no Leave and wait for nothing (its sockets
+  /// close as a stopped process's do when it is killed).
   void suspend();
 
   /// Runs the deadline checks now on the I/O thread (sending the heartbeats that are due) and
