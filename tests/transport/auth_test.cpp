@@ -472,7 +472,7 @@ TEST(TcpAuthTest, AWrongSecretIsRefusedOnBothSidesWithAClearError) {
   log_capture log0, log1;
   auto o0 = mesh_options_for(0, 2, "right secret");
   o0.log = log0.sink();
-  o0.connect_timeout = 2s;
+  o0.connect_timeout = 500ms; // rank 1 refuses at once; rank 0 waits for it until then
   auto o1 = mesh_options_for(1, 2, "wrong secret");
   o1.log = log1.sink();
   auto r0 = listen_rank(o0);
@@ -498,7 +498,7 @@ TEST(TcpAuthTest, ASecretOnOneSideOnlyIsRefusedOnBothSides) {
     log_capture log0;
     auto o0 = mesh_options_for(0, 2, acceptor_has_it ? test_secret : "");
     o0.log = log0.sink();
-    o0.connect_timeout = 1s;
+    o0.connect_timeout = 500ms;
     auto r0 = listen_rank(o0);
     auto r1 = listen_rank(mesh_options_for(1, 2, acceptor_has_it ? "" : test_secret));
     ASSERT_TRUE(r0 && r1);
