@@ -22,6 +22,14 @@ namespace {
 /// collective actor itself is gone.
 constexpr std::chrono::milliseconds reply_grace{2000};
 
+/// How long a replica that waits for its peers' collective calls keeps polling, yielding its core
+/// between polls, before it blocks. The replicas of a step start some tens of microseconds apart
+/// (each is woken for its step), and a blocked replica costs another wake-up (30-60 us on 2
+/// vCPUs, DESIGN.md §8) when the last one arrives; yielding leaves the core to a peer that needs
+/// it.
+constexpr std::chrono::microseconds collective_spin{0};
+constexpr std::chrono::microseconds collective_poll{200};
+
 } // namespace
 
 /// State of a replica actor; it is also the engine side of the replica_context its steps see.
@@ -72,7 +80,7 @@ struct replica_state : detail::replica_services {
       caf::anon_send(coll, collect_atom_v, std::move(call), state);
     // The collective actor answers by the collective's deadline (with the detailed error); the
     // grace covers a collective actor that is gone.
-    if (!fut.wait_for(timeout + reply_grace)) {
+    if (!fut.wait_for_polling(timeout + reply_grace, collective_spin, collective_poll)) {
       std::ostringstream what;
       what << to_string(kind) << " #" << seq << " of step " << current_step << " on replica "
            << cfg.replica_id << ": no answer from the collective actor within "

@@ -2,6 +2,7 @@
 
 #include <consort/error.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -9,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -75,12 +77,20 @@ public:
   bool done() const noexcept override { return ready(); }
   void fail(std::exception_ptr ep) override { set_error(std::move(ep)); }
 
-  /// Waits until ready or `deadline`; spins for a few microseconds first, because the engine
-  /// usually answers quickly and a condition-variable wake-up costs tens of microseconds here.
-  bool wait_until(std::chrono::steady_clock::time_point deadline) {
-    auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+  /// Waits until ready or `deadline`; spins for `spin` first, because the engine often answers
+  /// quickly and a condition-variable wake-up costs tens of microseconds here. Then, for
+  /// `yield_for`, it keeps polling but yields its core between polls (a peer that is about to
+  /// answer and shares the core gets it), and only then blocks.
+  bool wait_until(std::chrono::steady_clock::time_point deadline,
+                  std::chrono::microseconds spin = std::chrono::microseconds(20),
+                  std::chrono::microseconds yield_for = std::chrono::microseconds(0)) {
+    auto now = std::chrono::steady_clock::now();
+    auto spin_end = std::min(deadline, now + spin);
     while (!ready() && std::chrono::steady_clock::now() < spin_end) {
     }
+    auto yield_end = std::min(deadline, now + spin + yield_for);
+    while (!ready() && std::chrono::steady_clock::now() < yield_end)
+      std::this_thread::yield();
     if (ready())
       return true;
     std::unique_lock<std::mutex> guard{mtx_};
@@ -157,6 +167,14 @@ public:
   template <class Rep, class Period>
   bool wait_for(std::chrono::duration<Rep, Period> timeout) const {
     return state_->wait_until(std::chrono::steady_clock::now() + timeout);
+  }
+
+  /// As `wait_for`, but spins for `spin`, then polls for `yield_for` yielding the core between
+  /// polls, before it blocks: for a replica waiting on peers that are microseconds away.
+  template <class Rep, class Period>
+  bool wait_for_polling(std::chrono::duration<Rep, Period> timeout, std::chrono::microseconds spin,
+                        std::chrono::microseconds yield_for) const {
+    return state_->wait_until(std::chrono::steady_clock::now() + timeout, spin, yield_for);
   }
 
   /// Waits without a deadline of its own: the engine's deadlines (collective and step timeouts)
