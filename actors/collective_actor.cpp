@@ -20,6 +20,7 @@
 #include <caf/all.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -138,6 +139,10 @@ struct driver {
   collective_board& state;
   caf::actor_system& sys;
   collective_actor me;
+  /// A replica's own thread (direct_collect), not the actor: a slot it completes runs its
+  /// cross-worker phase on that thread, after the board's lock is released (`deferred`).
+  bool direct = false;
+  std::function<void()> deferred;
 
   caf::actor_clock& clock() const { return sys.clock(); }
   caf::actor_system& system() const { return sys; }
@@ -407,30 +412,36 @@ void hand_off(self_ptr self, slot& s) {
   auto me = self->me;
   auto& sys = self->system();
   auto* cross = st.cfg.cross.get();
-  cross->post(detail::cross_worker::lane::step,
-              [cross, cc = cross_call_of(s), sig = s.sig, leaves = std::move(leaves), root_pos,
-               structure = std::move(structure), states = std::move(states), key, me,
-               queues = queues_of(s), timeout = s.timeout, what = s.what, &sys]() mutable {
-                try {
-                  make_ready(queues, timeout, what);
-                  local_part(cc, sig, leaves, root_pos);
-                } catch (const std::exception& e) {
-                  cc.leaves.clear();
-                  cc.local_failure = error_of(e);
-                }
-                auto out = cross->run(detail::cross_worker::lane::step, cc);
-                caf::expected<nest> result = caf::error{};
-                if (out) {
-                  try {
-                    result = pack_as(structure, *out);
-                  } catch (const std::exception& e) {
-                    result = error_of(e);
-                  }
-                } else {
-                  result = out.error();
-                }
-                answer(sys, me, key, states, result);
-              });
+  std::function<void()> job =
+      [cross, cc = cross_call_of(s), sig = s.sig, leaves = std::move(leaves), root_pos,
+       structure = std::move(structure), states = std::move(states), key, me, queues = queues_of(s),
+       timeout = s.timeout, what = s.what, &sys]() mutable {
+        try {
+          make_ready(queues, timeout, what);
+          local_part(cc, sig, leaves, root_pos);
+        } catch (const std::exception& e) {
+          cc.leaves.clear();
+          cc.local_failure = error_of(e);
+        }
+        auto out = cross->run(detail::cross_worker::lane::step, cc);
+        caf::expected<nest> result = caf::error{};
+        if (out) {
+          try {
+            result = pack_as(structure, *out);
+          } catch (const std::exception& e) {
+            result = error_of(e);
+          }
+        } else {
+          result = out.error();
+        }
+        answer(sys, me, key, states, result);
+      };
+  // The last replica to arrive runs the phase itself (its peers wait for it anyway), once the
+  // board's lock is released; the actor hands it to the lane's thread.
+  if (self->direct)
+    self->deferred = std::move(job);
+  else
+    cross->post(detail::cross_worker::lane::step, std::move(job));
 }
 
 /// A slot that failed on this worker still meets the other workers on the step lane, so that
@@ -707,17 +718,24 @@ std::shared_ptr<detail::collective_board> make_collective_board(collective_confi
 
 void direct_collect(collective_board& board, caf::actor_system& sys, const collective_actor& coll,
                     collective_call call, nest_state state) {
-  std::lock_guard<std::mutex> lock{board.mu};
-  driver d{board, sys, coll};
-  reply_to reply;
-  reply.state = std::move(state);
-  on_call(&d, call, std::move(reply));
+  driver d{board, sys, coll, false, {}};
+  d.direct = true;
+  {
+    std::lock_guard<std::mutex> lock{board.mu};
+    reply_to reply;
+    reply.state = std::move(state);
+    on_call(&d, call, std::move(reply));
+  }
+  // This call completed a slot that goes across workers: its phase runs here, on the lane's
+  // turn (at once when nothing is queued on it before).
+  if (d.deferred)
+    board.cfg.cross->run_or_post(detail::cross_worker::lane::step, std::move(d.deferred));
 }
 
 void direct_report(collective_board& board, caf::actor_system& sys, const collective_actor& coll,
                    step_report report) {
   std::lock_guard<std::mutex> lock{board.mu};
-  driver d{board, sys, coll};
+  driver d{board, sys, coll, false, {}};
   on_report(&d, report);
 }
 
@@ -730,7 +748,7 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
     auto as_actor = [self](auto&& fn) {
       auto& b = *self->state.board;
       std::lock_guard<std::mutex> lock{b.mu};
-      driver d{b, self->system(), caf::actor_cast<collective_actor>(self)};
+      driver d{b, self->system(), caf::actor_cast<collective_actor>(self), false, {}};
       return fn(&d);
     };
     auto crossing = [self] {

@@ -246,15 +246,21 @@ void cross_worker::serve(lane_state& ls) {
     std::function<void()> job;
     {
       std::unique_lock<std::mutex> lock{ls.mtx};
-      ls.cv.wait(lock, [&] { return ls.stopping || !ls.jobs.empty(); });
+      // An inline job (run_or_post) runs first to its end: the lane keeps its order.
+      ls.cv.wait(lock, [&] { return (ls.stopping || !ls.jobs.empty()) && !ls.busy; });
       // Drains the queue before stopping: a queued job fails fast once aborted, and must still
       // answer its callers.
       if (ls.jobs.empty())
         return;
       job = std::move(ls.jobs.front());
       ls.jobs.pop_front();
+      ls.busy = true;
     }
     job();
+    {
+      std::lock_guard<std::mutex> guard{ls.mtx};
+      ls.busy = false;
+    }
   }
 }
 
@@ -269,6 +275,38 @@ void cross_worker::post(lane l, std::function<void()> job) {
     }
   }
   // Stopped: the group is aborted, so the job fails at once, here.
+  job();
+}
+
+void cross_worker::run_or_post(lane l, std::function<void()> job) {
+  auto& ls = lanes_[static_cast<size_t>(l)];
+  bool inline_run = false;
+  {
+    std::lock_guard<std::mutex> guard{ls.mtx};
+    if (!ls.stopping) {
+      if (ls.busy || !ls.jobs.empty()) {
+        ls.jobs.push_back(std::move(job));
+        ls.cv.notify_one();
+        return;
+      }
+      ls.busy = true;
+      inline_run = true;
+    }
+  }
+  // Idle: it runs here, and the lane's thread waits for it, also if it throws. (Stopped: the
+  // job fails at once.)
+  struct release {
+    lane_state* ls;
+    ~release() {
+      if (!ls)
+        return;
+      {
+        std::lock_guard<std::mutex> guard{ls->mtx};
+        ls->busy = false;
+      }
+      ls->cv.notify_one();
+    }
+  } done{inline_run ? &ls : nullptr};
   job();
 }
 

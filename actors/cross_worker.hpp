@@ -132,6 +132,10 @@ public:
   /// Queues `job` on `l`; jobs of one lane run one at a time in posting order. Jobs must not own
   /// the cross_worker (they run on its threads).
   void post(lane l, std::function<void()> job);
+  /// As `post`, but when the lane is idle (no job queued or running) runs `job` on the calling
+  /// thread at once, saving the hop to the lane's thread; the lane's order is kept (a job posted
+  /// meanwhile waits for this one). Must not be called from a lane thread.
+  void run_or_post(lane l, std::function<void()> job);
 
   /// Runs the cross-worker phase of `call` on the calling lane `l`; returns the result leaves
   /// (the same on every worker) or the error every worker reports for the call.
@@ -150,6 +154,9 @@ private:
     std::condition_variable cv;
     std::deque<std::function<void()>> jobs;
     bool stopping = false;
+    /// A job of this lane is running, on its thread or inline (run_or_post); the lane's thread
+    /// starts the next one only when it is done.
+    bool busy = false;
     /// Held by `run` for a whole call, so that the lane's calls never overlap.
     std::mutex run_mtx;
     /// Next base tag of this lane's algorithm runs (guarded by run_mtx).

@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <future>
+#include <mutex>
 #include <thread>
 
 using namespace consort;
@@ -479,6 +480,67 @@ TEST(CrossWorkerTest, ShutdownWhileAnotherWorkerWaitsFailsItsCallAndReturns) {
   c.workers[0]->shutdown();
   auto code = code_of(f);
   EXPECT_TRUE(code == errc::shutdown || code == errc::peer_lost) << to_string(code);
+}
+
+// The last replica to arrive runs a lane's job itself when the lane is idle, and the lane keeps
+// its order: a job queued before runs first, one posted meanwhile waits for it.
+TEST(CrossWorkerTest, RunOrPostRunsOnTheCallerWhenTheLaneIsIdleAndKeepsTheLanesOrder) {
+  auto group = transport::local::make_group(2);
+  detail::cross_worker cross(group[0], 1);
+  const auto step = detail::cross_worker::lane::step;
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto record = [&](std::string what) {
+    std::lock_guard<std::mutex> guard{mu};
+    order.push_back(std::move(what));
+  };
+  // Idle: inline, on this thread.
+  auto caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  cross.run_or_post(step, [&] { ran_on = std::this_thread::get_id(); });
+  EXPECT_EQ(ran_on, caller);
+  // Busy with a queued job: run_or_post queues behind it and returns at once.
+  std::promise<void> release;
+  auto gate = release.get_future().share();
+  std::promise<void> first_started;
+  cross.post(step, [&, gate] {
+    first_started.set_value();
+    gate.wait();
+    record("first");
+  });
+  first_started.get_future().wait();
+  std::promise<void> second_done;
+  cross.run_or_post(step, [&] {
+    record("second");
+    second_done.set_value();
+  });
+  {
+    std::lock_guard<std::mutex> guard{mu};
+    EXPECT_TRUE(order.empty()) << "the second job ran before the first finished";
+  }
+  release.set_value();
+  second_done.get_future().wait();
+  // An inline job holds the lane: a job posted while it runs starts after it.
+  std::promise<void> third_done;
+  std::thread other;
+  cross.run_or_post(step, [&] {
+    other = std::thread([&] {
+      cross.post(step, [&] {
+        record("fourth");
+        third_done.set_value();
+      });
+    });
+    other.join(); // the post returned; the lane's thread must still wait for this job
+    std::this_thread::yield();
+    record("third");
+  });
+  third_done.get_future().wait();
+  EXPECT_EQ(order, (std::vector<std::string>{"first", "second", "third", "fourth"}));
+  (void)cross.stop();
+  // Stopped: it runs at once, here (the job fails fast on an aborted group).
+  bool ran = false;
+  cross.run_or_post(step, [&] { ran = true; });
+  EXPECT_TRUE(ran);
 }
 
 namespace {
