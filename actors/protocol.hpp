@@ -10,7 +10,7 @@
 //
 // Who talks to whom (DESIGN.md §3):
 //
-//   caller ──run──▶ strategy_actor ──step──▶ replica_actor (one per device, own thread)
+//   caller ──run──▶ step_actor ──step──▶ replica_actor (one per device, own thread)
 //      ▲                 │ watchdog tick          │  collective (blocking, with deadline)
 //      │                 ▼                        ▼
 //      └────────────── step_join ◀──deposit── collective_actor ◀── done (step report)
@@ -22,7 +22,7 @@
 //      actor as (step, seq = k) and blocks the replica's thread until the reply or the deadline;
 //   3. each replica deposits its result (or error) in the join; the last one to deposit
 //      completes it: the caller's future directly, or, for a `run` request, a `done` message
-//      that lets the strategy actor answer. The strategy is not woken on the common path, which
+//      that lets the step actor answer. The step actor is not woken on the common path, which
 //      saves a thread hop per step (DESIGN.md §8);
 //   4. a replica tells the collective actor that it finished (`done` with a step_report) when a
 //      collective was used in the step, so peers waiting on a call it never made fail at once.
@@ -70,7 +70,7 @@ class replica_queue;
 struct collective_board;
 } // namespace detail
 
-/// A step number, assigned by the strategy actor in submission order from 0.
+/// A step number, assigned by the step_launcher in submission order from 0.
 using step_id = uint64_t;
 
 /// A step function shared by every replica of one step (never copied per replica).
@@ -292,8 +292,11 @@ using collective_actor = caf::typed_actor<
     // Internal: a cross-worker phase finished for callers waiting on promises. No reply.
     caf::reacts_to<outcome_atom, cross_outcome>>;
 
-/// Numbers steps, fans them out to every replica and watches their deadline.
-using strategy_actor = caf::typed_actor<
+/// The actor of steps: runs the `run` requests of message-level harnesses (through the
+/// step_launcher, which numbers steps and fans them out to every replica) and watches the step
+/// deadlines of every step, however it was launched. (It was the "strategy actor" before the
+/// public API launched its steps itself.)
+using step_actor = caf::typed_actor<
     // Runs one step on every replica. Reply: one result per local replica, in local order.
     // Errors: the root cause among the replicas' errors (a replica's own failure is preferred over
     // the collective_aborted errors it caused in its peers); step_timeout naming the replicas that
@@ -305,7 +308,7 @@ using strategy_actor = caf::typed_actor<
     // running. Sent by the step_launcher when it goes from idle to busy. No reply.
     caf::reacts_to<tick_atom>>;
 
-/// Numbers steps and sends them to every replica. The strategy actor launches the steps of
+/// Numbers steps and sends them to every replica. The step actor launches the steps of
 /// `run` requests through it, and the public API launches its own directly, which saves the
 /// thread hop into the scheduler on every step (DESIGN.md §8). Either way a step's number is
 /// taken and its messages are sent under one lock, so every replica sees steps in the same order.
@@ -334,7 +337,7 @@ public:
   std::optional<running_step> oldest_running();
 
   /// The actor that runs the watchdog (set once, after it is spawned).
-  void watchdog(strategy_actor hdl);
+  void watchdog(step_actor hdl);
 
   std::chrono::milliseconds step_timeout() const noexcept { return step_timeout_; }
   /// Time between watchdog ticks while steps run: an eighth of the step deadline, within
@@ -352,7 +355,7 @@ private:
   std::mutex mtx_;
   step_id next_step_ = 0;
   std::deque<std::pair<caf::actor_clock::time_point, std::weak_ptr<step_join>>> watch_;
-  strategy_actor watchdog_;
+  step_actor watchdog_;
   /// Time advanced by advance_clock, added to the actor clock's now.
   std::atomic<int64_t> advanced_ns_{0};
 };
@@ -438,12 +441,12 @@ void direct_report(detail::collective_board& board, caf::actor_system& sys,
 collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
                                   bool detached = true);
 
-/// Spawns the strategy actor over `replicas` (local order).
-strategy_actor spawn_strategy(caf::actor_system& sys, std::vector<replica_actor> replicas,
-                              std::chrono::milliseconds step_timeout);
+/// Spawns the step actor over `replicas` (local order).
+step_actor spawn_step_actor(caf::actor_system& sys, std::vector<replica_actor> replicas,
+                            std::chrono::milliseconds step_timeout);
 
-/// Spawns the strategy actor over a launcher that the caller also uses directly.
-strategy_actor spawn_strategy(caf::actor_system& sys, std::shared_ptr<step_launcher> launcher);
+/// Spawns the step actor over a launcher that the caller also uses directly.
+step_actor spawn_step_actor(caf::actor_system& sys, std::shared_ptr<step_launcher> launcher);
 
 /// Prepares an actor system config for consort: registers the "consort" error category so that
 /// CAF renders our errors with their names and messages. Call before creating the system.

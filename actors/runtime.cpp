@@ -37,7 +37,7 @@ struct runtime::impl {
   std::unique_ptr<caf::actor_system> sys;
   std::vector<replica_actor> replicas;
   collective_actor coll;
-  strategy_actor strat;
+  step_actor strat;
   std::shared_ptr<step_launcher> launcher;
   /// The strategy object that owns this runtime (merge_call gives it to its function).
   std::atomic<strategy*> owner{nullptr};
@@ -113,7 +113,7 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
   for (size_t i = 0; i < ids.size(); ++i)
     ids[i] = d.first_id + static_cast<int>(i);
   d.launcher = std::make_shared<step_launcher>(sys, d.replicas, ids, opts.step_timeout);
-  d.strat = spawn_strategy(sys, d.launcher);
+  d.strat = spawn_step_actor(sys, d.launcher);
 }
 
 runtime::~runtime() {

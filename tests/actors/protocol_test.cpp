@@ -377,7 +377,7 @@ TEST(StepJoinTest, ExpiryNamesTheReplicasThatHaveNotFinished) {
   EXPECT_EQ(to_consort_error(join.failure(), "").code(), errc::step_timeout);
 }
 
-// -- strategy actor over replica actors
+// -- step actor over replica actors
 // ------------------------------------------------------------
 
 class StrategyActorTest : public test::test_coordinator_fixture {
@@ -395,7 +395,7 @@ protected:
       rcfg.device = "CPU:" + std::to_string(i);
       replicas_.push_back(spawn_replica(sys(), rcfg, coll_, false));
     }
-    strat_ = spawn_strategy(sys(), replicas_, 1000ms);
+    strat_ = spawn_step_actor(sys(), replicas_, 1000ms);
   }
 
   ~StrategyActorTest() override {
@@ -408,7 +408,7 @@ protected:
 
   collective_actor coll_;
   std::vector<replica_actor> replicas_;
-  strategy_actor strat_;
+  step_actor strat_;
 };
 
 TEST_F(StrategyActorTest, RunCollectsOneResultPerReplicaInReplicaOrder) {
@@ -481,7 +481,7 @@ TEST_F(StrategyActorTest, SilentReplicaFailsTheStepAtTheStepDeadline) {
       caf::actor_cast<replica_actor>(sys().spawn([](caf::event_based_actor*) -> caf::behavior {
         return {[](step_atom, step_message&) { /* never deposits */ }};
       })));
-  strat_ = spawn_strategy(sys(), replicas_, 1000ms);
+  strat_ = spawn_step_actor(sys(), replicas_, 1000ms);
   caf::scoped_actor self{sys()};
   auto fn = std::make_shared<const step_function>(
       [](replica_context&) { return nest(tensor::scalar<float>(1)); });

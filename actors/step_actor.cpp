@@ -1,5 +1,6 @@
-// The strategy actor: numbers steps, fans each out to every replica, and watches the step
-// deadline; the replicas join their results in a step_join, the last one completing it.
+// The step actor: runs a harness's `run` requests through the step_launcher (which numbers
+// steps and fans each out to every replica), and watches the step deadline; the replicas join
+// their results in a step_join, the last one completing it.
 
 #include "actors/protocol.hpp"
 
@@ -152,7 +153,7 @@ step_launcher::step_launcher(caf::actor_system& sys, std::vector<replica_actor> 
     : sys_(sys), replicas_(std::move(replicas)), replica_ids_(std::move(replica_ids)),
       step_timeout_(step_timeout) {}
 
-void step_launcher::watchdog(strategy_actor hdl) {
+void step_launcher::watchdog(step_actor hdl) {
   std::lock_guard<std::mutex> guard{mtx_};
   watchdog_ = std::move(hdl);
 }
@@ -163,7 +164,7 @@ std::chrono::milliseconds step_launcher::tick_interval() const noexcept {
 }
 
 std::shared_ptr<step_join> step_launcher::launch(step_function_ptr fn, step_join::completion done) {
-  strategy_actor wake;
+  step_actor wake;
   std::shared_ptr<step_join> join;
   {
     std::lock_guard<std::mutex> guard{mtx_};
@@ -229,20 +230,20 @@ bool step_launcher::expire_overdue(caf::actor_clock::time_point now) {
   return busy;
 }
 
-// -- the strategy actor ---------------------------------------------------------------------------
+// -- the step actor -------------------------------------------------------------------------------
 
-struct strategy_state {
+struct step_actor_state {
   std::shared_ptr<step_launcher> launcher;
   /// Joins of `run` requests, waiting to answer their requester.
   std::unordered_map<
       step_id, std::pair<std::shared_ptr<step_join>, caf::typed_response_promise<step_results>>>
       requests;
-  static inline const char* name = "consort.strategy";
+  static inline const char* name = "consort.steps";
 };
 
 namespace {
 
-using self_ptr = strategy_actor::stateful_pointer<strategy_state>;
+using self_ptr = step_actor::stateful_pointer<step_actor_state>;
 
 /// The watchdog: expires overdue steps, and keeps ticking while any step runs. When it finds
 /// nothing to watch it disarms, and the next launch re-arms it with one `tick`; so exactly one
@@ -260,8 +261,7 @@ void on_tick(self_ptr self) {
   self->delayed_send(self, launcher.tick_interval(), tick_atom_v);
 }
 
-strategy_actor::behavior_type strategy_impl(self_ptr self,
-                                            std::shared_ptr<step_launcher> launcher) {
+step_actor::behavior_type step_actor_impl(self_ptr self, std::shared_ptr<step_launcher> launcher) {
   self->state.launcher = std::move(launcher);
   return {
       [self](run_atom, step_function_ptr& fn) -> caf::result<step_results> {
@@ -270,7 +270,7 @@ strategy_actor::behavior_type strategy_impl(self_ptr self,
         // so the join sends it a `done`. The address keeps no reference alive.
         auto join =
             self->state.launcher->launch(std::move(fn), [addr = self->address()](step_join& j) {
-              if (auto hdl = caf::actor_cast<strategy_actor>(addr))
+              if (auto hdl = caf::actor_cast<step_actor>(addr))
                 caf::anon_send(hdl, joined_atom_v, j.step());
             });
         self->state.requests.emplace(join->step(), std::make_pair(join, promise));
@@ -293,18 +293,18 @@ strategy_actor::behavior_type strategy_impl(self_ptr self,
 
 } // namespace
 
-strategy_actor spawn_strategy(caf::actor_system& sys, std::shared_ptr<step_launcher> launcher) {
-  auto hdl = sys.spawn(strategy_impl, launcher);
+step_actor spawn_step_actor(caf::actor_system& sys, std::shared_ptr<step_launcher> launcher) {
+  auto hdl = sys.spawn(step_actor_impl, launcher);
   launcher->watchdog(hdl);
   return hdl;
 }
 
-strategy_actor spawn_strategy(caf::actor_system& sys, std::vector<replica_actor> replicas,
-                              std::chrono::milliseconds step_timeout) {
+step_actor spawn_step_actor(caf::actor_system& sys, std::vector<replica_actor> replicas,
+                            std::chrono::milliseconds step_timeout) {
   std::vector<int> ids;
   for (size_t i = 0; i < replicas.size(); ++i)
     ids.push_back(static_cast<int>(i));
-  return spawn_strategy(
+  return spawn_step_actor(
       sys, std::make_shared<step_launcher>(sys, std::move(replicas), std::move(ids), step_timeout));
 }
 
