@@ -1,6 +1,12 @@
 // The collective actor: matches the replicas' collective calls by (step, seq), validates that
 // they agree, computes each result once and answers every participant (DESIGN.md §3).
 //
+// Three parts: the matching itself (slots, the checks against the first arrival, step reports,
+// deadlines) is actors/call_matcher.cpp, which knows no actor; the executors of a complete slot
+// are here, one per path (the host kernels, in-process NCCL, the cross-worker phase over the
+// transport, the cross-worker phase over NCCL); and the actor that wires them: it owns the
+// matcher and the NCCL communicators, arms the deadline tick and answers requests.
+//
 // Its state (collective_board) is shared with its CPU replicas, under a mutex: a replica makes
 // its call there on its own thread (direct_collect), and the call that completes a slot computes
 // the result on its caller's thread and answers the others, so an in-process collective costs
@@ -9,6 +15,7 @@
 // it owns), the deadline tick, host reductions and the cross-worker outcomes.
 
 #include "actors/call_checks.hpp"
+#include "actors/call_matcher.hpp"
 #include "actors/cross_phase.hpp"
 #include "actors/cross_worker.hpp"
 #include "actors/gpu_collectives.hpp"
@@ -41,55 +48,22 @@ using detail::error_of;
 using detail::join_ids;
 using detail::local_part;
 
-/// Where a participant's answer goes: a response promise (a `collective` request) or a future
-/// state that the replica waits on directly (the replicas' own calls).
-struct reply_to {
-  caf::typed_response_promise<nest> promise;
-  nest_state state;
+using detail::reply_to;
+using detail::slot;
+using matcher_executor = detail::call_matcher::executor;
 
-  bool pending() const { return state ? !state->done() : promise.pending(); }
-  void deliver(const nest& value) {
-    if (state)
-      state->set_value(value);
-    else if (promise.pending())
-      promise.deliver(value);
-  }
-  void deliver(const caf::error& err) {
-    if (state)
-      state->set_error(std::make_exception_ptr(to_consort_error(err, "")));
-    else if (promise.pending())
-      promise.deliver(err);
-  }
-};
-
-/// The deadlines of the calls still pending, earliest first, with their (step, seq). One delayed
-/// message is armed at a time, for the earliest: a delayed message per call would stay in CAF's
-/// clock for the whole timeout (30 s) after its call completed, which the soak measured as
-/// memory growing with the call rate (about 190 bytes a call).
-using deadline_map = std::multimap<steady_clock::time_point, std::pair<step_id, uint32_t>>;
-
-/// One (step, seq): the arrivals so far and, once known, its failure.
-struct slot {
-  /// Its entry in collective_board::deadlines while it has one.
-  std::optional<deadline_map::iterator> deadline;
-  step_id step = 0;
-  uint32_t seq = 0;
-  /// With several workers: the call went to the cross-worker lane (complete, or failed here).
-  bool handed_off = false;
-  call_signature sig;
-  std::string what; // "all_reduce(SUM) #0 of step 3"
-  std::vector<std::optional<collective_call>> calls;
-  std::vector<reply_to> replies;
-  size_t arrived = 0;
-  caf::error failure;
-  milliseconds timeout{0};
-};
-
-struct step_entry {
-  std::map<uint32_t, slot> slots;
-  std::vector<std::optional<step_report>> reports;
-  size_t reported = 0;
-};
+/// A response promise as the matcher's reply function (delivered once, if still pending).
+std::function<void(const caf::expected<nest>&)>
+respond_through(caf::typed_response_promise<nest> promise) {
+  return [promise](const caf::expected<nest>& result) mutable {
+    if (!promise.pending())
+      return;
+    if (result)
+      promise.deliver(*result);
+    else
+      promise.deliver(result.error());
+  };
+}
 
 } // namespace
 
@@ -104,13 +78,10 @@ namespace detail {
 struct collective_board {
   std::mutex mu;
   collective_config cfg;
-  std::unordered_map<int, size_t> position; // replica id -> local position
-  std::map<step_id, step_entry> steps;
-  deadline_map deadlines;
-  /// When the armed deadline tick fires; max() when none is armed.
-  steady_clock::time_point armed_for = steady_clock::time_point::max();
+  /// The slots, reports and deadlines of the calls (actors/call_matcher.hpp).
+  std::optional<detail::call_matcher> matcher;
   /// Callers of cross-worker phases that wait on response promises, by cross_outcome key.
-  std::map<uint64_t, std::vector<caf::typed_response_promise<nest>>> awaiting;
+  std::map<uint64_t, std::vector<std::function<void(const caf::expected<nest>&)>>> awaiting;
   uint64_t next_key = 1;
   /// Host reductions and gathers run across workers so far (their position on the host lane).
   uint64_t host_ops = 0;
@@ -152,70 +123,16 @@ using self_ptr = driver*;
 
 void hand_off_failure(self_ptr self, slot& s);
 
-/// Fails every promise still waiting in `s` with `err`; later arrivals get `err` too. With
-/// several workers, the other workers learn of the failure through the cross-worker lane.
-/// Forgets the deadline of `s` (it completed, failed or is being erased).
-void drop_deadline(collective_board& st, slot& s) {
-  if (s.deadline) {
-    st.deadlines.erase(*s.deadline);
-    s.deadline.reset();
-  }
-}
+matcher_executor executor_of(self_ptr self);
 
-/// Erases the slot (step, seq) and its deadline.
-void erase_slot(collective_board& st, step_id step, uint32_t seq) {
-  auto step_it = st.steps.find(step);
-  if (step_it == st.steps.end())
-    return;
-  auto slot_it = step_it->second.slots.find(seq);
-  if (slot_it == step_it->second.slots.end())
-    return;
-  drop_deadline(st, slot_it->second);
-  step_it->second.slots.erase(slot_it);
-}
-
-/// Arms the deadline tick for the earliest deadline, unless one fires by then.
-void arm_deadline(self_ptr self) {
-  auto& st = self->state;
-  if (st.deadlines.empty())
-    return;
-  auto first = st.deadlines.begin()->first;
-  if (first >= st.armed_for)
-    return;
-  st.armed_for = first;
-  // Rounded up, so that the tick never fires before the deadline it was armed for.
-  auto delay = ceil<milliseconds>(std::max(first - self->clock().now(), steady_clock::duration{0}));
-  caf::delayed_anon_send(self->me, delay, deadline_atom_v, step_id{0}, uint32_t{0});
-}
-
+/// Fails every pending reply of `s` with `err` (later arrivals get it too).
 void fail_slot(self_ptr self, slot& s, const caf::error& err) {
-  drop_deadline(self->state, s);
-  s.failure = err;
-  for (size_t i = 0; i < s.replies.size(); ++i) {
-    if (s.calls[i] && s.replies[i].pending())
-      s.replies[i].deliver(err);
-  }
-  hand_off_failure(self, s);
-}
-
-/// The reason a replica that reported `report` will never make call `seq` of its step.
-caf::error never_called(const slot& s, uint32_t seq, const step_report& report) {
-  std::ostringstream out;
-  out << s.what << " was abandoned: replica " << report.replica;
-  if (report.failure) {
-    auto err = to_consort_error(report.failure, "");
-    out << " failed the step: " << err.what();
-  } else {
-    out << " finished step " << report.step << " after " << report.calls
-        << " collective call(s), without making call #" << seq
-        << "; every replica must make the same collective calls";
-  }
-  return make_caf_error(errc::collective_aborted, out.str());
+  self->state.matcher->fail(s, err, executor_of(self));
 }
 
 int num_in_sync(const collective_board& st) {
   return st.cfg.num_replicas_in_sync > 0 ? st.cfg.num_replicas_in_sync
-                                         : static_cast<int>(st.position.size());
+                                         : static_cast<int>(st.cfg.replica_ids.size());
 }
 
 // -- the cross-worker phase ----------------------------------------------------------------------
@@ -238,12 +155,12 @@ nest compute(const slot& s) {
 uint64_t park_promises(self_ptr self, std::vector<reply_to>& replies,
                        std::vector<nest_state>& states) {
   auto& st = self->state;
-  std::vector<caf::typed_response_promise<nest>> promises;
+  std::vector<std::function<void(const caf::expected<nest>&)>> promises;
   for (auto& r : replies) {
     if (r.state)
       states.push_back(std::move(r.state));
-    else if (r.promise.pending())
-      promises.push_back(std::move(r.promise));
+    else if (r.respond)
+      promises.push_back(std::exchange(r.respond, nullptr));
   }
   if (promises.empty())
     return 0;
@@ -405,7 +322,7 @@ void hand_off(self_ptr self, slot& s) {
     leaves.push_back(flatten(c->request.value));
   std::optional<size_t> root_pos;
   if (s.sig.kind == collective_kind::broadcast) {
-    if (auto it = st.position.find(s.sig.root); it != st.position.end())
+    if (auto it = st.matcher->position().find(s.sig.root); it != st.matcher->position().end())
       root_pos = it->second;
   }
   auto structure = s.calls.front()->request.value;
@@ -477,192 +394,72 @@ bool try_nccl(self_ptr self, slot& s) {
       st.nccl = std::make_unique<detail::local_nccl>();
     int root = 0;
     if (s.sig.kind == collective_kind::broadcast)
-      root = static_cast<int>(st.position.at(s.sig.root));
+      root = static_cast<int>(st.matcher->position().at(s.sig.root));
     auto out = st.nccl->run(s.sig.kind, s.sig.op, root, leaves, queues, s.timeout, s.what);
     const auto& structure = s.calls.front()->request.value;
     for (size_t r = 0; r < s.replies.size(); ++r)
       s.replies[r].deliver(pack_as(structure, out[r]));
-    erase_slot(st, s.step, s.seq);
   } catch (const std::exception& e) {
     fail_slot(self, s, error_of(e));
   }
   return true;
 }
 
-void on_call(self_ptr self, collective_call& call, reply_to reply) {
-  auto& st = self->state;
-  // Peers that finished before any collective of the step was flagged sent no report of their
-  // own; the caller carries them.
-  for (auto& report : call.finished_peers)
-    on_report(self, report);
-  auto pos_it = st.position.find(call.replica);
-  if (pos_it == st.position.end()) {
-    reply.deliver(make_caf_error(errc::invalid_argument, "collective call from replica " +
-                                                             std::to_string(call.replica) +
-                                                             ", which is not in this group"));
-    return;
-  }
-  auto pos = pos_it->second;
-  auto n = st.position.size();
-  auto& entry = st.steps[call.step];
-  if (entry.reports.empty())
-    entry.reports.resize(n);
-  auto [it, fresh] = entry.slots.try_emplace(call.seq);
-  auto& s = it->second;
-  auto leaves = flatten(call.request.value);
-  if (fresh) {
-    s.step = call.step;
-    s.seq = call.seq;
-    s.calls.resize(n);
-    s.replies.resize(n);
-    s.sig = detail::signature_from(call, leaves);
-    s.what = detail::describe_slot(s.sig, call.step, call.seq);
-    s.timeout = call.request.timeout.value_or(st.cfg.default_timeout);
-    // A peer may already have finished the step without this call.
-    for (auto& report : entry.reports) {
-      if (report && report->calls <= call.seq) {
-        s.failure = never_called(s, call.seq, *report);
-        break;
-      }
-    }
-    if (!s.failure) {
-      int64_t axis = call.request.axis;
-      auto problem = check_arguments(call, leaves, num_in_sync(st), &axis);
-      if (problem.empty()) {
-        s.sig.axis = axis;
-        // The actor's clock: the test scheduler's is virtual (trigger_timeouts moves it).
-        s.deadline =
-            st.deadlines.emplace(self->clock().now() + s.timeout, std::pair{call.step, call.seq});
-        arm_deadline(self);
-      } else {
-        s.failure = make_caf_error(errc::invalid_argument, problem);
-      }
-    }
-  }
-  if (s.calls[pos]) {
-    reply.deliver(make_caf_error(errc::invalid_argument, "replica " + std::to_string(call.replica) +
-                                                             " called " + s.what + " twice"));
-    return;
-  }
-  auto first_replica = call.replica;
-  for (auto& c : s.calls)
-    if (c) {
-      first_replica = c->replica;
-      break;
-    }
-  if (!s.failure && !fresh) {
-    // Compare against the first arrival; all_gather's axis was normalised, so compare the
-    // request as the replica sent it against its own normalisation.
-    auto mine = call;
-    if (mine.request.kind == collective_kind::all_gather && !leaves.empty()) {
-      auto rank = leaves.front().rank();
-      if (mine.request.axis < 0)
-        mine.request.axis += rank;
-    }
-    auto problem = check_against(s.sig, mine, first_replica, leaves);
-    if (!problem.empty())
-      fail_slot(self, s, make_caf_error(errc::collective_mismatch, problem));
-  }
-  s.calls[pos] = std::move(call);
-  ++s.arrived;
-  if (s.failure) {
-    reply.deliver(s.failure);
-    hand_off_failure(self, s);
-    return;
-  }
-  s.replies[pos] = std::move(reply);
-  if (s.arrived < n)
-    return;
-  if (st.cfg.cross) {
-    // Every local replica is here: the cross-worker lane combines them and meets the others.
-    auto step = s.step;
-    auto seq = s.seq;
+/// A complete slot: across workers, the cross-worker phase; GPU replicas on distinct GPUs of
+/// this process, NCCL; else the host kernels, once, answering every replica.
+void complete_slot(self_ptr self, slot& s) {
+  if (self->state.cfg.cross) {
     hand_off(self, s);
-    erase_slot(st, step, seq);
     return;
   }
-  // GPU replicas on distinct GPUs: NCCL, each replica getting its result on its own GPU.
   // (In-process only: across workers the data phase runs on the cross-worker lane.)
   if (try_nccl(self, s))
     return;
-  // Everyone is here: compute once, answer all.
   try {
     if (std::any_of(s.calls.begin(), s.calls.end(), [](const auto& c) { return c && c->gpu; }))
       make_ready(queues_of(s), s.timeout, s.what);
     auto result = compute(s);
     for (auto& r : s.replies)
       r.deliver(result);
-    erase_slot(st, s.calls.front()->step, s.calls.front()->seq);
   } catch (const std::exception& e) {
     fail_slot(self, s, error_of(e));
   }
 }
 
-void on_report(self_ptr self, step_report& report) {
-  auto& st = self->state;
-  auto pos_it = st.position.find(report.replica);
-  if (pos_it == st.position.end())
-    return;
-  auto& entry = st.steps[report.step];
-  if (entry.reports.empty())
-    entry.reports.resize(st.position.size());
-  if (entry.reports[pos_it->second])
-    return;
-  // Every pending call this replica will never make fails now, not at its deadline.
-  for (auto& [seq, s] : entry.slots) {
-    if (seq >= report.calls && !s.failure)
-      fail_slot(self, s, never_called(s, seq, report));
-  }
-  auto step = report.step;
-  entry.reports[pos_it->second] = std::move(report);
-  if (++entry.reported == st.position.size()) {
-    for (auto& [seq, s] : entry.slots)
-      drop_deadline(st, s);
-    st.steps.erase(step);
-  }
+/// What the matcher does with slots when `self` drives it.
+matcher_executor executor_of(self_ptr self) {
+  matcher_executor exec;
+  exec.complete = [self](slot& s) {
+    complete_slot(self, s);
+  };
+  exec.failed = [self](slot& s) {
+    hand_off_failure(self, s);
+  };
+  // One delayed message is armed at a time, for the earliest deadline: a delayed message per
+  // call would stay in CAF's clock for the whole timeout (30 s) after its call completed, which
+  // the soak measured as memory growing with the call rate (about 190 bytes a call).
+  exec.arm_tick = [self](steady_clock::time_point first) {
+    // Rounded up, so that the tick never fires before the deadline it was armed for.
+    auto delay =
+        ceil<milliseconds>(std::max(first - self->clock().now(), steady_clock::duration{0}));
+    caf::delayed_anon_send(self->me, delay, deadline_atom_v, step_id{0}, uint32_t{0});
+  };
+  return exec;
 }
 
-void on_deadline(self_ptr self, step_id step, uint32_t seq);
+void on_call(self_ptr self, collective_call& call, reply_to reply) {
+  // The actor's clock: the test scheduler's is virtual (trigger_timeouts moves it).
+  self->state.matcher->call(call, std::move(reply), self->clock().now(), executor_of(self));
+}
+
+void on_report(self_ptr self, step_report& report) {
+  self->state.matcher->report(report, executor_of(self));
+}
 
 /// The deadline tick: every call whose deadline has passed times out, then the tick is armed
 /// for the next.
 void on_deadline_tick(self_ptr self) {
-  auto& st = self->state;
-  st.armed_for = steady_clock::time_point::max();
-  auto now = self->clock().now();
-  while (!st.deadlines.empty() && st.deadlines.begin()->first <= now) {
-    auto [step, seq] = st.deadlines.begin()->second;
-    auto step_it = st.steps.find(step);
-    if (step_it != st.steps.end()) {
-      auto slot_it = step_it->second.slots.find(seq);
-      if (slot_it != step_it->second.slots.end())
-        slot_it->second.deadline.reset();
-    }
-    st.deadlines.erase(st.deadlines.begin());
-    on_deadline(self, step, seq);
-  }
-  arm_deadline(self);
-}
-
-void on_deadline(self_ptr self, step_id step, uint32_t seq) {
-  auto& st = self->state;
-  auto step_it = st.steps.find(step);
-  if (step_it == st.steps.end())
-    return;
-  auto slot_it = step_it->second.slots.find(seq);
-  if (slot_it == step_it->second.slots.end() || slot_it->second.failure)
-    return;
-  auto& s = slot_it->second;
-  std::vector<int> arrived;
-  std::vector<int> missing;
-  for (auto& [id, pos] : st.position)
-    (s.calls[pos] ? arrived : missing).push_back(id);
-  std::sort(arrived.begin(), arrived.end());
-  std::sort(missing.begin(), missing.end());
-  std::ostringstream out;
-  out << s.what << " timed out after " << s.timeout.count() << " ms: replicas " << join_ids(arrived)
-      << " arrived, replicas " << join_ids(missing) << " did not";
-  fail_slot(self, s, make_caf_error(errc::collective_timeout, out.str()));
+  self->state.matcher->expire(self->clock().now(), executor_of(self));
 }
 
 /// Runs a host reduce or gather across workers on the host lane; answers `state` from the lane,
@@ -677,7 +474,7 @@ void host_across(self_ptr self, Request req, nest_state state,
   uint64_t key = 0;
   if (promise.pending()) {
     key = st.next_key++;
-    st.awaiting[key].push_back(std::move(promise));
+    st.awaiting[key].push_back(respond_through(std::move(promise)));
   }
   auto index = st.host_ops++;
   auto* cross = st.cfg.cross.get();
@@ -710,8 +507,7 @@ nest solo_collective(const collective_call& call) {
 
 std::shared_ptr<detail::collective_board> make_collective_board(collective_config cfg) {
   auto board = std::make_shared<collective_board>();
-  for (size_t i = 0; i < cfg.replica_ids.size(); ++i)
-    board->position.emplace(cfg.replica_ids[i], i);
+  board->matcher.emplace(cfg.replica_ids, cfg.num_replicas_in_sync, cfg.default_timeout);
   board->cfg = std::move(cfg);
   return board;
 }
@@ -756,9 +552,9 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
     };
     return {
         [self, as_actor](collect_atom, collective_call& call) -> caf::result<nest> {
+          auto promise = self->make_response_promise<nest>();
           reply_to reply;
-          reply.promise = self->make_response_promise<nest>();
-          auto promise = reply.promise;
+          reply.respond = respond_through(promise);
           as_actor([&](driver* d) { on_call(d, call, std::move(reply)); });
           return promise;
         },
@@ -825,14 +621,13 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
             auto it = awaiting.find(outcome.key);
             if (it == awaiting.end())
               return;
-            for (auto& promise : it->second) {
-              if (!promise.pending())
-                continue;
-              if (outcome.value)
-                promise.deliver(*outcome.value);
-              else
-                promise.deliver(outcome.failure);
-            }
+            caf::expected<nest> result = caf::error{};
+            if (outcome.value)
+              result = *outcome.value;
+            else
+              result = outcome.failure;
+            for (auto& respond : it->second)
+              respond(result);
             awaiting.erase(it);
           });
         },

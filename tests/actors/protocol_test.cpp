@@ -380,7 +380,7 @@ TEST(StepJoinTest, ExpiryNamesTheReplicasThatHaveNotFinished) {
 // -- step actor over replica actors
 // ------------------------------------------------------------
 
-class StrategyActorTest : public test::test_coordinator_fixture {
+class StepActorTest : public test::test_coordinator_fixture {
 protected:
   void spawn(int n) {
     collective_config ccfg;
@@ -398,7 +398,7 @@ protected:
     strat_ = spawn_step_actor(sys(), replicas_, 1000ms);
   }
 
-  ~StrategyActorTest() override {
+  ~StepActorTest() override {
     caf::anon_send_exit(strat_, caf::exit_reason::user_shutdown);
     for (auto& r : replicas_)
       caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
@@ -411,7 +411,7 @@ protected:
   step_actor strat_;
 };
 
-TEST_F(StrategyActorTest, RunCollectsOneResultPerReplicaInReplicaOrder) {
+TEST_F(StepActorTest, RunCollectsOneResultPerReplicaInReplicaOrder) {
   spawn(3);
   caf::scoped_actor self{sys()};
   auto fn = std::make_shared<const step_function>([](replica_context& ctx) {
@@ -432,7 +432,7 @@ TEST_F(StrategyActorTest, RunCollectsOneResultPerReplicaInReplicaOrder) {
   EXPECT_TRUE(got);
 }
 
-TEST_F(StrategyActorTest, StepsAreNumberedInSubmissionOrder) {
+TEST_F(StepActorTest, StepsAreNumberedInSubmissionOrder) {
   spawn(2);
   caf::scoped_actor self{sys()};
   auto fn = std::make_shared<const step_function>([](replica_context& ctx) {
@@ -447,7 +447,7 @@ TEST_F(StrategyActorTest, StepsAreNumberedInSubmissionOrder) {
   }
 }
 
-TEST_F(StrategyActorTest, ReplicaExceptionFailsTheStepWithThatReplicasMessage) {
+TEST_F(StepActorTest, ReplicaExceptionFailsTheStepWithThatReplicasMessage) {
   spawn(2);
   caf::scoped_actor self{sys()};
   auto fn = std::make_shared<const step_function>([](replica_context& ctx) -> nest {
@@ -469,7 +469,7 @@ TEST_F(StrategyActorTest, ReplicaExceptionFailsTheStepWithThatReplicasMessage) {
   EXPECT_TRUE(failed);
 }
 
-TEST_F(StrategyActorTest, SilentReplicaFailsTheStepAtTheStepDeadline) {
+TEST_F(StepActorTest, SilentReplicaFailsTheStepAtTheStepDeadline) {
   // A replica actor that never answers stands in for a step function that never returns.
   collective_config ccfg;
   ccfg.replica_ids = {0, 1};

@@ -1,0 +1,244 @@
+// The matching of collective calls (actors/call_matcher.hpp) without an actor system: slots,
+// the check against the first arrival, step reports and deadlines, on a clock the test moves.
+
+#include "actors/call_matcher.hpp"
+
+#include <consort/error.hpp>
+#include <consort/future.hpp>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace consort::detail {
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = call_matcher::clock;
+
+collective_call call_of(int replica, uint32_t seq, nest value, step_id step = 0) {
+  collective_call call;
+  call.step = step;
+  call.seq = seq;
+  call.replica = replica;
+  call.request.kind = collective_kind::all_reduce;
+  call.request.value = std::move(value);
+  return call;
+}
+
+/// A replica's call as the matcher sees it, and the future it waits on.
+struct pending_call {
+  reply_to reply;
+  future<nest> result;
+};
+
+pending_call reply_for() {
+  auto [state, fut] = make_future<nest>();
+  pending_call p;
+  p.reply.state = state;
+  p.result = std::move(fut);
+  return p;
+}
+
+/// The executor of the tests: `complete` answers every reply with the number of calls in the
+/// slot (the arithmetic is call_checks_test's); it records what the matcher asked of it.
+struct recording_executor {
+  int completed = 0;
+  int failed = 0;
+  std::vector<clock_type::time_point> armed;
+  call_matcher::executor exec;
+
+  recording_executor() {
+    exec.complete = [this](slot& s) {
+      ++completed;
+      for (auto& r : s.replies)
+        r.deliver(nest(tensor::scalar<float>(static_cast<float>(s.arrived))));
+    };
+    exec.failed = [this](slot&) {
+      ++failed;
+    };
+    exec.arm_tick = [this](clock_type::time_point t) {
+      armed.push_back(t);
+    };
+  }
+};
+
+/// The error a finished future holds ("" and errc::none when it holds a value).
+std::pair<errc, std::string> outcome(future<nest>& f) {
+  if (!f.ready())
+    return {errc::none, "not ready"};
+  try {
+    f.get();
+  } catch (const error& e) {
+    return {e.code(), e.what()};
+  }
+  return {errc::none, ""};
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(CallMatcherTest, TheLastArrivalCompletesTheSlotOnceAndItIsForgotten) {
+  call_matcher m({0, 1, 2}, 0, 30s);
+  recording_executor ex;
+  auto t0 = clock_type::now();
+  std::vector<pending_call> calls;
+  for (int r = 0; r < 3; ++r)
+    calls.push_back(reply_for());
+  for (int r : {2, 0}) {
+    auto c = call_of(r, 0, tensor::scalar<float>(1));
+    m.call(c, std::move(calls[static_cast<size_t>(r)].reply), t0, ex.exec);
+  }
+  EXPECT_EQ(ex.completed, 0);
+  EXPECT_FALSE(calls[0].result.ready());
+  EXPECT_EQ(m.slots(), 1u);
+  EXPECT_EQ(ex.armed, (std::vector<clock_type::time_point>{t0 + 30s})) << "one tick, armed once";
+  auto last = call_of(1, 0, tensor::scalar<float>(1));
+  m.call(last, std::move(calls[1].reply), t0, ex.exec);
+  EXPECT_EQ(ex.completed, 1);
+  for (auto& c : calls)
+    EXPECT_EQ(c.result.get().as_tensor().item<float>(), 3.0f);
+  EXPECT_EQ(m.slots(), 0u);
+  EXPECT_EQ(m.deadlines(), 0u);
+}
+
+TEST(CallMatcherTest, ACallThatDisagreesWithTheFirstArrivalFailsEveryReplicaNamingBoth) {
+  call_matcher m({0, 1}, 0, 30s);
+  recording_executor ex;
+  auto a = reply_for();
+  auto b = reply_for();
+  auto first = call_of(0, 0, tensor::from<float>({1, 2}, {2}));
+  m.call(first, std::move(a.reply), clock_type::now(), ex.exec);
+  auto other = call_of(1, 0, tensor::from<double>({1, 2}, {2}));
+  m.call(other, std::move(b.reply), clock_type::now(), ex.exec);
+  for (auto* f : {&a.result, &b.result}) {
+    auto [code, what] = outcome(*f);
+    EXPECT_EQ(code, errc::collective_mismatch);
+    EXPECT_TRUE(contains(what, "replica 1 passed float64 but replica 0 passed float32")) << what;
+  }
+  EXPECT_EQ(ex.completed, 0);
+  EXPECT_GE(ex.failed, 1) << "the executor is told (across workers it tells the others)";
+  EXPECT_EQ(m.deadlines(), 0u) << "a failed slot keeps no deadline";
+}
+
+TEST(CallMatcherTest, ADeadlineFailsTheSlotNamingArrivedAndMissingReplicasAndRearmsTheTick) {
+  call_matcher m({0, 1}, 0, 30s);
+  recording_executor ex;
+  auto t0 = clock_type::now();
+  auto a = reply_for();
+  auto first = call_of(0, 0, tensor::scalar<float>(1));
+  first.request.timeout = 100ms;
+  m.call(first, std::move(a.reply), t0, ex.exec);
+  // A later call of a later step with a later deadline arms nothing new.
+  auto b = reply_for();
+  auto later = call_of(0, 0, tensor::scalar<float>(1), 1);
+  m.call(later, std::move(b.reply), t0 + 10ms, ex.exec);
+  ASSERT_EQ(ex.armed.size(), 1u);
+  EXPECT_EQ(ex.armed[0], t0 + 100ms);
+  m.expire(t0 + 99ms, ex.exec); // a tick that came early: nothing is due, it is armed again
+  EXPECT_FALSE(a.result.ready()) << "not before its deadline";
+  m.expire(t0 + 100ms, ex.exec);
+  auto [code, what] = outcome(a.result);
+  EXPECT_EQ(code, errc::collective_timeout);
+  EXPECT_TRUE(contains(what, "all_reduce(SUM) #0 of step 0 timed out after 100 ms: replicas [0] "
+                             "arrived, replicas [1] did not"))
+      << what;
+  EXPECT_FALSE(b.result.ready());
+  // After each tick, the next one is armed for the earliest deadline left.
+  EXPECT_EQ(ex.armed,
+            (std::vector<clock_type::time_point>{t0 + 100ms, t0 + 100ms, t0 + 10ms + 30s}));
+}
+
+TEST(CallMatcherTest, AReplicaThatFinishedWithoutACallFailsItsPeersAtOnceAndLaterCallsToo) {
+  call_matcher m({0, 1}, 0, 30s);
+  recording_executor ex;
+  auto a = reply_for();
+  auto c0 = call_of(0, 0, tensor::scalar<float>(1));
+  m.call(c0, std::move(a.reply), clock_type::now(), ex.exec);
+  step_report done;
+  done.step = 0;
+  done.replica = 1;
+  done.calls = 0;
+  m.report(done, ex.exec);
+  auto [code, what] = outcome(a.result);
+  EXPECT_EQ(code, errc::collective_aborted);
+  EXPECT_TRUE(contains(what, "replica 1 finished step 0 after 0 collective call(s), without "
+                             "making call #0"))
+      << what;
+  // Its next call of that step fails at once too, without a deadline.
+  auto b = reply_for();
+  auto c1 = call_of(0, 1, tensor::scalar<float>(1));
+  m.call(c1, std::move(b.reply), clock_type::now(), ex.exec);
+  EXPECT_EQ(outcome(b.result).first, errc::collective_aborted);
+  // Once every replica reported, the step is forgotten.
+  step_report mine;
+  mine.step = 0;
+  mine.replica = 0;
+  mine.calls = 2;
+  m.report(mine, ex.exec);
+  EXPECT_EQ(m.steps(), 0u);
+  EXPECT_EQ(m.deadlines(), 0u);
+}
+
+TEST(CallMatcherTest, AFailedStepReportCarriesTheReplicasOwnError) {
+  call_matcher m({0, 1}, 0, 30s);
+  recording_executor ex;
+  auto a = reply_for();
+  auto c0 = call_of(0, 0, tensor::scalar<float>(1));
+  m.call(c0, std::move(a.reply), clock_type::now(), ex.exec);
+  step_report failed;
+  failed.replica = 1;
+  failed.calls = 0;
+  failed.failure = make_caf_error(errc::step_failed, "bad batch");
+  m.report(failed, ex.exec);
+  auto [code, what] = outcome(a.result);
+  EXPECT_EQ(code, errc::collective_aborted);
+  EXPECT_TRUE(contains(what, "replica 1 failed the step")) << what;
+  EXPECT_TRUE(contains(what, "bad batch")) << what;
+}
+
+TEST(CallMatcherTest, BadCallsAreClearErrorsAndLeaveTheSlotUsable) {
+  call_matcher m({0, 1}, 0, 30s);
+  recording_executor ex;
+  auto stranger = reply_for();
+  auto c9 = call_of(9, 0, tensor::scalar<float>(1));
+  m.call(c9, std::move(stranger.reply), clock_type::now(), ex.exec);
+  auto [code9, what9] = outcome(stranger.result);
+  EXPECT_EQ(code9, errc::invalid_argument);
+  EXPECT_TRUE(contains(what9, "replica 9, which is not in this group")) << what9;
+  auto a = reply_for();
+  auto twice = reply_for();
+  auto c0 = call_of(0, 0, tensor::scalar<float>(1));
+  auto again = c0;
+  m.call(c0, std::move(a.reply), clock_type::now(), ex.exec);
+  m.call(again, std::move(twice.reply), clock_type::now(), ex.exec);
+  auto [code2, what2] = outcome(twice.result);
+  EXPECT_EQ(code2, errc::invalid_argument);
+  EXPECT_TRUE(contains(what2, "replica 0 called all_reduce(SUM) #0 of step 0 twice")) << what2;
+  // The slot still completes when replica 1 comes.
+  auto b = reply_for();
+  auto c1 = call_of(1, 0, tensor::scalar<float>(1));
+  m.call(c1, std::move(b.reply), clock_type::now(), ex.exec);
+  EXPECT_EQ(ex.completed, 1);
+  EXPECT_EQ(a.result.get().as_tensor().item<float>(), 2.0f);
+}
+
+TEST(CallMatcherTest, AFunctionReplyIsAnsweredOnce) {
+  call_matcher m({0}, 0, 30s);
+  recording_executor ex;
+  int answers = 0;
+  reply_to reply;
+  reply.respond = [&](const caf::expected<nest>& r) {
+    ++answers;
+    EXPECT_TRUE(r);
+  };
+  auto c0 = call_of(0, 0, tensor::scalar<float>(1));
+  m.call(c0, std::move(reply), clock_type::now(), ex.exec);
+  EXPECT_EQ(answers, 1);
+}
+
+} // namespace
+} // namespace consort::detail
