@@ -10,23 +10,13 @@
 namespace consort::detail {
 
 void reply_to::deliver(const nest& value) {
-  if (state) {
-    state->set_value(value);
-  } else if (respond) {
-    auto fn = std::move(respond);
-    respond = nullptr;
-    fn(value);
-  }
+  if (state)
+    state->set_value(value); // a second answer is dropped (the first one wins)
 }
 
 void reply_to::deliver(const caf::error& err) {
-  if (state) {
+  if (state)
     state->set_error(std::make_exception_ptr(to_consort_error(err, "")));
-  } else if (respond) {
-    auto fn = std::move(respond);
-    respond = nullptr;
-    fn(err);
-  }
 }
 
 call_matcher::call_matcher(const std::vector<int>& replica_ids, int num_in_sync,

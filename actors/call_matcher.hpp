@@ -14,7 +14,6 @@
 #include "actors/protocol.hpp"
 
 #include <caf/error.hpp>
-#include <caf/expected.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -28,14 +27,13 @@
 
 namespace consort::detail {
 
-/// Where a participant's answer goes: a future state that the replica waits on directly (its own
-/// calls), or a function that answers a request (the actor wraps its response promise in it).
+/// Where a participant's answer goes: the future state its caller waits on (a replica's thread,
+/// or a harness that reads it). Empty for a call that was answered already.
 struct reply_to {
   nest_state state;
-  std::function<void(const caf::expected<nest>&)> respond;
 
   /// Whether an answer is still owed.
-  bool pending() const { return state ? !state->done() : static_cast<bool>(respond); }
+  bool pending() const { return state && !state->done(); }
   void deliver(const nest& value);
   void deliver(const caf::error& err);
 };

@@ -12,7 +12,8 @@
 // the result on its caller's thread and answers the others, so an in-process collective costs
 // one wake-up per waiting replica and no hop through the actor. The actor runs the same code for
 // what still arrives as messages: a harness's requests, GPU replicas (whose NCCL communicators
-// it owns), the deadline tick, host reductions and the cross-worker outcomes.
+// it owns), the deadline tick and host reductions. Every answer completes the caller's future
+// state, on whichever thread made the result.
 
 #include "actors/call_checks.hpp"
 #include "actors/call_matcher.hpp"
@@ -52,19 +53,6 @@ using detail::reply_to;
 using detail::slot;
 using matcher_executor = detail::call_matcher::executor;
 
-/// A response promise as the matcher's reply function (delivered once, if still pending).
-std::function<void(const caf::expected<nest>&)>
-respond_through(caf::typed_response_promise<nest> promise) {
-  return [promise](const caf::expected<nest>& result) mutable {
-    if (!promise.pending())
-      return;
-    if (result)
-      promise.deliver(*result);
-    else
-      promise.deliver(result.error());
-  };
-}
-
 } // namespace
 
 /// The collective actor's state, shared with the replicas' own threads: a CPU replica makes its
@@ -80,9 +68,6 @@ struct collective_board {
   collective_config cfg;
   /// The slots, reports and deadlines of the calls (actors/call_matcher.hpp).
   std::optional<detail::call_matcher> matcher;
-  /// Callers of cross-worker phases that wait on response promises, by cross_outcome key.
-  std::map<uint64_t, std::vector<std::function<void(const caf::expected<nest>&)>>> awaiting;
-  uint64_t next_key = 1;
   /// Host reductions and gathers run across workers so far (their position on the host lane).
   uint64_t host_ops = 0;
   /// NCCL communicators of this process's GPU replicas, made at the first call that can use them.
@@ -104,8 +89,7 @@ namespace {
 
 /// Who runs the matching: the actor (in a handler) or a replica's thread (a direct call), with
 /// the board's lock held. It offers what the code below needs of an actor: the state, the clock
-/// (the system's: the test scheduler's is virtual), and the actor's handle for the deadline tick
-/// and for outcomes that promises wait on.
+/// (the system's: the test scheduler's is virtual), and the actor's handle for the deadline tick.
 struct driver {
   collective_board& state;
   caf::actor_system& sys;
@@ -150,44 +134,24 @@ nest compute(const slot& s) {
   return detail::compute(s.sig, leaves, s.calls.front()->request.value);
 }
 
-/// Splits `replies` into future states (answered from the lane) and promises (answered by this
-/// actor when the lane sends the outcome back under the returned key; 0 when there are none).
-uint64_t park_promises(self_ptr self, std::vector<reply_to>& replies,
-                       std::vector<nest_state>& states) {
-  auto& st = self->state;
-  std::vector<std::function<void(const caf::expected<nest>&)>> promises;
-  for (auto& r : replies) {
+/// The future states of a slot's callers, taken out of it (a cross-worker phase answers them).
+std::vector<nest_state> take_states(std::vector<reply_to>& replies) {
+  std::vector<nest_state> states;
+  states.reserve(replies.size());
+  for (auto& r : replies)
     if (r.state)
       states.push_back(std::move(r.state));
-    else if (r.respond)
-      promises.push_back(std::exchange(r.respond, nullptr));
-  }
-  if (promises.empty())
-    return 0;
-  auto key = st.next_key++;
-  st.awaiting.emplace(key, std::move(promises));
-  return key;
+  return states;
 }
 
-/// Answers the callers of a cross-worker phase (on the lane thread).
-void answer(caf::actor_system& sys, const collective_actor& me, uint64_t key,
-            const std::vector<nest_state>& states, const caf::expected<nest>& result) {
+/// Answers the callers of a cross-worker phase (on the thread that ran it).
+void answer(const std::vector<nest_state>& states, const caf::expected<nest>& result) {
   for (const auto& state : states) {
     if (result)
       state->set_value(*result);
     else
       state->set_error(std::make_exception_ptr(to_consort_error(result.error(), "")));
   }
-  if (key != 0) {
-    cross_outcome outcome;
-    outcome.key = key;
-    if (result)
-      outcome.value = *result;
-    else
-      outcome.failure = result.error();
-    caf::anon_send(me, outcome_atom_v, std::move(outcome));
-  }
-  (void)sys;
 }
 
 /// The leaves of every call of a complete slot, or nothing when the slot holds no GPU tensor (the
@@ -240,14 +204,9 @@ bool hand_off_nccl(self_ptr self, slot& s) {
   auto queues = queues_of(s);
   if (!detail::local_nccl::eligible(s.sig.kind, s.sig.op, s.sig.axis, leaves, queues, true))
     return false;
-  // Results go to each replica's own future (a harness's `collective` request takes the TCP path).
-  for (const auto& r : s.replies)
-    if (!r.state)
-      return false;
+  // Results go to each caller's future, in local order.
   s.handed_off = true;
-  std::vector<nest_state> states;
-  for (auto& r : s.replies)
-    states.push_back(std::move(r.state));
+  auto states = take_states(s.replies);
   if (!st.cross_nccl)
     st.cross_nccl = std::make_shared<detail::local_nccl>();
   auto cc = cross_call_of(s);
@@ -314,8 +273,7 @@ void hand_off(self_ptr self, slot& s) {
   if (hand_off_nccl(self, s))
     return;
   s.handed_off = true;
-  std::vector<nest_state> states;
-  auto key = park_promises(self, s.replies, states);
+  auto states = take_states(s.replies);
   std::vector<std::vector<tensor>> leaves;
   leaves.reserve(s.calls.size());
   for (auto& c : s.calls)
@@ -326,13 +284,11 @@ void hand_off(self_ptr self, slot& s) {
       root_pos = it->second;
   }
   auto structure = s.calls.front()->request.value;
-  auto me = self->me;
-  auto& sys = self->system();
   auto* cross = st.cfg.cross.get();
   std::function<void()> job =
       [cross, cc = cross_call_of(s), sig = s.sig, leaves = std::move(leaves), root_pos,
-       structure = std::move(structure), states = std::move(states), key, me, queues = queues_of(s),
-       timeout = s.timeout, what = s.what, &sys]() mutable {
+       structure = std::move(structure), states = std::move(states), queues = queues_of(s),
+       timeout = s.timeout, what = s.what]() mutable {
         try {
           make_ready(queues, timeout, what);
           local_part(cc, sig, leaves, root_pos);
@@ -351,7 +307,7 @@ void hand_off(self_ptr self, slot& s) {
         } else {
           result = out.error();
         }
-        answer(sys, me, key, states, result);
+        answer(states, result);
       };
   // The last replica to arrive runs the phase itself (its peers wait for it anyway), once the
   // board's lock is released; the actor hands it to the lane's thread.
@@ -462,34 +418,22 @@ void on_deadline_tick(self_ptr self) {
   self->state.matcher->expire(self->clock().now(), executor_of(self));
 }
 
-/// Runs a host reduce or gather across workers on the host lane; answers `state` from the lane,
-/// or `promise` through a cross_outcome.
+/// Runs a host reduce or gather across workers on the host lane, which answers `state`.
 template <class Request>
-void host_across(self_ptr self, Request req, nest_state state,
-                 caf::typed_response_promise<nest> promise) {
+void host_across(self_ptr self, Request req, nest_state state) {
   auto& st = self->state;
-  std::vector<nest_state> states;
-  if (state)
-    states.push_back(std::move(state));
-  uint64_t key = 0;
-  if (promise.pending()) {
-    key = st.next_key++;
-    st.awaiting[key].push_back(respond_through(std::move(promise)));
-  }
   auto index = st.host_ops++;
   auto* cross = st.cfg.cross.get();
   auto timeout = st.cfg.default_timeout;
-  auto me = self->me;
-  auto& sys = self->system();
-  cross->post(detail::cross_worker::lane::host, [cross, timeout, req = std::move(req), index,
-                                                 states = std::move(states), key, me, &sys]() {
-    caf::expected<nest> result = caf::error{};
-    if constexpr (std::is_same_v<Request, host_reduce>)
-      result = cross_reduce(*cross, timeout, req, index);
-    else
-      result = cross_gather(*cross, timeout, req, index);
-    answer(sys, me, key, states, result);
-  });
+  cross->post(detail::cross_worker::lane::host,
+              [cross, timeout, req = std::move(req), index, state = std::move(state)]() {
+                caf::expected<nest> result = caf::error{};
+                if constexpr (std::is_same_v<Request, host_reduce>)
+                  result = cross_reduce(*cross, timeout, req, index);
+                else
+                  result = cross_gather(*cross, timeout, req, index);
+                answer({state}, result);
+              });
 }
 
 } // namespace
@@ -551,13 +495,6 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
       return self->state.board->cfg.cross != nullptr;
     };
     return {
-        [self, as_actor](collect_atom, collective_call& call) -> caf::result<nest> {
-          auto promise = self->make_response_promise<nest>();
-          reply_to reply;
-          reply.respond = respond_through(promise);
-          as_actor([&](driver* d) { on_call(d, call, std::move(reply)); });
-          return promise;
-        },
         [as_actor](collect_atom, collective_call& call, nest_state& state) {
           reply_to reply;
           reply.state = std::move(state);
@@ -569,33 +506,9 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
         [as_actor](deadline_atom, step_id, uint32_t) {
           as_actor([](driver* d) { on_deadline_tick(d); });
         },
-        [self, as_actor, crossing](reduce_atom, host_reduce& req) -> caf::result<nest> {
-          if (crossing()) {
-            auto promise = self->make_response_promise<nest>();
-            as_actor([&](driver* d) { host_across(d, std::move(req), {}, promise); });
-            return promise;
-          }
-          try {
-            return reduce_components(req.op, req.components, req.axis);
-          } catch (const std::exception& e) {
-            return error_of(e);
-          }
-        },
-        [self, as_actor, crossing](gather_atom, host_gather& req) -> caf::result<nest> {
-          if (crossing()) {
-            auto promise = self->make_response_promise<nest>();
-            as_actor([&](driver* d) { host_across(d, std::move(req), {}, promise); });
-            return promise;
-          }
-          try {
-            return concat_components(req.components, req.axis);
-          } catch (const std::exception& e) {
-            return error_of(e);
-          }
-        },
         [as_actor, crossing](reduce_atom, host_reduce& req, nest_state& state) {
           if (crossing()) {
-            as_actor([&](driver* d) { host_across(d, std::move(req), std::move(state), {}); });
+            as_actor([&](driver* d) { host_across(d, std::move(req), std::move(state)); });
             return;
           }
           try {
@@ -606,7 +519,7 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
         },
         [as_actor, crossing](gather_atom, host_gather& req, nest_state& state) {
           if (crossing()) {
-            as_actor([&](driver* d) { host_across(d, std::move(req), std::move(state), {}); });
+            as_actor([&](driver* d) { host_across(d, std::move(req), std::move(state)); });
             return;
           }
           try {
@@ -614,22 +527,6 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
           } catch (...) {
             state->set_error(std::current_exception());
           }
-        },
-        [as_actor](outcome_atom, cross_outcome& outcome) {
-          as_actor([&](driver* d) {
-            auto& awaiting = d->state.awaiting;
-            auto it = awaiting.find(outcome.key);
-            if (it == awaiting.end())
-              return;
-            caf::expected<nest> result = caf::error{};
-            if (outcome.value)
-              result = *outcome.value;
-            else
-              result = outcome.failure;
-            for (auto& respond : it->second)
-              respond(result);
-            awaiting.erase(it);
-          });
         },
     };
   };

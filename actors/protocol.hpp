@@ -127,16 +127,6 @@ struct host_gather {
   int64_t axis = 0;
 };
 
-/// The outcome of a cross-worker phase whose callers wait on response promises (a harness's
-/// `collective`, `reduce` or `gather` request); the lane thread hands it back to the actor, which
-/// alone may deliver its promises.
-struct cross_outcome {
-  /// Identifies the waiting promises inside the collective actor.
-  uint64_t key = 0;
-  std::optional<nest> value;
-  caf::error failure;
-};
-
 /// The results of one step: one nest per local replica.
 using step_results = per_replica<nest>;
 
@@ -223,7 +213,6 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::step_report)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::collective_call)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::host_reduce)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::host_gather)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::cross_outcome)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::nest)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::step_results)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::step_function_ptr)
@@ -235,7 +224,6 @@ CAF_ADD_TYPE_ID(consort, (consort::step_report))
 CAF_ADD_TYPE_ID(consort, (consort::collective_call))
 CAF_ADD_TYPE_ID(consort, (consort::host_reduce))
 CAF_ADD_TYPE_ID(consort, (consort::host_gather))
-CAF_ADD_TYPE_ID(consort, (consort::cross_outcome))
 CAF_ADD_TYPE_ID(consort, (consort::nest))
 CAF_ADD_TYPE_ID(consort, (consort::step_results))
 CAF_ADD_TYPE_ID(consort, (consort::step_function_ptr))
@@ -243,7 +231,6 @@ CAF_ADD_TYPE_ID(consort, (consort::nest_state))
 CAF_ADD_ATOM(consort, consort, run_atom, "run")
 CAF_ADD_ATOM(consort, consort, step_atom, "step")
 CAF_ADD_ATOM(consort, consort, step_done_atom, "stepdone")
-CAF_ADD_ATOM(consort, consort, outcome_atom, "outcome")
 CAF_ADD_ATOM(consort, consort, joined_atom, "joined")
 CAF_ADD_ATOM(consort, consort, collect_atom, "collective")
 CAF_ADD_ATOM(consort, consort, deadline_atom, "deadline")
@@ -266,15 +253,18 @@ using replica_actor = caf::typed_actor<
 
 /// Matches the replicas' collective calls by (step, seq), checks that they agree, computes the
 /// result once and answers every participant. Also runs host reductions for the strategy.
+///
+/// One protocol: every answer completes the future state that came with the message (the
+/// caller waits on it, or a harness reads it), never a response promise, so that a result made
+/// on a replica's or a lane's thread goes straight to its waiter, with no hop back through the
+/// actor.
 using collective_actor = caf::typed_actor<
-    // A replica's collective call. Reply (to every participant, once all arrived): the result.
-    // Errors: collective_mismatch (kind, op, axis, root, structure, dtype or shape disagree; every
-    // participant, including later arrivals, gets it), collective_timeout (deadline passed; names
-    // arrived and missing replicas), collective_aborted (a peer failed or finished its step
-    // without this call), invalid_argument (bad axis/root, rank-0 all_gather).
-    caf::replies_to<collect_atom, collective_call>::with<nest>,
-    // The same for the replicas' own calls: the answer completes `state`, on which the replica's
-    // thread waits (spinning briefly first), which saves a mailbox round on the latency path.
+    // A replica's (or a harness's) collective call. Answer, in `state`, to every participant once
+    // all arrived: the result. Errors: collective_mismatch (kind, op, axis, root, structure,
+    // dtype or shape disagree; every participant, including later arrivals, gets it),
+    // collective_timeout (deadline passed; names arrived and missing replicas),
+    // collective_aborted (a peer failed or finished its step without this call),
+    // invalid_argument (bad axis/root, rank-0 all_gather).
     caf::reacts_to<collect_atom, collective_call, nest_state>,
     // A replica finished `step` after `calls` collectives, successfully or not. Fails pending and
     // future calls of that step that this replica will never make. No reply.
@@ -282,15 +272,11 @@ using collective_actor = caf::typed_actor<
     // Internal: the earliest pending deadline of a call may have passed (one delayed tick is
     // armed at a time, for the earliest; the arguments are unused). No reply.
     caf::reacts_to<deadline_atom, step_id, uint32_t>,
-    // Strategy.reduce of host values. Reply: the reduced nest. Errors: as ops.hpp documents.
-    caf::replies_to<reduce_atom, host_reduce>::with<nest>,
-    // Strategy.gather of host values. Reply: the concatenated nest.
-    caf::replies_to<gather_atom, host_gather>::with<nest>,
-    // The same two for the public API: complete the future state instead of replying.
+    // Strategy.reduce of host values. Answer, in `state`: the reduced nest. Errors: as ops.hpp
+    // documents.
     caf::reacts_to<reduce_atom, host_reduce, nest_state>,
-    caf::reacts_to<gather_atom, host_gather, nest_state>,
-    // Internal: a cross-worker phase finished for callers waiting on promises. No reply.
-    caf::reacts_to<outcome_atom, cross_outcome>>;
+    // Strategy.gather of host values. Answer, in `state`: the concatenated nest.
+    caf::reacts_to<gather_atom, host_gather, nest_state>>;
 
 /// The actor of steps: runs the `run` requests of message-level harnesses (through the
 /// step_launcher, which numbers steps and fans them out to every replica) and watches the step

@@ -226,19 +226,5 @@ TEST(CallMatcherTest, BadCallsAreClearErrorsAndLeaveTheSlotUsable) {
   EXPECT_EQ(a.result.get().as_tensor().item<float>(), 2.0f);
 }
 
-TEST(CallMatcherTest, AFunctionReplyIsAnsweredOnce) {
-  call_matcher m({0}, 0, 30s);
-  recording_executor ex;
-  int answers = 0;
-  reply_to reply;
-  reply.respond = [&](const caf::expected<nest>& r) {
-    ++answers;
-    EXPECT_TRUE(r);
-  };
-  auto c0 = call_of(0, 0, tensor::scalar<float>(1));
-  m.call(c0, std::move(reply), clock_type::now(), ex.exec);
-  EXPECT_EQ(answers, 1);
-}
-
 } // namespace
 } // namespace consort::detail

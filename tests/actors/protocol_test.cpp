@@ -5,7 +5,9 @@
 #include <consort/ops.hpp>
 
 #include <atomic>
+#include <deque>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace consort {
@@ -38,6 +40,7 @@ protected:
     coll_ = spawn_collective(sys(), cfg, /*detached=*/false);
     for (int i = 0; i < 3; ++i)
       clients_.push_back(std::make_unique<caf::scoped_actor>(sys()));
+    answers_.resize(3);
   }
 
   ~CollectiveActorTest() override {
@@ -47,10 +50,26 @@ protected:
 
   caf::scoped_actor& client(int i) { return *clients_[static_cast<size_t>(i)]; }
 
-  /// Sends `call` from client `i` (asynchronously; the reply lands in its mailbox).
-  void send(int i, collective_call call) { client(i)->send(coll_, collect_atom_v, call); }
+  /// Sends `call` from client `i` with the future state it is answered in (the actor's one
+  /// protocol); its answers are read in sending order by `take`.
+  void send(int i, collective_call call) {
+    auto [state, fut] = make_future<nest>();
+    client(i)->send(coll_, collect_atom_v, call, state);
+    answers_[static_cast<size_t>(i)].push_back(std::move(fut));
+  }
 
-  /// The reply waiting in client `i`'s mailbox: a nest, or the error's consort code and text.
+  /// The same for a host reduction or gather.
+  template <class Request>
+  void send_host(int i, Request req) {
+    auto [state, fut] = make_future<nest>();
+    if constexpr (std::is_same_v<Request, host_reduce>)
+      client(i)->send(coll_, reduce_atom_v, req, state);
+    else
+      client(i)->send(coll_, gather_atom_v, req, state);
+    answers_[static_cast<size_t>(i)].push_back(std::move(fut));
+  }
+
+  /// Client `i`'s oldest answer that has come: a nest, or the error's consort code and text.
   struct reply {
     bool received = false;
     std::optional<nest> value;
@@ -60,23 +79,24 @@ protected:
 
   reply take(int i) {
     reply out;
-    client(i)->receive(
-        [&](nest& v) {
-          out.received = true;
-          out.value = std::move(v);
-        },
-        [&](caf::error& err) {
-          out.received = true;
-          auto e = to_consort_error(err, "");
-          out.code = e.code();
-          out.message = e.what();
-        },
-        caf::after(0s) >> [] {});
+    auto& queue = answers_[static_cast<size_t>(i)];
+    if (queue.empty() || !queue.front().ready())
+      return out;
+    auto fut = std::move(queue.front());
+    queue.pop_front();
+    out.received = true;
+    try {
+      out.value = fut.get();
+    } catch (const error& e) {
+      out.code = e.code();
+      out.message = e.what();
+    }
     return out;
   }
 
   collective_actor coll_;
   std::vector<std::unique_ptr<caf::scoped_actor>> clients_;
+  std::vector<std::deque<future<nest>>> answers_;
 };
 
 TEST_F(CollectiveActorTest, AllReduceAnswersEveryReplicaOnlyOnceAllHaveArrived) {
@@ -248,20 +268,14 @@ TEST_F(CollectiveBoardTest, DirectCallsAndMessagesMeetOnTheSameSlot) {
   caf::scoped_actor harness{sys()};
   auto f0 = direct(all_reduce_call(1, 0, 0, 1));
   auto f2 = direct(all_reduce_call(1, 0, 2, 1));
-  harness->send(coll_, collect_atom_v, all_reduce_call(1, 0, 1, 1));
+  auto [state, f1] = make_future<nest>();
+  harness->send(coll_, collect_atom_v, all_reduce_call(1, 0, 1, 1), state);
+  EXPECT_FALSE(f1.ready());
   run(); // the actor's handler completes the slot for everyone
-  ASSERT_TRUE(f0.ready());
-  ASSERT_TRUE(f2.ready());
-  EXPECT_EQ(f0.get().as_tensor().to_vector<float>(), (std::vector<float>{3, 6}));
-  bool received = false;
-  harness->receive(
-      [&](nest& v) {
-        received = true;
-        EXPECT_EQ(v.as_tensor().to_vector<float>(), (std::vector<float>{3, 6}));
-      },
-      [&](caf::error& err) { ADD_FAILURE() << to_consort_error(err, "").what(); },
-      caf::after(0s) >> [] {});
-  EXPECT_TRUE(received);
+  for (auto* f : {&f0, &f1, &f2}) {
+    ASSERT_TRUE(f->ready());
+    EXPECT_EQ(f->get().as_tensor().to_vector<float>(), (std::vector<float>{3, 6}));
+  }
 }
 
 TEST_F(CollectiveBoardTest, ADirectMismatchFailsEveryReplicaOnItsCallersThread) {
@@ -315,13 +329,13 @@ TEST_F(CollectiveActorTest, HostReduceAndGatherAnswerRequests) {
   host_reduce req{reduce_op::mean,
                   {nest(tensor::from<int32_t>({0, 1, 2, 3})), nest(tensor::from<int32_t>({4, 5}))},
                   0};
-  client(0)->send(coll_, reduce_atom_v, req);
+  send_host(0, req);
   run();
   auto r = take(0);
   ASSERT_TRUE(r.value) << r.message;
   EXPECT_DOUBLE_EQ(r.value->as_tensor().item<double>(), 2.5);
   host_gather g{{nest(tensor::scalar<float>(1)), nest(tensor::scalar<float>(2))}, 0};
-  client(0)->send(coll_, gather_atom_v, g);
+  send_host(0, g);
   run();
   r = take(0);
   EXPECT_EQ(r.code, errc::invalid_argument) << "rank-0 gather must be rejected";
