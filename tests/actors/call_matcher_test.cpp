@@ -158,10 +158,7 @@ TEST(CallMatcherTest, AReplicaThatFinishedWithoutACallFailsItsPeersAtOnceAndLate
   auto a = reply_for();
   auto c0 = call_of(0, 0, tensor::scalar<float>(1));
   m.call(c0, std::move(a.reply), clock_type::now(), ex.exec);
-  step_report done;
-  done.step = 0;
-  done.replica = 1;
-  done.calls = 0;
+  step_report done{0, 1, 0, {}}; // step 0, replica 1, after 0 calls, no failure
   m.report(done, ex.exec);
   auto [code, what] = outcome(a.result);
   EXPECT_EQ(code, errc::collective_aborted);
@@ -174,10 +171,7 @@ TEST(CallMatcherTest, AReplicaThatFinishedWithoutACallFailsItsPeersAtOnceAndLate
   m.call(c1, std::move(b.reply), clock_type::now(), ex.exec);
   EXPECT_EQ(outcome(b.result).first, errc::collective_aborted);
   // Once every replica reported, the step is forgotten.
-  step_report mine;
-  mine.step = 0;
-  mine.replica = 0;
-  mine.calls = 2;
+  step_report mine{0, 0, 2, {}};
   m.report(mine, ex.exec);
   EXPECT_EQ(m.steps(), 0u);
   EXPECT_EQ(m.deadlines(), 0u);
@@ -189,10 +183,7 @@ TEST(CallMatcherTest, AFailedStepReportCarriesTheReplicasOwnError) {
   auto a = reply_for();
   auto c0 = call_of(0, 0, tensor::scalar<float>(1));
   m.call(c0, std::move(a.reply), clock_type::now(), ex.exec);
-  step_report failed;
-  failed.replica = 1;
-  failed.calls = 0;
-  failed.failure = make_caf_error(errc::step_failed, "bad batch");
+  step_report failed{0, 1, 0, make_caf_error(errc::step_failed, "bad batch")};
   m.report(failed, ex.exec);
   auto [code, what] = outcome(a.result);
   EXPECT_EQ(code, errc::collective_aborted);
