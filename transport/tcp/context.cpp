@@ -326,8 +326,9 @@ void context_impl::abort(const std::string& why, errc code) {
       // The peer is told the code and the reason (an abort frame), then the connection ends.
       pair->abort("rank " + std::to_string(opts_.rank) + " aborted its transport context: " + why,
                   code);
-      // Fail the operations being read or written right here, not on the I/O thread.
-      pair->pump_rx();
+      // Fail the operations being read or written right here, not on the I/O thread: a receive
+      // half read is failed when abort returns, even if the I/O thread was inside its pump.
+      pair->pump_rx_now();
       pair->pump_tx();
     }
 }

@@ -451,6 +451,19 @@ void pair_impl::pump_rx() {
   }
 }
 
+void pair_impl::pump_rx_now() {
+  if (in_rx_pump) {
+    pump_rx();
+    return;
+  }
+  // The other pump reads without blocking, so the wait is short.
+  std::lock_guard lock(rx_mu_);
+  rx_kick_.store(false);
+  in_rx_pump = true;
+  pump_rx_locked();
+  in_rx_pump = false;
+}
+
 void pair_impl::pump_rx_locked() {
   for (;;) {
     if (failed_.load(std::memory_order_acquire)) {

@@ -254,6 +254,10 @@ public:
 
   /// Reads and dispatches what the socket has, unless another thread is at it.
   void pump_rx();
+  /// As `pump_rx`, but when another thread is at it, waits for it and runs once more: after an
+  /// abort, the receive being read into has failed when this returns (unless this thread is
+  /// itself inside a receive pump, which then finishes the job).
+  void pump_rx_now();
   /// Matches a new receive with a message that arrived early, or posts it.
   operation_ptr post_recv(std::shared_ptr<recv_op> op);
   /// Writes what is queued, unless another thread is at it.
