@@ -62,6 +62,18 @@ errc code_of(Future& f) {
   return errc::none;
 }
 
+/// Waits (in real time, bounded) until every worker's step has ended or a thread of it waits on
+/// the network. A worker then has sent what it sends before it waits, so a test that advances
+/// simulated time next cannot outrun it (a deadline passing before a slow worker even sent
+/// would change which of its messages are sent at all, under a sanitizer for example).
+template <class Futures>
+void settle(cluster& c, Futures& runs) {
+  for (size_t w = 0; w < runs.size(); ++w)
+    for (int i = 0; i < 10000 && !runs[w].ready() && !c.wait_blocked(static_cast<int>(w), 1ms);
+         ++i) {
+    }
+}
+
 /// Every component of every worker's result equals `want`.
 template <class Futures>
 void expect_all_equal(Futures& futures, float want, const cluster& c) {
@@ -555,6 +567,7 @@ TEST(TestingCluster, AFilterThatDecidesByLinkPlaceStrikesTheSameMessagesOnEveryR
     });
     for (int step = 0; step < 3; ++step) {
       auto runs = c.run_all(one_sum);
+      settle(c, runs);
       for (int pushed = 0; pushed < 60 && !runs[0].wait_for(2ms); ++pushed)
         c.advance(1s);
       for (auto& f : runs)
@@ -587,6 +600,7 @@ TEST(TestingCluster, APartitionVerdictCutsAtAnExactMessageOfTheVictim) {
     });
     for (int step = 0; step < 2; ++step) {
       auto runs = c.run_all(one_sum);
+      settle(c, runs);
       for (int pushed = 0; pushed < 10 && !runs[0].wait_for(2ms); ++pushed)
         c.advance(1s);
       for (int w = 0; w < 3; ++w) {
