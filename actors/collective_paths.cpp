@@ -319,7 +319,9 @@ call_matcher::executor executor_of(path_driver* self) {
   exec.failed = [self](slot& s) {
     hand_off_failure(self, s);
   };
-  exec.arm_tick = self->arm_tick;
+  exec.arm_tick = [self](std::chrono::steady_clock::time_point first) {
+    self->arm_tick(first);
+  };
   return exec;
 }
 

@@ -65,6 +65,14 @@ struct recording_executor {
   }
 };
 
+/// Makes `call` on `m` at `now` and returns the future its caller waits on.
+future<nest> submit(call_matcher& m, recording_executor& ex, collective_call call,
+                    clock_type::time_point now = clock_type::now()) {
+  auto p = reply_for();
+  m.call(call, std::move(p.reply), now, ex.exec);
+  return std::move(p.result);
+}
+
 /// The error a finished future holds ("" and errc::none when it holds a value).
 std::pair<errc, std::string> outcome(future<nest>& f) {
   if (!f.ready())
@@ -85,22 +93,17 @@ TEST(CallMatcherTest, TheLastArrivalCompletesTheSlotOnceAndItIsForgotten) {
   call_matcher m({0, 1, 2}, 0, 30s);
   recording_executor ex;
   auto t0 = clock_type::now();
-  std::vector<pending_call> calls;
-  for (int r = 0; r < 3; ++r)
-    calls.push_back(reply_for());
-  for (int r : {2, 0}) {
-    auto c = call_of(r, 0, tensor::scalar<float>(1));
-    m.call(c, std::move(calls[static_cast<size_t>(r)].reply), t0, ex.exec);
-  }
+  std::vector<future<nest>> calls;
+  for (int r : {2, 0})
+    calls.push_back(submit(m, ex, call_of(r, 0, tensor::scalar<float>(1)), t0));
   EXPECT_EQ(ex.completed, 0);
-  EXPECT_FALSE(calls[0].result.ready());
+  EXPECT_FALSE(calls[0].ready());
   EXPECT_EQ(m.slots(), 1u);
   EXPECT_EQ(ex.armed, (std::vector<clock_type::time_point>{t0 + 30s})) << "one tick, armed once";
-  auto last = call_of(1, 0, tensor::scalar<float>(1));
-  m.call(last, std::move(calls[1].reply), t0, ex.exec);
+  calls.push_back(submit(m, ex, call_of(1, 0, tensor::scalar<float>(1)), t0));
   EXPECT_EQ(ex.completed, 1);
   for (auto& c : calls)
-    EXPECT_EQ(c.result.get().as_tensor().item<float>(), 3.0f);
+    EXPECT_EQ(c.get().as_tensor().item<float>(), 3.0f);
   EXPECT_EQ(m.slots(), 0u);
   EXPECT_EQ(m.deadlines(), 0u);
 }
@@ -108,13 +111,9 @@ TEST(CallMatcherTest, TheLastArrivalCompletesTheSlotOnceAndItIsForgotten) {
 TEST(CallMatcherTest, ACallThatDisagreesWithTheFirstArrivalFailsEveryReplicaNamingBoth) {
   call_matcher m({0, 1}, 0, 30s);
   recording_executor ex;
-  auto a = reply_for();
-  auto b = reply_for();
-  auto first = call_of(0, 0, tensor::from<float>({1, 2}, {2}));
-  m.call(first, std::move(a.reply), clock_type::now(), ex.exec);
-  auto other = call_of(1, 0, tensor::from<double>({1, 2}, {2}));
-  m.call(other, std::move(b.reply), clock_type::now(), ex.exec);
-  for (auto* f : {&a.result, &b.result}) {
+  auto a = submit(m, ex, call_of(0, 0, tensor::from<float>({1, 2}, {2})));
+  auto b = submit(m, ex, call_of(1, 0, tensor::from<double>({1, 2}, {2})));
+  for (auto* f : {&a, &b}) {
     auto [code, what] = outcome(*f);
     EXPECT_EQ(code, errc::collective_mismatch);
     EXPECT_TRUE(contains(what, "replica 1 passed float64 but replica 0 passed float32")) << what;
@@ -128,25 +127,22 @@ TEST(CallMatcherTest, ADeadlineFailsTheSlotNamingArrivedAndMissingReplicasAndRea
   call_matcher m({0, 1}, 0, 30s);
   recording_executor ex;
   auto t0 = clock_type::now();
-  auto a = reply_for();
   auto first = call_of(0, 0, tensor::scalar<float>(1));
   first.request.timeout = 100ms;
-  m.call(first, std::move(a.reply), t0, ex.exec);
+  auto a = submit(m, ex, first, t0);
   // A later call of a later step with a later deadline arms nothing new.
-  auto b = reply_for();
-  auto later = call_of(0, 0, tensor::scalar<float>(1), 1);
-  m.call(later, std::move(b.reply), t0 + 10ms, ex.exec);
+  auto b = submit(m, ex, call_of(0, 0, tensor::scalar<float>(1), 1), t0 + 10ms);
   ASSERT_EQ(ex.armed.size(), 1u);
   EXPECT_EQ(ex.armed[0], t0 + 100ms);
   m.expire(t0 + 99ms, ex.exec); // a tick that came early: nothing is due, it is armed again
-  EXPECT_FALSE(a.result.ready()) << "not before its deadline";
+  EXPECT_FALSE(a.ready()) << "not before its deadline";
   m.expire(t0 + 100ms, ex.exec);
-  auto [code, what] = outcome(a.result);
+  auto [code, what] = outcome(a);
   EXPECT_EQ(code, errc::collective_timeout);
   EXPECT_TRUE(contains(what, "all_reduce(SUM) #0 of step 0 timed out after 100 ms: replicas [0] "
                              "arrived, replicas [1] did not"))
       << what;
-  EXPECT_FALSE(b.result.ready());
+  EXPECT_FALSE(b.ready());
   // After each tick, the next one is armed for the earliest deadline left.
   EXPECT_EQ(ex.armed,
             (std::vector<clock_type::time_point>{t0 + 100ms, t0 + 100ms, t0 + 10ms + 30s}));
@@ -155,21 +151,17 @@ TEST(CallMatcherTest, ADeadlineFailsTheSlotNamingArrivedAndMissingReplicasAndRea
 TEST(CallMatcherTest, AReplicaThatFinishedWithoutACallFailsItsPeersAtOnceAndLaterCallsToo) {
   call_matcher m({0, 1}, 0, 30s);
   recording_executor ex;
-  auto a = reply_for();
-  auto c0 = call_of(0, 0, tensor::scalar<float>(1));
-  m.call(c0, std::move(a.reply), clock_type::now(), ex.exec);
+  auto a = submit(m, ex, call_of(0, 0, tensor::scalar<float>(1)));
   step_report done{0, 1, 0, {}}; // step 0, replica 1, after 0 calls, no failure
   m.report(done, ex.exec);
-  auto [code, what] = outcome(a.result);
+  auto [code, what] = outcome(a);
   EXPECT_EQ(code, errc::collective_aborted);
   EXPECT_TRUE(contains(what, "replica 1 finished step 0 after 0 collective call(s), without "
                              "making call #0"))
       << what;
   // Its next call of that step fails at once too, without a deadline.
-  auto b = reply_for();
-  auto c1 = call_of(0, 1, tensor::scalar<float>(1));
-  m.call(c1, std::move(b.reply), clock_type::now(), ex.exec);
-  EXPECT_EQ(outcome(b.result).first, errc::collective_aborted);
+  auto b = submit(m, ex, call_of(0, 1, tensor::scalar<float>(1)));
+  EXPECT_EQ(outcome(b).first, errc::collective_aborted);
   // Once every replica reported, the step is forgotten.
   step_report mine{0, 0, 2, {}};
   m.report(mine, ex.exec);
@@ -180,12 +172,10 @@ TEST(CallMatcherTest, AReplicaThatFinishedWithoutACallFailsItsPeersAtOnceAndLate
 TEST(CallMatcherTest, AFailedStepReportCarriesTheReplicasOwnError) {
   call_matcher m({0, 1}, 0, 30s);
   recording_executor ex;
-  auto a = reply_for();
-  auto c0 = call_of(0, 0, tensor::scalar<float>(1));
-  m.call(c0, std::move(a.reply), clock_type::now(), ex.exec);
+  auto a = submit(m, ex, call_of(0, 0, tensor::scalar<float>(1)));
   step_report failed{0, 1, 0, make_caf_error(errc::step_failed, "bad batch")};
   m.report(failed, ex.exec);
-  auto [code, what] = outcome(a.result);
+  auto [code, what] = outcome(a);
   EXPECT_EQ(code, errc::collective_aborted);
   EXPECT_TRUE(contains(what, "replica 1 failed the step")) << what;
   EXPECT_TRUE(contains(what, "bad batch")) << what;
@@ -194,27 +184,19 @@ TEST(CallMatcherTest, AFailedStepReportCarriesTheReplicasOwnError) {
 TEST(CallMatcherTest, BadCallsAreClearErrorsAndLeaveTheSlotUsable) {
   call_matcher m({0, 1}, 0, 30s);
   recording_executor ex;
-  auto stranger = reply_for();
-  auto c9 = call_of(9, 0, tensor::scalar<float>(1));
-  m.call(c9, std::move(stranger.reply), clock_type::now(), ex.exec);
-  auto [code9, what9] = outcome(stranger.result);
+  auto stranger = submit(m, ex, call_of(9, 0, tensor::scalar<float>(1)));
+  auto [code9, what9] = outcome(stranger);
   EXPECT_EQ(code9, errc::invalid_argument);
   EXPECT_TRUE(contains(what9, "replica 9, which is not in this group")) << what9;
-  auto a = reply_for();
-  auto twice = reply_for();
-  auto c0 = call_of(0, 0, tensor::scalar<float>(1));
-  auto again = c0;
-  m.call(c0, std::move(a.reply), clock_type::now(), ex.exec);
-  m.call(again, std::move(twice.reply), clock_type::now(), ex.exec);
-  auto [code2, what2] = outcome(twice.result);
+  auto a = submit(m, ex, call_of(0, 0, tensor::scalar<float>(1)));
+  auto twice = submit(m, ex, call_of(0, 0, tensor::scalar<float>(1)));
+  auto [code2, what2] = outcome(twice);
   EXPECT_EQ(code2, errc::invalid_argument);
   EXPECT_TRUE(contains(what2, "replica 0 called all_reduce(SUM) #0 of step 0 twice")) << what2;
   // The slot still completes when replica 1 comes.
-  auto b = reply_for();
-  auto c1 = call_of(1, 0, tensor::scalar<float>(1));
-  m.call(c1, std::move(b.reply), clock_type::now(), ex.exec);
+  auto b = submit(m, ex, call_of(1, 0, tensor::scalar<float>(1)));
   EXPECT_EQ(ex.completed, 1);
-  EXPECT_EQ(a.result.get().as_tensor().item<float>(), 2.0f);
+  EXPECT_EQ(a.get().as_tensor().item<float>(), 2.0f);
 }
 
 } // namespace

@@ -457,11 +457,15 @@ void pair_impl::pump_rx_now() {
     return;
   }
   // The other pump reads without blocking, so the wait is short.
-  std::lock_guard lock(rx_mu_);
-  rx_kick_.store(false);
-  in_rx_pump = true;
-  pump_rx_locked();
-  in_rx_pump = false;
+  {
+    std::lock_guard lock(rx_mu_);
+    rx_kick_.store(false);
+    in_rx_pump = true;
+    pump_rx_locked();
+    in_rx_pump = false;
+  }
+  // A thread that found the pump busy meanwhile left a kick: run for it, as pump_rx would.
+  pump_rx();
 }
 
 void pair_impl::pump_rx_locked() {
