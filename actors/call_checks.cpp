@@ -8,21 +8,23 @@
 
 namespace consort::detail {
 
+// Built with appends, not a stream: every cross-worker call formats these (issue 12's hot path).
 std::string describe_call(const call_signature& sig) {
-  std::ostringstream out;
-  out << to_string(sig.kind);
+  std::string out = to_string(sig.kind);
   switch (sig.kind) {
   case collective_kind::all_reduce:
-    out << '(' << to_string(sig.op) << ')';
+    out += '(';
+    out += to_string(sig.op);
     break;
   case collective_kind::all_gather:
-    out << "(axis=" << sig.axis << ')';
+    out += "(axis=" + std::to_string(sig.axis);
     break;
   case collective_kind::broadcast:
-    out << "(root=" << sig.root << ')';
+    out += "(root=" + std::to_string(sig.root);
     break;
   }
-  return out.str();
+  out += ')';
+  return out;
 }
 
 std::string join_ids(const std::vector<int>& ids) {
@@ -190,16 +192,28 @@ caf::error error_of(const std::exception& e) {
 }
 
 std::string signature_of(const call_signature& sig) {
-  std::ostringstream out;
-  out << describe_call(sig) << " of " << sig.structure << " with ";
+  struct last_signature {
+    bool set = false;
+    call_signature sig;
+    std::string text;
+  };
+  thread_local last_signature last;
+  if (last.set && last.sig == sig)
+    return last.text;
+  std::string out = describe_call(sig) + " of " + sig.structure + " with ";
   for (size_t i = 0; i < sig.dtypes.size(); ++i) {
-    out << (i ? ", " : "") << to_string(sig.dtypes[i]);
+    if (i)
+      out += ", ";
+    out += to_string(sig.dtypes[i]);
     auto shape = sig.shapes[i];
     if (sig.kind == collective_kind::all_gather && static_cast<size_t>(sig.axis) < shape.size())
       shape[static_cast<size_t>(sig.axis)] = -1;
-    out << to_string(shape);
+    out += to_string(shape);
   }
-  return out.str();
+  last.sig = sig;
+  last.text = out;
+  last.set = true;
+  return out;
 }
 
 tensor mean_partial(const std::vector<tensor>& inputs) {

@@ -28,6 +28,8 @@ struct call_signature {
   std::string structure;
   std::vector<dtype> dtypes;
   std::vector<shape_t> shapes;
+
+  bool operator==(const call_signature&) const = default;
 };
 
 /// "all_reduce(SUM)", "all_gather(axis=1)", "broadcast(root=0)".
@@ -64,7 +66,8 @@ nest compute(const call_signature& sig, const std::vector<std::vector<tensor>>& 
 caf::error error_of(const std::exception& e);
 
 /// What every worker must agree on for a call: structure, dtypes and shapes (a gather's axis
-/// extent may differ).
+/// extent may differ). The text of the calling thread's last signature is kept: a step's calls
+/// mostly repeat it, and comparing costs less than formatting.
 std::string signature_of(const call_signature& sig);
 
 /// The partial sum that an all-reduce MEAN sends between workers: floats as a SUM, integers

@@ -220,19 +220,20 @@ nest lone_cross_collective(detail::cross_worker& cross, const collective_call& c
   auto leaves = flatten(call.request.value);
   auto sig = signature_from(call, leaves);
   auto timeout = call.request.timeout.value_or(std::chrono::seconds(30));
-  auto cc =
-      cross_call_for(sig, describe_slot(sig, call.step, call.seq), call.step, call.seq, timeout);
+  // The call as the replica made it names the call in errors; the signature that the workers
+  // compare has the normalised axis. Formatted once: this is every cross-worker call's path.
+  auto what = describe_slot(sig, call.step, call.seq);
   int64_t axis = call.request.axis;
   auto problem = check_arguments(call, leaves, num_replicas_in_sync, &axis);
+  if (problem.empty())
+    sig.axis = axis;
+  auto cc = cross_call_for(sig, std::move(what), call.step, call.seq, timeout);
   if (!problem.empty()) {
     // The other workers learn the reason in this call's descriptor, as from the actor's path.
     cc.local_failure = make_caf_error(errc::invalid_argument, problem);
     (void)cross.run(cross_worker::lane::step, cc);
     throw error(errc::invalid_argument, problem);
   }
-  sig.axis = axis;
-  cc.axis = axis;
-  cc.signature = signature_of(sig);
   std::optional<size_t> root_pos;
   if (sig.kind == collective_kind::broadcast && sig.root == call.replica)
     root_pos = 0;

@@ -128,6 +128,32 @@ TEST(CallChecksTest, TheCrossWorkerSignatureHidesTheGatherAxisExtent) {
             signature_of(signature_from(d, flatten(d.request.value))));
 }
 
+TEST(CallChecksTest, TheSignatureTextOfEveryFieldIsExactAlsoAfterTheLastOneIsReused) {
+  // signature_of keeps the calling thread's last text; each call below differs from the one
+  // before it in one field, and the first comes back at the end.
+  auto base = call_of(0, collective_kind::all_reduce, tensor::zeros(dtype::float32, {2, 3}));
+  auto sig = [](const collective_call& c) {
+    return signature_from(c, flatten(c.request.value));
+  };
+  const auto first = signature_of(sig(base));
+  EXPECT_EQ(first, "all_reduce(SUM) of T with float32[2, 3]");
+  EXPECT_EQ(signature_of(sig(base)), first);
+  auto op = base;
+  op.request.op = reduce_op::max;
+  EXPECT_EQ(signature_of(sig(op)), "all_reduce(MAX) of T with float32[2, 3]");
+  auto type = call_of(0, collective_kind::all_reduce, tensor::zeros(dtype::int32, {2, 3}));
+  EXPECT_EQ(signature_of(sig(type)), "all_reduce(SUM) of T with int32[2, 3]");
+  auto shape = call_of(0, collective_kind::all_reduce, tensor::zeros(dtype::float32, {3, 2}));
+  EXPECT_EQ(signature_of(sig(shape)), "all_reduce(SUM) of T with float32[3, 2]");
+  auto kind = call_of(0, collective_kind::broadcast, tensor::zeros(dtype::float32, {2, 3}));
+  kind.request.root = 1;
+  EXPECT_EQ(signature_of(sig(kind)), "broadcast(root=1) of T with float32[2, 3]");
+  auto structure =
+      call_of(0, collective_kind::all_reduce, nest::list({tensor::zeros(dtype::float32, {2, 3})}));
+  EXPECT_NE(signature_of(sig(structure)), first);
+  EXPECT_EQ(signature_of(sig(base)), first);
+}
+
 TEST(CallChecksTest, AMeanTravelsAsASumOfFloatsOrAFloat64SumOfIntegers) {
   auto f = mean_partial({tensor::from<float>({1, 2}, {2}), tensor::from<float>({3, 4}, {2})});
   EXPECT_EQ(f.dtype(), dtype::float32);
