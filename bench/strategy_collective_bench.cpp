@@ -9,11 +9,18 @@
 // Usage (the cluster comes from TF_CONFIG, which the launcher sets for each worker):
 //   tools/consort-launch -n 2 -- ./build/bench/strategy_collective_bench [--min-bytes 4]
 //       [--max-bytes 64M] [--factor 4] [--warmup 3] [--iters 20] [--large-bytes 16M]
-//       [--large-iters 0] [--ops all_reduce,all_gather,broadcast] [--json FILE]
+//       [--large-iters 0] [--ops all_reduce,all_gather,broadcast] [--step-barriers 2]
+//       [--json FILE]
 //
 // Per iteration, on every worker: a barrier (a strategy.run whose step all-reduces one float),
-// then the timed strategy.run, whose step all-reduces one float again (a barrier inside the step)
-// before the timed call. Two times are kept, rank 0's: the collective call, timed inside the
+// then the timed strategy.run, whose step all-reduces one float `--step-barriers` times (barriers
+// inside the step) before the timed call. Two in-step barriers by default, so that the timed call
+// starts as the raw algorithm's does (collective_tcp_bench: a barrier that itself follows a call
+// made in step with the peers): the first absorbs the skew of the workers' step starts, which
+// can outlast a waiter's spin, so that the worker that came first sleeps and wakes late; the
+// second starts with both workers at the call. `--step-barriers 1` times the first call after
+// that skew instead (bench/README.md, "The user path after two in-step barriers", has both).
+// Two times are kept, rank 0's: the collective call, timed inside the
 // step around `ctx.all_reduce` (the max over this worker's replicas), and the whole
 // `strategy.run` from the call to the per_replica result in the caller's hands. The step returns
 // its time and the collective's result; every element of every result is checked by the caller
@@ -160,6 +167,8 @@ int run(int argc, char** argv) {
   opts.add("large-bytes", "16M", "sizes from this one on run --large-iters iterations");
   opts.add("large-iters", "0", "timed iterations per size from --large-bytes on (0: --iters)");
   opts.add("ops", "all_reduce,all_gather,broadcast", "collectives to time, comma-separated");
+  opts.add("step-barriers", "2",
+           "all-reduces of one float inside the step before the timed call (at least 1)");
   opts.add("json", "", "rank 0 also writes the results (with every sample) as JSON to this file");
   opts.parse(argc, argv);
   const auto min_bytes = opts.bytes("min-bytes");
@@ -169,8 +178,11 @@ int run(int argc, char** argv) {
   const auto iters = opts.integer("iters");
   const auto large_bytes = opts.bytes("large-bytes");
   const auto large_iters = opts.integer("large-iters") > 0 ? opts.integer("large-iters") : iters;
-  if (min_bytes < 4 || max_bytes < min_bytes || factor < 2 || warmup < 0 || iters <= 0)
-    opts.fail("need 4 <= --min-bytes <= --max-bytes, --factor >= 2, --warmup >= 0, --iters > 0");
+  const auto step_barriers = opts.integer("step-barriers");
+  if (min_bytes < 4 || max_bytes < min_bytes || factor < 2 || warmup < 0 || iters <= 0 ||
+      step_barriers < 1)
+    opts.fail("need 4 <= --min-bytes <= --max-bytes, --factor >= 2, --warmup >= 0, --iters > 0, "
+              "--step-barriers >= 1");
   std::vector<op_desc> ops;
   for (const auto& name : split(opts.str("ops"))) {
     bool found = false;
@@ -198,18 +210,19 @@ int run(int argc, char** argv) {
   if (rank == 0) {
     std::printf("# consort strategy_collective_bench  path=multi_worker_mirrored_strategy "
                 "workers=%d replicas=%d devices=%zu/worker warmup=%lld iters=%lld "
-                "large_bytes=%lld large_iters=%lld\n",
+                "large_bytes=%lld large_iters=%lld step_barriers=%lld\n",
                 workers, n, mw.num_local_replicas(), static_cast<long long>(warmup),
                 static_cast<long long>(iters), static_cast<long long>(large_bytes),
-                static_cast<long long>(large_iters));
+                static_cast<long long>(large_iters), static_cast<long long>(step_barriers));
     std::printf("# machine: nproc=%u cpu=%s\n", bench::nproc(), bench::cpu_model().c_str());
     std::printf("# step: ctx.all_reduce(\"SUM\", x) | ctx.all_gather(x, 0) | ctx.broadcast(x, 0) "
                 "of float32 x, inputs built once per size\n");
     std::printf("# time, p50, p99: the collective call timed inside the step on rank 0 after a "
-                "barrier (avg, percentiles);\n# run p50/p99: the whole strategy.run on rank 0. "
+                "%lld barrier(s) in the step (avg, percentiles);\n# run p50/p99: the whole "
+                "strategy.run on rank 0. "
                 "all_gather size = the result (max(1, count/%d) floats per replica). "
                 "GB = 1e9 bytes\n#\n",
-                n);
+                static_cast<long long>(step_barriers), n);
     std::fflush(stdout);
   }
 
@@ -235,11 +248,13 @@ int run(int argc, char** argv) {
       auto inputs = mw.distribute_values([&](int id) { return op.init(id, elements); });
       // Each replica times its call and returns [time in ns, the collective's result]; the
       // caller checks the results after its own clock stopped.
-      auto step = [&op, &one](replica_context& ctx, const tensor& x) {
-        // A barrier inside the step, as the raw algorithm's bench has one right before its timed
-        // call: the clock then starts with every worker at the call, and the time is the
-        // collective's, not the skew of the workers' step starts (which `run p50` includes).
-        (void)ctx.all_reduce("SUM", one);
+      auto step = [&op, &one, step_barriers](replica_context& ctx, const tensor& x) {
+        // Barriers inside the step, as the raw algorithm's bench has one right before its timed
+        // call (after a call in step with the peers): the clock then starts with every worker at
+        // the call, and the time is the collective's, not the skew of the workers' step starts
+        // (which `run p50` includes).
+        for (int64_t b = 0; b < step_barriers; ++b)
+          (void)ctx.all_reduce("SUM", one);
         auto t0 = steady_clock::now();
         auto out = op.call(ctx, x);
         auto t1 = steady_clock::now();
@@ -291,6 +306,7 @@ int run(int argc, char** argv) {
     config.str("path", "multi_worker_mirrored_strategy").num("workers", workers);
     config.num("replicas", n).num("min_bytes", min_bytes).num("max_bytes", max_bytes);
     config.num("factor", factor).num("warmup", warmup).num("iters", iters);
+    config.num("step_barriers", step_barriers);
     config.num("large_bytes", large_bytes).num("large_iters", large_iters);
     bench::json_object machine;
     machine.num("nproc", static_cast<int64_t>(bench::nproc())).str("cpu", bench::cpu_model());

@@ -12,6 +12,11 @@
 #        [--iters 25] [--large-bytes 4M] [--large-iters 5] [--rounds 4]
 #        [--ops all_reduce,all_gather,broadcast] [--bin-dir build/bench] [--gloo auto|off]
 #        [--out DIR] [--timeout SECONDS] [--max-other 0.3] [--retries 2] [--transports shm,tcp]
+#        [--step-barriers 2]
+#
+# --step-barriers: the user path's in-step barriers before its timed call (see
+# strategy_collective_bench.cpp): 2 starts the call as the raw algorithm's bench does, after a
+# call made in step with the peers; 1 times the first call after the skew of the step starts.
 #
 # Interleaving: every round runs, for each collective, the three programs one after the other
 # (each a full sweep of that collective's sizes under tools/consort-launch), the order rotating
@@ -47,7 +52,7 @@ shift
 min_bytes=4 max_bytes=64M factor=4 warmup=2 iters=25 large_bytes=4M large_iters=5 rounds=4
 ops=all_reduce,all_gather,broadcast
 bin_dir=${BUILD_DIR:-$root/build}/bench
-gloo=auto out="" timeout_s=900 max_other=0.3 retries=2 transports=shm,tcp
+gloo=auto out="" timeout_s=900 max_other=0.3 retries=2 transports=shm,tcp step_barriers=2
 while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || { echo "user_path.sh: option $1 needs a value" >&2; exit 2; }
   case "$1" in
@@ -67,6 +72,7 @@ while [ $# -gt 0 ]; do
     --max-other) max_other=$2 ;;
     --retries) retries=$2 ;;
     --transports) transports=$2 ;;
+    --step-barriers) step_barriers=$2 ;;
     *) echo "user_path.sh: unknown option '$1'" >&2; usage ;;
   esac
   shift 2
@@ -183,7 +189,8 @@ for ((r = 1; r <= rounds; r++)); do
     for ((i = 0; i < k; i++)); do
       p=${programs[$(((i + r - 1 + o) % k))]}
       case $p in
-        user-*) CONSORT_TRANSPORT=${p#user-} run_one "$p" "$op" "$r" "$user_bin" "${common[@]}" ;;
+        user-*) CONSORT_TRANSPORT=${p#user-} run_one "$p" "$op" "$r" "$user_bin" "${common[@]}" \
+          --step-barriers "$step_barriers" ;;
         raw)
           # The TCP limits (stream, ping-pong) once, on the first raw run.
           run_one raw "$op" "$r" "$raw_bin" "${common[@]}" --limits "$limits"
@@ -241,7 +248,7 @@ print("# p50 in us over every sample of every round; shm / tcp = the ctx.<collec
       "the step with CONSORT_TRANSPORT=shm / tcp,")
 print("# run = the whole strategy.run (first transport), raw = collective_tcp_bench "
       "(transport/algorithms over transport/tcp),")
-print("# gloo = torch.distributed gloo; rank 0 after a barrier")
+print("# gloo = torch.distributed gloo; rank 0 after a barrier (user path: --step-barriers in the step)")
 found = {}
 for op in ops:
     sizes = sorted({k[2] for k in samples if k[1] == op})
