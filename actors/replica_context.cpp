@@ -97,9 +97,30 @@ const char* to_string(collective_kind kind) noexcept {
 
 namespace {
 
+/// Whether every leaf of `value` is labelled `device` already (labels are canonical, so a
+/// match means `t.to(device)` would return `t` as it is).
+bool all_on(const nest& value, const std::string& device) {
+  if (value.is_tensor())
+    return value.as_tensor().device() == device;
+  if (value.is_list()) {
+    for (const auto& child : value.as_list())
+      if (!all_on(child, device))
+        return false;
+    return true;
+  }
+  for (const auto& [key, child] : value.as_dict())
+    if (!all_on(child, device))
+      return false;
+  return true;
+}
+
 /// Results come back from the collective actor in host memory; label them with this replica's
-/// device (free between CPU devices, which share host memory).
-nest on_device(const nest& value, const std::string& device) {
+/// device (free between CPU devices, which share host memory). A result already labelled so (a
+/// lone CPU:0 replica's, the common case across workers) is returned as it is, without the
+/// rebuild of its nest.
+nest on_device(nest value, const std::string& device) {
+  if (all_on(value, device))
+    return value;
   return map_structure(value, [&](const tensor& t) { return t.to(device); });
 }
 
