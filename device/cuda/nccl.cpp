@@ -4,7 +4,10 @@
 #include "device/cuda/nccl.hpp"
 
 #include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 namespace consort::cuda::nccl {
@@ -35,6 +38,51 @@ public:
 private:
   int yields_ = 0;
   std::chrono::microseconds sleep_{16};
+};
+
+/// The ncclCommAbort calls in flight, each on a helper thread of its own: NCCL's abort returns
+/// only once the GPU work queued before the communicator's operations is done, and a deadline
+/// must not wait for a stream that a stuck kernel (or a peer that never comes) holds. Never
+/// destroyed (a helper may outlive main); at exit the process waits for them, bounded.
+class aborter {
+public:
+  static aborter& get() {
+    static aborter* the = [] {
+      auto* a = new aborter; // NOLINT(cppcoreguidelines-owning-memory): lives for the process
+      std::atexit([] { (void)get().wait_idle(std::chrono::seconds(5)); });
+      return a;
+    }();
+    return *the;
+  }
+
+  void start(ncclComm_t comm) noexcept {
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      ++running_;
+    }
+    try {
+      std::thread([this, comm] { finish(comm); }).detach();
+    } catch (...) { // no thread to be had: abort here, waiting as NCCL does
+      finish(comm);
+    }
+  }
+
+  bool wait_idle(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock{mu_};
+    return cv_.wait_for(lock, timeout, [this] { return running_ == 0; });
+  }
+
+private:
+  void finish(ncclComm_t comm) noexcept {
+    (void)ncclCommAbort(comm);
+    std::lock_guard<std::mutex> guard{mu_};
+    --running_;
+    cv_.notify_all();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int running_ = 0; // guarded by mu_
 };
 
 /// How many GPUs this process sees, and CUDA's reason when it sees none.
@@ -322,10 +370,11 @@ std::vector<communicator> init_group(const unique_id& id, int nranks, int first_
   }
 
   std::vector<ncclComm_t> comms(devices.size(), nullptr);
+  // On helper threads, as communicator::abort: an init past its deadline returns at it.
   auto abort_all = [&comms]() noexcept {
     for (auto& c : comms)
       if (c != nullptr) {
-        (void)ncclCommAbort(c);
+        aborter::get().start(c);
         c = nullptr;
       }
   };
@@ -499,7 +548,7 @@ communicator::~communicator() {
   // A communicator with an error (seen by us, or pending in NCCL) cannot be destroyed cleanly:
   // ncclCommDestroy would refuse it and leak it. Abort it instead.
   if (failed_ || async_state(comm_) != ncclSuccess)
-    (void)ncclCommAbort(comm_);
+    aborter::get().start(comm_);
   else
     (void)ncclCommDestroy(comm_); // waits for this rank's queued operations (even non-blocking)
   comm_ = nullptr;
@@ -812,12 +861,18 @@ void communicator::check() {
 
 void communicator::abort() noexcept {
   if (comm_ != nullptr && !aborted_)
-    // Blocks even for a non-blocking communicator: NCCL sets the abort flag (a running kernel of
-    // this communicator exits), then reclaims the communicator, which waits for the work queued
-    // before its operations on the streams it was used on; a kernel that never ends keeps it here.
-    (void)ncclCommAbort(comm_);
+    // On a helper thread: ncclCommAbort blocks even for a non-blocking communicator. NCCL sets
+    // the abort flag (a running kernel of this communicator exits), then reclaims the
+    // communicator, which waits for the work queued before its operations on the streams it was
+    // used on; a kernel that never ends would keep the caller here, past its deadline (the first
+    // H100 run: a 300 ms wait returned after 5 s). Nothing uses the handle after this.
+    aborter::get().start(comm_);
   comm_ = nullptr;
   aborted_ = true;
+}
+
+bool wait_for_aborts(std::chrono::milliseconds timeout) {
+  return aborter::get().wait_idle(timeout);
 }
 
 // -- group ---------------------------------------------------------------------------------------

@@ -156,6 +156,12 @@ std::vector<communicator> init_group(const unique_id& id, int nranks, int first_
 void wait(const std::vector<std::pair<communicator*, cudaStream_t>>& work,
           std::chrono::milliseconds timeout, const std::string& what);
 
+/// Waits until every ncclCommAbort started by communicator::abort (or by the destructor of a
+/// failed communicator) on its helper thread has returned, or `timeout` passes; returns whether
+/// none is left. At exit the process waits for them the same way, at most 5 s (an abort held
+/// by a kernel that never ends cannot keep the process from ending).
+bool wait_for_aborts(std::chrono::milliseconds timeout);
+
 // -- communicator --------------------------------------------------------------------------------
 
 /// One rank of an NCCL communicator on one GPU, owning its non-blocking `ncclComm_t`.
@@ -274,8 +280,11 @@ public:
   void check();
 
   /// Aborts the communicator (ncclCommAbort): operations still running on the GPU are stopped,
-  /// and the peers' operations with this rank will fail or time out. Returns once NCCL has
-  /// reclaimed it, which waits for the GPU work queued before its operations on their streams.
+  /// and the peers' operations with this rank will fail or time out. Returns at once: NCCL's
+  /// abort waits for the GPU work queued before the communicator's operations on their streams,
+  /// which a stuck stream can hold for ever, so it runs on a helper thread (see
+  /// wait_for_aborts); the communicator is dead (aborted()) when this returns. Device memory its
+  /// operations used stays reserved as before (gpu::release orders reuse after the streams).
   /// Idempotent; never throws.
   void abort() noexcept;
 

@@ -505,6 +505,8 @@ TEST_F(CommunicatorTest, WaitAbortsAndFailsWithCollectiveTimeoutWhenTheStreamDoe
     comm.all_reduce(send.get(), recv.get(), input.size(), dtype::float32, reduce_op::sum, stream_);
   });
   sync(); // the stream drains once released; TearDown would too
+  // The abort ran on a helper thread; with the stream moving again it ends.
+  EXPECT_TRUE(nccl::wait_for_aborts(5s)) << "ncclCommAbort did not return once the stream drained";
 }
 
 } // namespace
