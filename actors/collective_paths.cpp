@@ -7,6 +7,7 @@
 #include "actors/cross_worker.hpp"
 #include "device/gpu.hpp"
 
+#include <consort/device.hpp>
 #include <consort/ops.hpp>
 
 #include <algorithm>
@@ -331,6 +332,34 @@ void host_across(path_driver* self, host_reduce req, nest_state state) {
 
 void host_across(path_driver* self, host_gather req, nest_state state) {
   host_across_lane(self, std::move(req), std::move(state));
+}
+
+std::vector<int> local_nccl_gpus(const std::vector<std::string>& devices) {
+  std::vector<int> gpus;
+  for (const auto& name : devices) {
+    auto spec = parse_device(name);
+    if (spec.kind != device_kind::gpu ||
+        std::find(gpus.begin(), gpus.end(), spec.index) != gpus.end())
+      return {};
+    gpus.push_back(spec.index);
+  }
+  return gpus;
+}
+
+bool prepare_local_nccl(collective_board& board, const std::vector<std::string>& devices,
+                        std::chrono::milliseconds timeout) {
+  const auto gpus = local_nccl_gpus(devices);
+  if (gpus.empty())
+    return false;
+  try {
+    auto nccl = std::make_unique<local_nccl>();
+    nccl->prepare(gpus, timeout);
+    std::lock_guard<std::mutex> guard{board.mu};
+    board.nccl = std::move(nccl);
+    return true;
+  } catch (const std::exception&) { // NOLINT(bugprone-empty-catch): the first call retries
+    return false;
+  }
 }
 
 } // namespace consort::detail

@@ -17,6 +17,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace consort::detail {
 
@@ -34,7 +36,8 @@ struct collective_board {
   std::optional<detail::call_matcher> matcher;
   /// Host reductions and gathers run across workers so far (their position on the host lane).
   uint64_t host_ops = 0;
-  /// NCCL communicators of this process's GPU replicas, made at the first call that can use them.
+  /// NCCL communicators of this process's GPU replicas, made when the strategy starts
+  /// (prepare_local_nccl) or else at the first call that can use them.
   std::unique_ptr<detail::local_nccl> nccl;
   /// Across workers: this worker's ranks of the communicator over every worker's GPU replicas
   /// (used on the step lane only).
@@ -60,5 +63,19 @@ call_matcher::executor executor_of(path_driver* self);
 /// Runs a host reduce or gather across workers on the host lane, which answers `state`.
 void host_across(path_driver* self, host_reduce req, nest_state state);
 void host_across(path_driver* self, host_gather req, nest_state state);
+
+/// The GPU indices of `devices` (this process's replicas, in local order) when every one is a
+/// distinct GPU, the layout whose collectives run on NCCL in this process; empty otherwise.
+std::vector<int> local_nccl_gpus(const std::vector<std::string>& devices);
+
+/// When every replica of `devices` (this process's, in local order) is a distinct GPU, builds
+/// their NCCL communicators into `board` now, before the first step: at a first collective,
+/// building them would wait for the replicas' streams, behind the step's own GPU work (issue
+/// 13). Whether they could be built or not, returns normally: a failure here leaves the first
+/// call to build them, as before, and to report why. Across workers the communicators span
+/// every worker and are built by the descriptor round of the first call instead.
+/// @returns whether communicators were built.
+bool prepare_local_nccl(collective_board& board, const std::vector<std::string>& devices,
+                        std::chrono::milliseconds timeout);
 
 } // namespace consort::detail

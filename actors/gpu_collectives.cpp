@@ -373,6 +373,11 @@ bool local_nccl::needs_build(const std::vector<int>& devices) const {
   return !impl_->usable(devices);
 }
 
+void local_nccl::prepare(const std::vector<int>& devices, std::chrono::milliseconds timeout) {
+  std::lock_guard issuing(issue_mutex());
+  impl_->ensure(devices, timeout, group_spec{});
+}
+
 std::vector<std::vector<tensor>> local_nccl::run(
     collective_kind kind, reduce_op op, int root, const std::vector<std::vector<tensor>>& leaves,
     const std::vector<std::shared_ptr<replica_queue>>& queues, std::chrono::milliseconds timeout,
@@ -506,6 +511,10 @@ local_nccl::~local_nccl() = default;
 
 bool local_nccl::needs_build(const std::vector<int>&) const {
   return true;
+}
+
+void local_nccl::prepare(const std::vector<int>&, std::chrono::milliseconds) {
+  throw_error(errc::unsupported, "NCCL communicators: this build of consort has no NCCL");
 }
 
 std::vector<std::vector<tensor>> local_nccl::run(collective_kind, reduce_op, int,

@@ -4,8 +4,9 @@
 // queue through which their work reaches the replicas' streams. Plain C++ (no CUDA header), so the
 // actors compile the same with and without CUDA; without CUDA nothing is ever eligible.
 //
-// One NCCL communicator per local replica's GPU (ranks in local order), made at the first eligible
-// call and kept; a call that fails (deadline, NCCL error) aborts them, and the next eligible call
+// One NCCL communicator per local replica's GPU (ranks in local order), made when the strategy
+// starts (prepare_local_nccl in actors/collective_paths.hpp) or else at the first eligible call,
+// and kept; a call that fails (deadline, NCCL error) aborts them, and the next eligible call
 // builds new ones with a new unique id, so one failure does not poison the strategy.
 //
 // Stream order, not host waits: NCCL queues each call on the calling replicas' own streams, after
@@ -150,6 +151,13 @@ public:
   /// True when the next run() on `devices` (GPU indices, local order) must build communicators
   /// (none yet, or the last ones failed). Call from the thread that calls run().
   bool needs_build(const std::vector<int>& devices) const;
+
+  /// Builds the communicators of `devices` (this process's replicas only) now, before any call,
+  /// as run() would at the first one. Building them at a call waits for the replicas' streams
+  /// (CUDA calls inside NCCL's initialisation synchronise with them), so a first collective
+  /// queued behind a busy stream could not start (issue 13).
+  /// @throws as run() when they cannot be built; error(unsupported) without CUDA.
+  void prepare(const std::vector<int>& devices, std::chrono::milliseconds timeout);
 
   /// True when NCCL can run the call as is: every leaf of replica r lives on that replica's own
   /// GPU (`queues[r]`, whose stream NCCL queues on; a call without a queue, from a harness, is not

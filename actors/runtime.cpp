@@ -2,6 +2,7 @@
 
 #include "actors/runtime.hpp"
 
+#include "actors/collective_paths.hpp"
 #include "actors/cross_worker.hpp"
 
 #include "actors/protocol.hpp"
@@ -94,6 +95,10 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
   ccfg.nccl_unique_id = d.mw.nccl_unique_id;
   // Shared with the replicas: a CPU replica matches its calls there on its own thread.
   ccfg.board = make_collective_board(ccfg);
+  // GPU replicas of this process alone: their NCCL communicators are built now, not at the first
+  // collective, where NCCL's initialisation would wait for the replicas' streams (issue 13).
+  if (!d.mw.cross)
+    detail::prepare_local_nccl(*ccfg.board, d.devices, opts.collective_timeout);
   d.coll = spawn_collective(sys, ccfg);
   for (int i = 0; i < n; ++i) {
     replica_config rcfg;
