@@ -347,7 +347,7 @@ std::vector<int> local_nccl_gpus(const std::vector<std::string>& devices) {
 }
 
 bool prepare_local_nccl(collective_board& board, const std::vector<std::string>& devices,
-                        std::chrono::milliseconds timeout) {
+                        std::chrono::milliseconds timeout, std::string* why) {
   const auto gpus = local_nccl_gpus(devices);
   if (gpus.empty())
     return false;
@@ -357,7 +357,9 @@ bool prepare_local_nccl(collective_board& board, const std::vector<std::string>&
     std::lock_guard<std::mutex> guard{board.mu};
     board.nccl = std::move(nccl);
     return true;
-  } catch (const std::exception&) { // NOLINT(bugprone-empty-catch): the first call retries
+  } catch (const std::exception& e) {
+    if (why != nullptr)
+      *why = e.what();
     return false;
   }
 }

@@ -74,8 +74,9 @@ std::vector<int> local_nccl_gpus(const std::vector<std::string>& devices);
 /// 13). Whether they could be built or not, returns normally: a failure here leaves the first
 /// call to build them, as before, and to report why. Across workers the communicators span
 /// every worker and are built by the descriptor round of the first call instead.
-/// @returns whether communicators were built.
+/// @returns whether communicators were built; when a build was tried and failed, `*why` (if
+/// given) says why.
 bool prepare_local_nccl(collective_board& board, const std::vector<std::string>& devices,
-                        std::chrono::milliseconds timeout);
+                        std::chrono::milliseconds timeout, std::string* why = nullptr);
 
 } // namespace consort::detail

@@ -97,8 +97,12 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
   ccfg.board = make_collective_board(ccfg);
   // GPU replicas of this process alone: their NCCL communicators are built now, not at the first
   // collective, where NCCL's initialisation would wait for the replicas' streams (issue 13).
-  if (!d.mw.cross)
-    detail::prepare_local_nccl(*ccfg.board, d.devices, opts.collective_timeout);
+  // A build that fails here is tried again by the first collective, which fails the step with
+  // the same cause if it persists; the strategy itself starts either way, as it did before.
+  if (!d.mw.cross) {
+    std::string ignored;
+    detail::prepare_local_nccl(*ccfg.board, d.devices, opts.collective_timeout, &ignored);
+  }
   d.coll = spawn_collective(sys, ccfg);
   for (int i = 0; i < n; ++i) {
     replica_config rcfg;

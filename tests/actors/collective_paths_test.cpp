@@ -23,8 +23,10 @@ TEST(PrepareLocalNccl, OnlyDistinctGpusInLocalOrderAreALayoutForNccl) {
            {}, {"CPU:0"}, {"CPU:0", "CPU:1"}, {"GPU:0", "CPU:0"}, {"GPU:0", "GPU:0"}}) {
     EXPECT_TRUE(local_nccl_gpus(devices).empty()) << devices.size() << " replicas";
     collective_board board;
-    EXPECT_FALSE(prepare_local_nccl(board, devices, 100ms)) << devices.size() << " replicas";
+    std::string why;
+    EXPECT_FALSE(prepare_local_nccl(board, devices, 100ms, &why)) << devices.size() << " replicas";
     EXPECT_EQ(board.nccl, nullptr);
+    EXPECT_EQ(why, "") << "no build is tried for this layout";
   }
 }
 
@@ -32,8 +34,12 @@ TEST(PrepareLocalNccl, DistinctGpusThatCannotBeUsedLeaveTheFirstCallToBuildThem)
   // Without CUDA, and on every machine (no process sees a GPU 900), nothing is built and nothing
   // is thrown: the first collective then tries again and reports why, as before.
   collective_board board;
-  EXPECT_FALSE(prepare_local_nccl(board, {"GPU:900", "GPU:901"}, 100ms));
+  std::string why;
+  EXPECT_FALSE(prepare_local_nccl(board, {"GPU:900", "GPU:901"}, 100ms, &why));
   EXPECT_EQ(board.nccl, nullptr);
+  // The reason the first call will meet too: no such GPU here, or no NCCL in this build.
+  EXPECT_TRUE(why.find("GPU:900") != std::string::npos || why.find("no NCCL") != std::string::npos)
+      << why;
 }
 
 } // namespace

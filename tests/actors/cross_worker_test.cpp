@@ -147,6 +147,30 @@ TEST_P(CrossWorkerGatherTest, RaggedPartsOnBothSidesOfTheFusedSizeGatherInReplic
                                                           {2}));
 }
 
+TEST(CrossWorkerTest, ALoneReplicasNegativeGatherAxisMeetsTheSameAxisGivenPositive) {
+  // One replica per worker (the call runs on the replica's thread): worker 0 says axis -1,
+  // worker 1 axis 1 of the same rank-2 parts. The workers compare the normalised axis, so they
+  // agree; the error text names the call as it was made.
+  cluster c(2, 1);
+  auto part = [](int r) {
+    return tensor::from<float>({static_cast<float>(r), 10.0f + static_cast<float>(r)}, {2, 1});
+  };
+  auto results = c.run([part](replica_context& ctx) {
+    const int r = ctx.replica_id_in_sync_group();
+    return nest(ctx.all_gather(part(r), r == 0 ? -1 : 1));
+  });
+  const auto want = tensor::from<float>({0, 1, 10, 11}, {2, 2});
+  for (auto& f : results)
+    EXPECT_EQ(f.get()[0].as_tensor(), want);
+  // And a real disagreement is still one: axis -2 (axis 0) against axis 1.
+  auto mixed = c.run([part](replica_context& ctx) {
+    const int r = ctx.replica_id_in_sync_group();
+    return nest(ctx.all_gather(part(r), r == 0 ? -2 : 1));
+  });
+  for (auto& f : mixed)
+    EXPECT_EQ(code_of(f), errc::collective_mismatch);
+}
+
 // 8000 rows of 3 float32 = 96 000 B: over the fused size; 2 rows: under it; 0 rows: nothing.
 INSTANTIATE_TEST_SUITE_P(Parts, CrossWorkerGatherTest,
                          ::testing::Values(std::tuple{2, 1, 0, std::vector<int64_t>{2, 3}},
