@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -72,39 +73,47 @@ void check(const caf::error& err, const std::string& what) {
 
 // -- the raw-socket baseline between ranks 0 and 1 -----------------------------------------------
 
-int raw_connection(int rank, const std::string& rank0_address, int port_offset) {
+/// A plain TCP connection between ranks 0 and 1. Rank 0 listens on a port the kernel picks (a
+/// fixed port could be taken by another program, as by a test running beside this one) and tells
+/// rank 1 which one over the transport `ctx`, which both ranks already share.
+int raw_connection(int rank, const std::string& rank0_address, tr::context& ctx) {
   auto colon = rank0_address.rfind(':');
   auto host = rank0_address.substr(0, colon);
-  int port = std::stoi(rank0_address.substr(colon + 1)) + port_offset;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
   if (inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &addr.sin_addr) != 1)
     die("the raw baseline needs an IPv4 address for rank 0, got " + host);
+  constexpr uint64_t port_tag = 0x7261770; // received before any collective starts
+  const auto until = steady_clock::now() + seconds(30);
+  uint16_t port = 0;
   int one = 1;
   if (rank == 0) {
     int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    socklen_t len = sizeof(addr);
     if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::listen(listener, 1) != 0)
-      die("cannot listen on port " + std::to_string(port) + " for the raw baseline");
+        ::listen(listener, 1) != 0 ||
+        ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      die("cannot listen on " + host + " for the raw baseline: " + std::strerror(errno));
+    port = ntohs(addr.sin_port);
+    auto sent =
+        ctx.to(1).send(port_tag, {{reinterpret_cast<const std::byte*>(&port), sizeof(port)}});
+    check(sent->wait(until), "telling rank 1 the raw baseline's port");
     int fd = ::accept(listener, nullptr, nullptr);
     ::close(listener);
+    if (fd < 0)
+      die(std::string{"the raw baseline's accept failed: "} + std::strerror(errno));
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return fd;
   }
-  auto deadline = steady_clock::now() + seconds(30);
-  for (;;) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      return fd;
-    }
-    ::close(fd);
-    if (steady_clock::now() > deadline)
-      die("rank 0's raw baseline port " + std::to_string(port) + " did not open within 30 s");
-    std::this_thread::yield();
-  }
+  auto got = ctx.to(0).recv(port_tag, {reinterpret_cast<std::byte*>(&port), sizeof(port)});
+  check(got->wait(until), "receiving the raw baseline's port from rank 0");
+  addr.sin_port = htons(port);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+    die("cannot connect to rank 0's raw baseline port " + std::to_string(port) + ": " +
+        std::strerror(errno));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
 }
 
 void write_all(int fd, const void* data, size_t n) {
@@ -241,7 +250,7 @@ int main(int argc, char** argv) {
 
   limits lim;
   if (with_limits && size >= 2 && rank <= 1) {
-    int fd = raw_connection(rank, addresses[0], 1000);
+    int fd = raw_connection(rank, addresses[0], *ctx);
     lim = measure_limits(rank, fd);
     ::close(fd);
   }
