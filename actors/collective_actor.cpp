@@ -96,6 +96,17 @@ nest solo_collective(const collective_call& call) {
   return detail::compute(sig, {std::move(leaves)}, call.request.value);
 }
 
+collective_route route_of(int num_replicas_in_sync, bool lone_across_workers, bool gpu,
+                          bool board) {
+  // A lone GPU replica keeps its one-rank NCCL communicator (on the board, on its own thread):
+  // that is the GPU path a single-GPU machine can test.
+  if (num_replicas_in_sync == 1 && !gpu)
+    return collective_route::solo;
+  if (lone_across_workers && !gpu)
+    return collective_route::lone_cross;
+  return board ? collective_route::board : collective_route::actor;
+}
+
 std::shared_ptr<detail::collective_board> make_collective_board(collective_config cfg) {
   auto board = std::make_shared<collective_board>();
   board->matcher.emplace(cfg.replica_ids, cfg.num_replicas_in_sync, cfg.default_timeout);

@@ -155,10 +155,9 @@ bool hand_off_nccl(self_ptr self, slot& s) {
   };
   auto structure = s.calls.front()->request.value;
   auto* cross = st.cfg.cross.get();
-  cross->post(cross_worker::lane::step, [cross, cc = std::move(cc),
-                                         structure = std::move(structure),
-                                         states = std::move(states), nccl = st.cross_nccl,
-                                         devices]() mutable {
+  std::function<void()> job = [cross, cc = std::move(cc), structure = std::move(structure),
+                               states = std::move(states), nccl = st.cross_nccl,
+                               devices]() mutable {
     // Read on the lane, where the communicators are used (jobs run in order).
     cc.flags = nccl->needs_build(devices) ? rebuild_flag : 0;
     auto out = cross->run(cross_worker::lane::step, cc);
@@ -176,7 +175,13 @@ bool hand_off_nccl(self_ptr self, slot& s) {
         states[r]->set_error(std::make_exception_ptr(e));
       }
     }
-  });
+  };
+  // As the host phase (hand_off): the last replica to arrive runs it on its own thread, on the
+  // lane's turn; the actor hands it to the lane's thread.
+  if (self->direct)
+    self->deferred = std::move(job);
+  else
+    cross->post(cross_worker::lane::step, std::move(job));
   return true;
 }
 

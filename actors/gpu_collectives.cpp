@@ -388,9 +388,28 @@ std::vector<std::vector<tensor>> local_nccl::run(
   for (const auto& q : queues)
     devices.push_back(q->device());
   auto& im = *impl_;
+  // Issued from a replica's thread (the one whose call completed the slot): that thread's current
+  // device is its own again when this returns, whatever the other ranks' calls set meanwhile.
+  struct keep_current_device {
+    int device = -1;
+    keep_current_device() {
+      if (cudaGetDevice(&device) != cudaSuccess) {
+        device = -1;
+        (void)cudaGetLastError();
+      }
+    }
+    ~keep_current_device() {
+      int now = -1;
+      if (device >= 0 && (cudaGetDevice(&now) != cudaSuccess || now != device) &&
+          cudaSetDevice(device) != cudaSuccess)
+        (void)cudaGetLastError();
+    }
+    keep_current_device(const keep_current_device&) = delete;
+    keep_current_device& operator=(const keep_current_device&) = delete;
+  } const keep;
   // NCCL: operations on independent communicators of the same GPU must not be issued from several
-  // threads at once. The collective actor and the step lane (and other strategies) may hold
-  // communicators of the same GPUs; they build and issue one at a time.
+  // threads at once. Replica threads, the collective actor and the step lane (and other
+  // strategies) may hold communicators of the same GPUs; they build and issue one at a time.
   std::lock_guard issuing(issue_mutex());
   try {
     im.ensure(devices, timeout, spec);

@@ -358,11 +358,11 @@ struct replica_config {
   std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
   /// Set when this replica is its worker's only one in a group of several workers: a CPU
   /// replica's collectives then run the cross-worker phase on its own thread
-  /// (lone_cross_collective). Null otherwise.
+  /// (lone_cross_collective); a GPU replica's run it from the board (route_of). Null otherwise.
   std::shared_ptr<detail::cross_worker> cross;
-  /// The state of the replica's collective actor (make_collective_board): a CPU replica makes
-  /// its calls and step reports there on its own thread, and the last one to arrive computes the
-  /// result. Null: every call goes to the actor as a message.
+  /// The state of the replica's collective actor (make_collective_board): a replica makes its
+  /// calls and step reports there on its own thread, and the last one to arrive computes the
+  /// result (or queues its NCCL call). Null: every call goes to the actor as a message.
   std::shared_ptr<detail::collective_board> board;
   /// The strategy that owns the runtime (kept current when the strategy object moves): what a
   /// merge_call's function gets. Null when no strategy owns it (a harness's runtime).
@@ -407,6 +407,31 @@ nest solo_collective(const collective_call& call);
 nest lone_cross_collective(detail::cross_worker& cross, const collective_call& call,
                            int num_replicas_in_sync);
 
+/// Where a replica's collective call is matched and run, from the replica's layout.
+enum class collective_route {
+  /// The only replica in sync (a CPU one): its own value, after the checks (solo_collective).
+  solo,
+  /// A CPU replica alone on its worker in a group of several workers: the cross-worker phase on
+  /// its own thread (lone_cross_collective).
+  lone_cross,
+  /// Matched on the board on the replica's own thread; the call that completes a slot runs it
+  /// there: the host kernels, NCCL between this process's GPUs (a lone GPU replica's one-rank
+  /// communicator too), or the cross-worker phase (over the transport or NCCL), with no hop
+  /// through the collective actor or a lane thread (direct_collect).
+  board,
+  /// A message to the collective actor: only when there is no board to share (a harness).
+  actor,
+};
+
+/// The route of a replica's calls. GPU replicas take the board like CPU ones (issue 12): the
+/// NCCL call is queued on the replicas' streams by the thread of the last one to arrive (its
+/// own, for a lone GPU replica), which restores its current device afterwards.
+/// `num_replicas_in_sync` counts every replica of every worker; `lone_across_workers` is
+/// whether the replica is its worker's only one in a group of several workers
+/// (replica_config::cross); `gpu` whether it is bound to a GPU; `board` whether it shares a
+/// board with its collective actor (replica_config::board).
+collective_route route_of(int num_replicas_in_sync, bool lone_across_workers, bool gpu, bool board);
+
 /// The state of a collective actor over `cfg`, to share between the actor (collective_config::
 /// board) and its replicas (replica_config::board). `cfg.board` is ignored.
 std::shared_ptr<detail::collective_board> make_collective_board(collective_config cfg);
@@ -414,7 +439,8 @@ std::shared_ptr<detail::collective_board> make_collective_board(collective_confi
 /// A replica's own collective call, on its own thread: matched on `board` as the actor would
 /// match the message `(collect_atom, call, state)`; `state` completes when the call does. The
 /// call that completes its slot computes the result here, on its caller's thread, and answers
-/// every participant; cross-worker phases and NCCL still go to the lane and the actor `coll`.
+/// every participant, NCCL and the cross-worker phase included (the phase on the lane's turn:
+/// here at once when nothing is queued on the lane before it). `coll` arms the deadline tick.
 void direct_collect(detail::collective_board& board, caf::actor_system& sys,
                     const collective_actor& coll, collective_call call, nest_state state);
 

@@ -60,22 +60,18 @@ struct replica_state : detail::replica_services {
     // No wait for this replica's stream: NCCL queues the call on it, after the work that made the
     // inputs; a call that takes another path waits for the stream where the tensors are read.
     collective_call call{current_step, seq, cfg.replica_id, std::move(request), {}, queue};
-    // The only replica in sync: the result is its own value (after the same checks), with no
-    // round trip to the collective actor. (A lone GPU replica still goes through it: its
-    // one-rank NCCL communicator is the path that a single-GPU machine can test.)
-    if (cfg.num_replicas == 1 && !gpu)
+    // (protocol.hpp, collective_route: a GPU replica's NCCL call is queued from the board too,
+    // by the thread of the last replica to arrive, with no hop through the collective actor.)
+    const auto route =
+        route_of(cfg.num_replicas, cfg.cross != nullptr, gpu != nullptr, cfg.board != nullptr);
+    if (route == collective_route::solo)
       return solo_collective(call);
-    // The worker's only replica in a group of several (one process per device): the
-    // cross-worker phase runs here, on this thread. (A GPU replica takes the collective actor's
-    // path, where its NCCL communicators live.)
-    if (cfg.cross && !gpu)
+    if (route == collective_route::lone_cross)
       return lone_cross_collective(*cfg.cross, call, cfg.num_replicas);
     if (join != nullptr)
       call.finished_peers = join->mark_collective_used();
     auto [state, fut] = make_future<nest>();
-    // A CPU replica matches its call on the board on this thread; the last to arrive computes.
-    // A GPU replica's call goes to the actor, which owns the NCCL communicators.
-    if (cfg.board && !gpu)
+    if (route == collective_route::board)
       direct_collect(*cfg.board, *sys, coll, std::move(call), state);
     else
       caf::anon_send(coll, collect_atom_v, std::move(call), state);

@@ -315,6 +315,39 @@ TEST_F(CollectiveBoardTest, ADirectReportFailsTheWaitersAtOnce) {
   EXPECT_EQ(code_of(f0), errc::collective_aborted);
 }
 
+TEST_F(CollectiveBoardTest, ACallThatCompletesItsSlotAloneIsAnsweredBeforeDirectCollectReturns) {
+  // The lone GPU replica's route (route_of): a board of one replica, whose every call completes
+  // its slot on the caller's thread. On a GPU the NCCL call is queued there; here the same slot
+  // runs the host kernels.
+  collective_config cfg;
+  cfg.replica_ids = {0};
+  cfg.default_timeout = 5s;
+  auto board = make_collective_board(cfg);
+  auto [state, fut] = make_future<nest>();
+  direct_collect(*board, sys(), coll_, all_reduce_call(0, 0, 0, 4), state);
+  ASSERT_TRUE(fut.ready()); // no message was processed
+  EXPECT_EQ(fut.get().as_tensor().to_vector<float>(), (std::vector<float>{4, 8}));
+}
+
+TEST(CollectiveRouteTest, GpuReplicasMatchOnTheBoardInEveryLayoutWithoutTheActor) {
+  // CPU replicas keep their shortcuts: alone in sync, their own value; alone on their worker,
+  // the cross-worker phase on their thread.
+  EXPECT_EQ(route_of(1, false, false, true), collective_route::solo);
+  EXPECT_EQ(route_of(4, true, false, true), collective_route::lone_cross);
+  EXPECT_EQ(route_of(2, false, false, true), collective_route::board);
+  EXPECT_EQ(route_of(8, false, false, true), collective_route::board); // several per worker
+  // GPU replicas: the board, also alone (a one-rank NCCL communicator) and alone on a worker
+  // (NCCL across workers) -- never a message to the collective actor (issue 12).
+  EXPECT_EQ(route_of(1, false, true, true), collective_route::board);
+  EXPECT_EQ(route_of(2, false, true, true), collective_route::board);
+  EXPECT_EQ(route_of(4, true, true, true), collective_route::board);
+  EXPECT_EQ(route_of(8, false, true, true), collective_route::board);
+  // Only a replica without a board (a harness's) sends its calls to the actor.
+  EXPECT_EQ(route_of(2, false, true, false), collective_route::actor);
+  EXPECT_EQ(route_of(2, false, false, false), collective_route::actor);
+  EXPECT_EQ(route_of(1, false, false, false), collective_route::solo);
+}
+
 TEST_F(CollectiveActorTest, BroadcastRootOutOfRangeIsRejected) {
   auto call = make_call(0, 0, 0, collective_kind::broadcast, tensor::scalar<int32_t>(1));
   call.request.root = 7;
