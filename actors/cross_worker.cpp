@@ -419,6 +419,9 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
     if (mine.fused)
       for (const auto& t : call.leaves)
         parts.push_back(bytes_of(t));
+    // This thread reads the peers' messages itself, also those that arrive while it is still
+    // sending (pair.hpp, reading_here): no other thread is woken for them.
+    transport::reading_from_peers reading{*ctx_};
     for (int p = 0; p < size_; ++p)
       if (p != rank_)
         recvs[static_cast<size_t>(p)] = ctx_->to(p).recv_at_most(tag, {slot(p), slot_bytes});
@@ -442,6 +445,7 @@ caf::expected<std::vector<tensor>> cross_worker::run(lane l, cross_call& call) {
       got[static_cast<size_t>(p)] = op->message_bytes();
       std::memcpy(&all[static_cast<size_t>(p)], slot(p), sizeof(descriptor));
     }
+    reading.release();
     for (int p = 0; p < size_; ++p) {
       if (p == rank_)
         continue;

@@ -61,7 +61,10 @@ caf::error direct_all_reduce::run() {
   // written into the caller's buffer while they are still in flight.
   std::memcpy(slot(r), data_, bytes);
   // Step 2: post a receive from every peer into its slot, then send this rank's slot to every
-  // peer, the right neighbour first (so that not every rank starts with rank 0).
+  // peer, the right neighbour first (so that not every rank starts with rank 0). This thread
+  // reads the peers' messages itself, also those that arrive while it is still sending
+  // (pair.hpp, reading_here): no other thread is woken for them.
+  reading_from_peers reading{*ctx_};
   for (int p = 0; p < n; ++p)
     if (p != r)
       recvs[static_cast<size_t>(p)] = pairs_[static_cast<size_t>(p)]->recv(tag, {slot(p), bytes});
@@ -82,6 +85,7 @@ caf::error direct_all_reduce::run() {
     const int divisor = op_ == reduce_op::mean && p == n - 1 ? n : 0;
     detail::combine(type_, op_, data_, p == 1 ? slot(0) : data_, slot(p), count_, divisor);
   }
+  reading.release();
   // Step 4: wait for the sends (they read the scratch slot, which dies with this object).
   for (int p = 0; p < n; ++p) {
     if (const auto& op = sends[static_cast<size_t>(p)]) {

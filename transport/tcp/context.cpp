@@ -1,9 +1,11 @@
 // The TCP context: listening, the full mesh (connect, accept, handshake) and abort; the pairs do
 // the I/O of established connections (pair_impl.hpp).
 //
-// Threads. One I/O thread per context runs its io_context: accepts, connects, handshakes, retry
-// timers, and the readiness waits of the pairs. Callers' threads post operations and, while they
-// wait, drive their own pair's socket.
+// Threads. One I/O thread per context runs its io_context: accepts, connects, handshakes and
+// retry timers. One poller thread (poller.hpp) watches the established connections' readiness
+// with an epoll set of its own, armed only for what is needed, so that a message read by a
+// spinning caller wakes no other thread. Callers' threads post operations and, while they wait,
+// drive their own pair's socket.
 //
 // The mesh. Rank i connects to every rank j < i and accepts every rank j > i. The connecting side
 // sends its hello first; the accepting side checks it (version, group, epoch, size, rank, not yet
@@ -48,6 +50,8 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+
+#include <pthread.h>
 #include <unordered_set>
 
 namespace consort::transport::tcp {
@@ -167,6 +171,8 @@ private:
   asio_tcp::acceptor acceptor_;
   std::vector<std::shared_ptr<pair_impl>> pairs_; // by rank; null at this rank
   std::thread thread_;
+  /// The pairs' readiness (made by start, before any pair opens; stopped before teardown).
+  std::unique_ptr<readiness_poller> poller_;
 
   // I/O thread only
   std::unordered_set<handshake_ptr> handshakes_;
@@ -204,6 +210,7 @@ context_impl::context_impl(const mesh_options& opts)
   env_->max_stash_bytes = opts.max_stash_bytes;
   env_->log = opts.log;
   env_->before_read = opts.hooks.before_read;
+  env_->on_readiness = opts.hooks.on_readiness;
   pairs_.resize(static_cast<std::size_t>(opts.size));
   for (int peer = 0; peer < opts.size; ++peer)
     if (peer != opts.rank)
@@ -230,6 +237,9 @@ context_impl::~context_impl() {
   io_.stop();
   if (thread_.joinable())
     thread_.join();
+  // No readiness is reported from here on (the pairs leave its set at teardown).
+  if (poller_)
+    poller_->stop();
   // The I/O thread is gone: close every Asio object here, before io_ goes. Operations that
   // outlive the context find their pair failed and closed.
   for (auto& pair : pairs_)
@@ -254,6 +264,13 @@ caf::error context_impl::start() {
   if (auto why = split_address(text, hp); !why.empty())
     return make_caf_error(errc::invalid_argument,
                           "rank " + std::to_string(opts_.rank) + " cannot listen: " + why);
+  try {
+    poller_ = std::make_unique<readiness_poller>();
+  } catch (const std::exception& e) {
+    return make_caf_error(errc::invalid_argument, "rank " + std::to_string(opts_.rank) +
+                                                      " cannot watch its connections: " + e.what());
+  }
+  env_->poller = poller_.get();
   error_code ec;
   asio_tcp::resolver resolver(io_);
   auto results = resolver.resolve(
@@ -291,6 +308,7 @@ caf::error context_impl::start() {
   work_.emplace(io_.get_executor());
   asio::post(io_, [this] { accept_next(); });
   thread_ = std::thread([this] {
+    (void)::pthread_setname_np(::pthread_self(), "consort-tcp-io");
     for (;;) {
       try {
         io_.run();

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <system_error>
 
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -77,10 +78,14 @@ caf::error op_base::wait(deadline until) {
     }
     spinning(false);
     if (!done()) {
-      std::unique_lock lock(mu_);
-      ++waiters_;
-      cv_.wait_until(lock, until, [this] { return done_.load(std::memory_order_acquire); });
-      --waiters_;
+      blocking(true);
+      {
+        std::unique_lock lock(mu_);
+        ++waiters_;
+        cv_.wait_until(lock, until, [this] { return done_.load(std::memory_order_acquire); });
+        --waiters_;
+      }
+      blocking(false);
     }
     if (!done())
       return timeout_error();
@@ -106,6 +111,10 @@ void recv_op::drive() {
 
 void recv_op::spinning(bool on) {
   pair_->spinning_on_rx(on);
+}
+
+void recv_op::blocking(bool on) {
+  pair_->blocked_on_rx(on);
 }
 
 caf::error recv_op::timeout_error() const {
@@ -330,20 +339,35 @@ void pair_impl::open(boost::asio::ip::tcp::socket socket, std::string address) {
     std::lock_guard lock(address_mu_);
     address_ = std::move(address);
   }
-  socket_ = std::make_unique<boost::asio::ip::tcp::socket>(std::move(socket));
+  // Out of Asio's reactor, which would wake its thread for every message (poller.hpp): the
+  // descriptor is ours from here, closed by teardown.
+  boost::system::error_code ec;
+  const int fd = socket.release(ec);
+  if (ec || fd < 0) {
+    fail("taking the connection over from Asio failed: " + ec.message(), log_mode::always);
+    return;
+  }
   {
     std::scoped_lock lock(rx_mu_, tx_mu_);
-    fd_.store(socket_->native_handle(), std::memory_order_release);
+    fd_.store(fd, std::memory_order_release);
   }
   if (failed_.load(std::memory_order_acquire)) {
     // Aborted (or the mesh deadline passed) before the handshake finished.
-    ::shutdown(fd_.load(), SHUT_RDWR);
+    ::shutdown(fd, SHUT_RDWR);
     return;
   }
-  // Pump to EAGAIN before arming the (edge-triggered) wait: bytes that arrived with the
-  // handshake are not announced again.
-  pump_rx();
-  arm_read();
+  {
+    std::lock_guard lock(arm_mu_);
+    if (auto why = env_->poller->add(fd, this, 0); !why.empty()) {
+      // Without readiness, nothing would read what the peer sends while no thread waits.
+      ::shutdown(fd, SHUT_RDWR);
+      fail("cannot watch the connection for readiness: " + why, log_mode::always);
+      return;
+    }
+    registered_ = true;
+  }
+  pump_rx(); // what came with the handshake
+  arm();
   pump_tx();
 }
 
@@ -408,12 +432,20 @@ void pair_impl::teardown(const std::string& why) {
   torn_down_.store(true);
   abandon_incoming();
   pump_tx_locked(); // fails what is queued
-  fd_.store(-1, std::memory_order_release);
-  if (socket_) {
-    boost::system::error_code ignored;
-    socket_->close(ignored);
-    socket_.reset();
+  const int fd = fd_.load(std::memory_order_acquire);
+  {
+    // Out of the poller's set before the number can be reused by another descriptor; from here
+    // no thread arms it (arm_locked reads fd_ only while registered_).
+    std::lock_guard arming(arm_mu_);
+    if (registered_) {
+      env_->poller->remove(fd);
+      env_->poller->undefer(this);
+    }
+    registered_ = false;
   }
+  fd_.store(-1, std::memory_order_release);
+  if (fd >= 0)
+    ::close(fd);
   io_ = nullptr;
 }
 
@@ -421,14 +453,53 @@ void pair_impl::teardown(const std::string& why) {
 
 void pair_impl::spinning_on_rx(bool on) {
   if (on) {
-    rx_spinners_.fetch_add(1);
+    std::lock_guard lock(arm_mu_);
+    if (rx_spinners_.fetch_add(1) == 0)
+      arm_locked(); // the first spinner: no read readiness while it reads itself
     return;
   }
-  rx_spinners_.fetch_sub(1);
-  // Pairs with the read handler's store-then-load (arm_read): either it sees no spinner and pumps
-  // itself, or this sees its flag and pumps what it left.
+  // Pairs with on_ready's store-then-load: either it saw no spinner and pumped itself, or this
+  // sees its flag and pumps what it left. Pumped before the socket is re-armed, so that the
+  // poller is not woken for bytes read here.
   if (rx_skipped_.exchange(false))
     pump_rx();
+  std::lock_guard lock(arm_mu_);
+  if (rx_spinners_.fetch_sub(1) == 1) {
+    lazy_ = false;
+    arm_locked(); // the last spinner: the poller reads again
+  }
+}
+
+void pair_impl::reading_here(bool on) {
+  if (on) {
+    spinning_on_rx(true);
+    return;
+  }
+  if (rx_skipped_.exchange(false))
+    pump_rx();
+  bool deferred = false;
+  {
+    std::lock_guard lock(arm_mu_);
+    if (rx_spinners_.fetch_sub(1) == 1) {
+      lazy_ = registered_;
+      deferred = lazy_;
+      arm_locked();
+    }
+  }
+  if (deferred)
+    env_->poller->defer(this);
+}
+
+void pair_impl::on_deferred() {
+  std::lock_guard lock(arm_mu_);
+  lazy_ = false;
+  arm_locked();
+}
+
+void pair_impl::blocked_on_rx(bool on) {
+  std::lock_guard lock(arm_mu_);
+  rx_blocked_.fetch_add(on ? 1 : -1);
+  arm_locked();
 }
 
 namespace {
@@ -883,10 +954,16 @@ bool pair_impl::wait_peer_closed(deadline until) {
   auto ended = [this] {
     return rx_eof_.load(std::memory_order_acquire) || failed_.load(std::memory_order_acquire);
   };
-  // The I/O thread reads (and drops) what still arrives, up to the peer's end of file.
+  // The poller reads (and drops) what still arrives, up to the peer's end of file.
   pump_rx();
-  std::unique_lock lock(end_mu_);
-  return end_cv_.wait_until(lock, until, ended);
+  blocked_on_rx(true);
+  bool seen = false;
+  {
+    std::unique_lock lock(end_mu_);
+    seen = end_cv_.wait_until(lock, until, ended);
+  }
+  blocked_on_rx(false);
+  return seen;
 }
 
 // -- send ----------------------------------------------------------------------------------------
@@ -1032,65 +1109,60 @@ bool pair_impl::pump_tx_locked() {
 }
 
 void pair_impl::request_write_wait() {
-  if (torn_down_.load() || io_ == nullptr)
-    return;
-  if (!write_request_posted_.exchange(true))
-    boost::asio::post(*io_, [self = shared_from_this()] { self->on_write_request(); });
+  std::lock_guard lock(arm_mu_);
+  want_write_ = true;
+  arm_locked();
 }
 
-// -- the I/O thread's waits ----------------------------------------------------------------------
+// -- readiness (the poller, poller.hpp) --------------------------------------------------------
 
-void pair_impl::arm_read() {
-  if (failed_.load(std::memory_order_acquire) || rx_eof_.load(std::memory_order_acquire) ||
-      !socket_)
+void pair_impl::arm_locked() {
+  if (!registered_)
     return;
-  socket_->async_wait(boost::asio::socket_base::wait_read,
-                      [this, self = shared_from_this()](const boost::system::error_code& ec) {
-                        if (ec == boost::asio::error::operation_aborted)
-                          return;
-                        if (ec) {
-                          fail("waiting for data failed: " + ec.message(), log_mode::always);
-                          pump_rx();
-                          pump_tx();
-                          return;
-                        }
-                        // To EAGAIN, then arm again (see the file comment), unless a waiting
-                        // thread is reading (see spinning_on_rx).
-                        rx_skipped_.store(true);
-                        if (rx_spinners_.load() == 0) {
-                          rx_skipped_.store(false);
-                          pump_rx();
-                        }
-                        arm_read();
-                      });
-}
-
-void pair_impl::on_write_request() {
-  write_request_posted_.store(false);
-  if (write_armed_ || !socket_)
+  uint32_t events = 0;
+  const bool failed = failed_.load(std::memory_order_acquire);
+  if (!failed && !rx_eof_.load(std::memory_order_acquire) &&
+      ((rx_spinners_.load() == 0 && !lazy_) || rx_blocked_.load() > 0))
+    events |= EPOLLIN;
+  if (!failed && want_write_)
+    events |= EPOLLOUT;
+  if (events == armed_)
     return;
-  pump_tx();
-  bool pending;
-  {
-    std::lock_guard lock(txq_mu_);
-    pending = !txq_.empty();
+  if (auto why = env_->poller->arm(fd_.load(std::memory_order_acquire), this, events);
+      !why.empty()) {
+    // The descriptor is ours and registered: the kernel refuses only when out of memory.
+    env_->log_line("re-arming the connection to " + describe() + " failed: " + why);
+    return;
   }
-  if (!pending || failed_.load(std::memory_order_acquire))
-    return;
-  write_armed_ = true;
-  socket_->async_wait(boost::asio::socket_base::wait_write,
-                      [this, self = shared_from_this()](const boost::system::error_code& ec) {
-                        write_armed_ = false;
-                        if (ec == boost::asio::error::operation_aborted)
-                          return;
-                        if (ec) {
-                          fail("waiting to write failed: " + ec.message(), log_mode::always);
-                          pump_rx();
-                          pump_tx();
-                          return;
-                        }
-                        on_write_request();
-                      });
+  armed_ = events;
+}
+
+void pair_impl::arm() {
+  std::lock_guard lock(arm_mu_);
+  arm_locked();
+}
+
+void pair_impl::on_ready(uint32_t events) {
+  if (env_->on_readiness)
+    env_->on_readiness(peer_);
+  {
+    std::lock_guard lock(arm_mu_);
+    armed_ = 0; // one-shot: nothing is armed until arm_locked runs again
+    // The pump below asks again (request_write_wait) if bytes still do not fit.
+    if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) != 0)
+      want_write_ = false;
+  }
+  if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) != 0)
+    pump_tx();
+  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLERR | EPOLLHUP)) != 0) {
+    // To EAGAIN, unless a waiting thread is reading (see spinning_on_rx) and none is asleep.
+    rx_skipped_.store(true);
+    if (rx_spinners_.load() == 0 || rx_blocked_.load() > 0) {
+      rx_skipped_.store(false);
+      pump_rx();
+    }
+  }
+  arm();
 }
 
 } // namespace consort::transport::tcp

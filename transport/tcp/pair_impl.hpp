@@ -7,14 +7,17 @@
 // - a thread waiting on an operation pumps its pair while it spins (DESIGN.md §8: the waiting
 //   thread reads its own message instead of being woken by the I/O thread, saving a hop);
 // - a thread calling `send` writes at once (small messages never leave the caller's thread);
-// - the context's I/O thread pumps when epoll reports the socket readable (always armed; it
-//   leaves the reading to a thread that spins on a receive of the pair) or writable (armed while
-//   bytes are queued), so progress never depends on a waiter, and messages that arrive before
+// - the context's poller thread (poller.hpp, an epoll set of its own, not Asio's reactor) pumps
+//   when the socket is readable and no thread spins on a receive of the pair, or writable while
+//   bytes are queued, so progress never depends on a waiter, and messages that arrive before
 //   their receive is posted are drained into the stash rather than stalling the sender.
 // A pump that finds its direction busy sets a "kick" flag instead of blocking; the thread inside
-// re-runs the pump before it leaves, so no readiness is ever lost. Asio's reactor is edge
-// triggered: the I/O thread always pumps to EAGAIN before (re-)arming a wait, and harvests edges
-// only between its handlers, so an edge cannot fall between a pump and the next wait.
+// re-runs the pump before it leaves, so no readiness is ever lost. The socket is registered
+// one-shot and level-triggered, armed for what is needed (`arm_mu_`): reading while no thread
+// spins on the pair (the first spinner disarms it, the last re-arms it, so a message that a
+// spinner reads wakes no other thread), writing while bytes wait for room. An event disarms the
+// socket until the poller thread re-arms it after its pump; re-arming a ready socket reports it
+// at once, so a readiness that came while it was disarmed is not lost.
 //
 // Receive matching. A frame's header names its tag and size; the oldest posted receive of that
 // tag gets the payload read straight into its buffer. With none posted, the payload goes to the
@@ -30,9 +33,11 @@
 // leaver's close returns after one round trip. An abort frame carries an error code and reason
 // to the peer before a connection is cut.
 //
-// Lock order: rx_mu_ -> tx_mu_ -> match_mu_ -> txq_mu_ -> an operation's mutex -> address_mu_.
-// Pumps only ever try-lock rx_mu_ and tx_mu_ (see above), and hold one of them at a time.
+// Lock order: rx_mu_ -> tx_mu_ -> match_mu_ -> txq_mu_ -> an operation's mutex -> address_mu_;
+// arm_mu_ is a leaf (only epoll_ctl runs under it). Pumps only ever try-lock rx_mu_ and tx_mu_
+// (see above), and hold one of them at a time.
 
+#include "transport/tcp/poller.hpp"
 #include "transport/tcp/wire.hpp"
 
 #include <consort/caf_error.hpp>
@@ -73,6 +78,10 @@ struct pair_env {
   std::function<void(const std::string&)> log;
   /// Test hook (mesh_options::before_read): called before each read from a peer's socket.
   std::function<void(int peer)> before_read;
+  /// Test hook (mesh_options::on_readiness): called on the poller's thread for each event.
+  std::function<void(int peer)> on_readiness;
+  /// The context's poller (set before any pair opens; stopped before any pair is torn down).
+  readiness_poller* poller = nullptr;
   /// Payload bytes held by the stashes of all pairs of the context.
   std::atomic<std::size_t> stash_bytes{0};
 
@@ -100,6 +109,8 @@ protected:
   virtual void drive() = 0;
   /// Called before and after the spin phase of a wait.
   virtual void spinning(bool) {}
+  /// Called before and after the blocking phase of a wait.
+  virtual void blocking(bool) {}
   /// The error for a wait that reached its deadline.
   virtual caf::error timeout_error() const = 0;
 
@@ -142,6 +153,7 @@ public:
 protected:
   void drive() override;
   void spinning(bool on) override;
+  void blocking(bool on) override;
   caf::error timeout_error() const override;
 
 private:
@@ -190,8 +202,11 @@ private:
 
 /// A pair of a TCP context (see the file comment).
 ///
-/// Thread safety: thread-safe; `open`, `arm_*` and `on_*` run on the context's I/O thread.
-class pair_impl final : public transport::pair, public std::enable_shared_from_this<pair_impl> {
+/// Thread safety: thread-safe; `open` runs on the context's I/O thread, `on_ready` on its
+/// poller's.
+class pair_impl final : public transport::pair,
+                        public ready_target,
+                        public std::enable_shared_from_this<pair_impl> {
 public:
   pair_impl(std::shared_ptr<pair_env> env, boost::asio::io_context& io, int peer_rank);
   ~pair_impl() override;
@@ -205,6 +220,12 @@ public:
   operation_ptr send(uint64_t tag, std::vector<const_bytes> parts) override;
   operation_ptr recv(uint64_t tag, mutable_bytes into) override;
   operation_ptr recv_at_most(uint64_t tag, mutable_bytes into) override;
+  /// As a spinner (spinning_on_rx) from before the caller posts its receives. When the last one
+  /// leaves, the socket is not re-armed for reading at once: the caller's next exchange is
+  /// expected within the poller's defer grace (1 ms) and reads what arrives meanwhile itself;
+  /// failing that, the poller re-arms it (readiness_poller::defer). A thread that blocks on a
+  /// receive, or waits for the peer's end, re-arms it at once.
+  void reading_here(bool on) override;
 
   // -- life cycle (I/O thread) -----------------------------------------------------------------
 
@@ -264,10 +285,21 @@ public:
   void pump_tx();
 
   /// A thread starts (`true`) or stops spinning on a receive of this pair. While one spins, the
-  /// I/O thread leaves the reading to it: an I/O thread that took the pump and was then preempted
-  /// by a spinner on a busy core would stall the very message the spinner waits for. A spinner
-  /// that stops pumps once more, so that nothing that arrived meanwhile is left unread.
+  /// poller leaves the reading to it: the first spinner disarms the socket's read readiness, so
+  /// that a message it reads itself wakes no other thread (on a busy machine that wake-up
+  /// preempts a spinner); the last one re-arms it, and pumps once more, so that nothing that
+  /// arrived meanwhile is left unread.
   void spinning_on_rx(bool on);
+
+  /// A thread starts (`true`) or stops blocking on a receive of this pair: while one blocks, the
+  /// poller reads even when spinners (or `reading_here` callers) are registered, since the
+  /// blocked thread relies on it.
+  void blocked_on_rx(bool on);
+
+  // -- ready_target (the poller's thread) ------------------------------------------------------
+
+  void on_ready(uint32_t events) override;
+  void on_deferred() override;
 
   /// "rank 2 (127.0.0.1:4000)"
   std::string describe() const;
@@ -298,18 +330,25 @@ private:
   /// Fails the pair after a write found the peer's end gone (tx_mu_ not held).
   void conclude_broken_write(const std::string& why);
 
-  // I/O thread
-  void arm_read();
-  void on_write_request();
+  /// Arms the socket for what is needed now: reading unless a thread spins on the pair (or
+  /// reading is over), writing while `want_write_`. @pre arm_mu_ is held.
+  void arm_locked();
+  /// Arms the socket again (any thread).
+  void arm();
   std::pair<std::string, errc> failure() const;
 
   std::shared_ptr<pair_env> env_;
   boost::asio::io_context* io_; // valid until teardown
   const int peer_;
 
-  /// The socket, for Asio's waits (I/O thread only; reset by teardown).
-  std::unique_ptr<boost::asio::ip::tcp::socket> socket_;
-  bool write_armed_ = false; // I/O thread only
+  /// The poller's registration (guarded by arm_mu_, a leaf lock: only epoll_ctl runs under it).
+  std::mutex arm_mu_;
+  bool registered_ = false; // the descriptor is in the poller's set (open .. teardown)
+  bool want_write_ = false; // bytes wait for room in the socket
+  uint32_t armed_ = 0;      // the events armed now (0 after an event fired: one-shot)
+  /// The last `reading_here` caller left: reading stays with the threads of this pair's small
+  /// exchanges, expected back soon, until the poller's defer grace passes (or a thread blocks).
+  bool lazy_ = false;
   /// The socket's descriptor for the pumps' syscalls; -1 before open and after teardown.
   /// Changed only with rx_mu_ and tx_mu_ held.
   std::atomic<int> fd_{-1};
@@ -348,8 +387,9 @@ private:
   // -- receive ------------------------------------------------------------------------------
   std::mutex rx_mu_; // the reading pump; try-locked
   std::atomic<bool> rx_kick_{false};
-  std::atomic<int> rx_spinners_{0};
-  std::atomic<bool> rx_skipped_{false};   // the I/O thread left a readiness to a spinner
+  std::atomic<int> rx_spinners_{0};       // changed under arm_mu_, read anywhere
+  std::atomic<int> rx_blocked_{0};        // changed under arm_mu_, read anywhere
+  std::atomic<bool> rx_skipped_{false};   // the poller left a readiness to a spinner
   rx_phase phase_ = rx_phase::prefix;     // guarded by rx_mu_
   std::unique_ptr<std::byte[]> stage_;    // guarded by rx_mu_: small reads land here
   std::size_t stage_begin_ = 0;           // guarded by rx_mu_
@@ -372,7 +412,6 @@ private:
   // -- send ---------------------------------------------------------------------------------
   std::mutex tx_mu_; // the writing pump; try-locked
   std::atomic<bool> tx_kick_{false};
-  std::atomic<bool> write_request_posted_{false};
   std::mutex txq_mu_;
   std::deque<std::shared_ptr<send_op>> txq_; // guarded by txq_mu_: front is being written
 };

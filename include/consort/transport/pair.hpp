@@ -76,6 +76,28 @@ public:
   /// the message is written to the front of `into`, and the operation's `message_bytes()` says
   /// how many bytes it had. A larger message fails the receive with `invalid_argument`.
   virtual operation_ptr recv_at_most(uint64_t tag, mutable_bytes into) = 0;
+
+  /// Says that the calling thread is about to post receives of this pair and wait for them
+  /// (`true`, before it posts them and sends its own part of a small exchange) or is done
+  /// (`false`, once those waits returned). In between, a transport with a reading thread leaves
+  /// the reading to the caller, as to a thread spinning on a receive, so that a message that
+  /// arrives while the caller is still sending wakes no other thread (TCP: its poller; a wake-up
+  /// costs more than the message on a busy machine). A wait that blocks hands the reading back
+  /// while it blocks, so nothing waits on a reader that is asleep. Calls nest; each `true` needs
+  /// its `false` (`reading_here_scope`). The default does nothing.
+  virtual void reading_here(bool on) { (void)on; }
+};
+
+/// `pair.reading_here(true)` for a scope, then `false`.
+class reading_here_scope {
+public:
+  explicit reading_here_scope(pair& p) : pair_(&p) { pair_->reading_here(true); }
+  ~reading_here_scope() { pair_->reading_here(false); }
+  reading_here_scope(const reading_here_scope&) = delete;
+  reading_here_scope& operator=(const reading_here_scope&) = delete;
+
+private:
+  pair* pair_;
 };
 
 /// This rank's view of a group of ranks, with a pair to every other rank.
@@ -110,6 +132,34 @@ public:
   /// side, or failed; `collective_timeout` naming the peers that had not when `until` passed (the
   /// connections are then closed anyway). Idempotent: a second call returns at once.
   virtual caf::error close(const std::string& reason, deadline until) = 0;
+};
+
+/// `reading_here(true)` on the pair to every peer of a context for a scope (or until
+/// `release`), for a thread that exchanges a small message with each of them and waits for
+/// their messages right after sending its own.
+class reading_from_peers {
+public:
+  explicit reading_from_peers(context& ctx) : ctx_(&ctx) { set(true); }
+  ~reading_from_peers() { release(); }
+  reading_from_peers(const reading_from_peers&) = delete;
+  reading_from_peers& operator=(const reading_from_peers&) = delete;
+
+  /// Ends the scope early (once the receives were waited for). Idempotent.
+  void release() {
+    if (on_)
+      set(false);
+  }
+
+private:
+  void set(bool on) {
+    on_ = on;
+    for (int p = 0; p < ctx_->size(); ++p)
+      if (p != ctx_->rank())
+        ctx_->to(p).reading_here(on);
+  }
+
+  context* ctx_;
+  bool on_ = false;
 };
 
 using context_ptr = std::shared_ptr<context>;

@@ -101,6 +101,9 @@ struct mesh_options {
     std::function<void(int peer)> before_read;
     /// Called by `close` once every goodbye is written and this side is half-closed.
     std::function<void()> after_goodbye;
+    /// Called on the context's poller thread for each readiness event of `peer`'s socket (the
+    /// poller was woken for it; see pair.hpp `reading_here`).
+    std::function<void(int peer)> on_readiness;
   };
   test_hooks hooks;
 };
