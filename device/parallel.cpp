@@ -7,9 +7,21 @@
 #include <thread>
 #include <vector>
 
+#include <sched.h>
+
 namespace consort::detail {
 
 namespace {
+
+/// The CPUs this process may run on (its affinity: a worker bound to one core by the launcher
+/// or taskset gets no second pool thread to fight over it), at least 1.
+unsigned usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0)
+    return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 
 /// The pool. Workers sleep on `cv_` between jobs; a job is one `parallel_for` call.
 ///
@@ -73,7 +85,7 @@ public:
 
 private:
   pool() {
-    auto n = std::max(1u, std::thread::hardware_concurrency());
+    const auto n = usable_cpus();
     for (unsigned i = 1; i < n; ++i)
       workers_.emplace_back([this] { loop(); });
   }

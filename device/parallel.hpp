@@ -10,10 +10,10 @@
 
 namespace consort::detail {
 
-/// Runs `fn(i)` for every i in [0, chunks), on the calling thread and up to
-/// `hardware_concurrency - 1` pool threads (started on first use), and returns when all are
-/// done. Chunks are handed out dynamically, so a slow thread takes fewer. Calls from several
-/// threads at once are served one after another. `fn` must not throw.
+/// Runs `fn(i)` for every i in [0, chunks), on the calling thread and up to one pool thread
+/// fewer than the CPUs the process may run on (its affinity; started on first use), and returns
+/// when all are done. Chunks are handed out dynamically, so a slow thread takes fewer. Calls from
+/// several threads at once are served one after another. `fn` must not throw.
 ///
 /// Thread safety: thread-safe.
 void parallel_for(size_t chunks, const std::function<void(size_t)>& fn);

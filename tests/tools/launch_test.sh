@@ -3,7 +3,7 @@
 # propagation (the others are stopped, the status is passed on), the job timeout, usage errors,
 # the cluster secret (generated per launch, or the caller's), and each worker's GPUs
 # (CUDA_VISIBLE_DEVICES from --gpus, the caller's list or nvidia-smi; a fake nvidia-smi stands in
-# for a machine with GPUs, so this runs without one).
+# for a machine with GPUs, so this runs without one), and each worker's CPUs (--bind).
 # Usage: launch_test.sh <path to consort-launch>
 set -uo pipefail
 launch=$1
@@ -22,6 +22,7 @@ echo "rank=$CONSORT_LAUNCH_RANK size=$CONSORT_LAUNCH_SIZE devices=$CONSORT_DEVIC
 echo "tf=$TF_CONFIG"
 echo "secret=${CONSORT_CLUSTER_SECRET:-}"
 echo "cvd=${CUDA_VISIBLE_DEVICES-unset}"
+echo "cpus=$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/self/status) launch_cpus=${CONSORT_LAUNCH_CPUS-unset}"
 echo "to stderr" >&2
 if [ "${FAIL_RANK:-none}" = "$CONSORT_LAUNCH_RANK" ]; then
   # Fail only once every peer is up, so that stopping them is what the test observes.
@@ -137,6 +138,38 @@ out=$(CUDA_VISIBLE_DEVICES=2 PATH="$tmp/fake4:$PATH" "$launch" -n 2 --gpus none 
 check "--gpus none leaves the caller's CUDA_VISIBLE_DEVICES" [ "$(cvd_of "$out" 0),$(cvd_of "$out" 1)" = "2,2" ]
 out=$(run_gpus "$tmp/fake0" -n 2 --port 7780)
 check "nvidia-smi without a GPU (it fails): nothing is set" [ "$(cvd_of "$out" 0)$(cvd_of "$out" 1)" = "unsetunset" ]
+
+# 9. CPUs (--bind): the launcher runs under `taskset -c 0,1`, so that two CPUs are its to share
+#    out whatever the machine has.
+cpus_of() { sed -n "s/^\[worker:$2\] cpus=\([^ ]*\) launch_cpus=\(.*\)$/\1 \2/p" <<<"$1"; }
+run_bind() { # run_bind ARGS...: the launch's output, the launcher on CPUs 0 and 1
+  rm -rf "$PIDS"; mkdir -p "$PIDS"
+  taskset -c 0,1 "$launch" "$@" -- "$tmp/job.sh" 2>&1
+}
+if ! command -v taskset >/dev/null 2>&1 || ! taskset -c 0,1 true 2>/dev/null; then
+  echo "skipped: the --bind checks need taskset and CPUs 0 and 1"
+else
+  out=$(run_bind -n 2 --port 7800)
+  check "auto, 2 workers on 2 CPUs: worker 0 runs on CPU 0" [ "$(cpus_of "$out" 0)" = "0 0" ]
+  check "auto, 2 workers on 2 CPUs: worker 1 runs on CPU 1" [ "$(cpus_of "$out" 1)" = "1 1" ]
+  out=$(run_bind -n 1 --port 7810)
+  check "auto, 1 worker: it gets both CPUs" [ "$(cpus_of "$out" 0)" = "0-1 0,1" ]
+  out=$(run_bind -n 3 --port 7820)
+  check "auto, 3 workers on 2 CPUs: none is bound" \
+    [ "$(cpus_of "$out" 0)|$(cpus_of "$out" 2)" = "0-1 unset|0-1 unset" ]
+  out=$(run_bind -n 3 --bind core --port 7830)
+  check "core, 3 workers on 2 CPUs: round robin, worker 2 on CPU 0" \
+    [ "$(cpus_of "$out" 1)|$(cpus_of "$out" 2)" = "1 1|0 0" ]
+  out=$(run_bind -n 2 --bind none --port 7840)
+  check "none: no worker is bound" [ "$(cpus_of "$out" 0)|$(cpus_of "$out" 1)" = "0-1 unset|0-1 unset" ]
+  rm -rf "$PIDS"; mkdir -p "$PIDS"
+  out=$(CONSORT_BIND=none taskset -c 0,1 "$launch" -n 2 --port 7850 -- "$tmp/job.sh" 2>&1)
+  check "CONSORT_BIND=none: no worker is bound" [ "$(cpus_of "$out" 1)" = "0-1 unset" ]
+fi
+out=$("$launch" -n 2 --bind socket -- "$tmp/job.sh" 2>&1)
+rc=$?
+check "an unknown --bind is a usage error" [ "$rc" -eq 2 ]
+check "an unknown --bind says what is expected" grep -qF -- "--bind takes auto, core or none, got 'socket'" <<<"$out"
 
 [ "$failures" -eq 0 ] && echo "launch_test: all checks passed" || echo "launch_test: $failures check(s) failed"
 exit "$failures"
