@@ -2,9 +2,10 @@
 
 // Test helpers for the transport tests: readable checks of caf::error results, a capture of log
 // lines that tests wait on (with a deadline, never a sleep), and a plain TCP socket that plays a
-// broken, hostile or hand-made peer (every read has a deadline).
+// broken, hostile or hand-made peer (every read has a deadline), and a TCP group in one process.
 
 #include <consort/error.hpp>
+#include <consort/transport/tcp.hpp>
 
 #include <caf/atom.hpp>
 #include <caf/error.hpp>
@@ -24,6 +25,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -188,5 +191,46 @@ private:
   boost::asio::io_context io_;
   boost::asio::ip::tcp::socket socket_;
 };
+
+// -- a TCP group in one process ------------------------------------------------------------------
+
+/// Sets a rank's mesh options before it listens.
+using mesh_tweak = std::function<void(int rank, transport::tcp::mesh_options&)>;
+
+/// A group of `n` connected TCP contexts on ephemeral loopback ports (listen, then connect in
+/// parallel); a failed rank is a test failure and leaves an empty vector.
+inline std::vector<std::shared_ptr<transport::tcp::context>>
+make_tcp_mesh(int n, const mesh_tweak& tweak = {}) {
+  using namespace std::chrono_literals;
+  std::vector<std::shared_ptr<transport::tcp::context>> ctxs(static_cast<std::size_t>(n));
+  std::vector<std::string> addresses(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    transport::tcp::mesh_options opts;
+    opts.rank = r;
+    opts.size = n;
+    opts.listen_address = "127.0.0.1:0";
+    opts.group_id = 11;
+    opts.connect_timeout = 20s;
+    if (tweak)
+      tweak(r, opts);
+    auto ctx = transport::tcp::listen(opts);
+    if (!ctx) {
+      ADD_FAILURE() << "listen of rank " << r << ": " << text_of(ctx.error());
+      return {};
+    }
+    ctxs[static_cast<std::size_t>(r)] = *ctx;
+    addresses[static_cast<std::size_t>(r)] = (*ctx)->listen_address();
+  }
+  std::vector<std::future<caf::error>> joins;
+  for (int r = 0; r < n; ++r)
+    joins.push_back(std::async(std::launch::async, [&, r] {
+      return ctxs[static_cast<std::size_t>(r)]->connect(addresses);
+    }));
+  for (int r = 0; r < n; ++r) {
+    auto err = joins[static_cast<std::size_t>(r)].get();
+    EXPECT_FALSE(err) << "rank " << r << ": " << text_of(err);
+  }
+  return ctxs;
+}
 
 } // namespace consort::test

@@ -52,35 +52,8 @@ bytes pattern(std::size_t size, unsigned seed) {
   return out;
 }
 
-/// A group of `n` connected TCP contexts on ephemeral loopback ports.
 std::vector<context_ptr> make_mesh(int n, const tweak_fn& tweak = {}) {
-  std::vector<context_ptr> ctxs(n);
-  std::vector<std::string> addresses(n);
-  for (int r = 0; r < n; ++r) {
-    tcp::mesh_options opts;
-    opts.rank = r;
-    opts.size = n;
-    opts.listen_address = "127.0.0.1:0";
-    opts.group_id = 11;
-    opts.connect_timeout = 20s;
-    if (tweak)
-      tweak(r, opts);
-    auto ctx = tcp::listen(opts);
-    if (!ctx) {
-      ADD_FAILURE() << "listen of rank " << r << ": " << text_of(ctx.error());
-      return {};
-    }
-    ctxs[r] = *ctx;
-    addresses[r] = ctxs[r]->listen_address();
-  }
-  std::vector<std::future<caf::error>> joins;
-  for (int r = 0; r < n; ++r)
-    joins.push_back(std::async(std::launch::async, [&, r] { return ctxs[r]->connect(addresses); }));
-  for (int r = 0; r < n; ++r) {
-    auto err = joins[r].get();
-    EXPECT_FALSE(err) << "rank " << r << ": " << text_of(err);
-  }
-  return ctxs;
+  return consort::test::make_tcp_mesh(n, tweak);
 }
 
 /// A gate that a hook waits at until the test opens it (or a deadline passes, so that a broken

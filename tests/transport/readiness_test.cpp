@@ -229,19 +229,11 @@ struct read_log {
   }
 };
 
-/// A group of `n` TCP contexts on loopback; rank 0's reads are logged in `log`.
+/// A group of `n` TCP contexts on loopback; rank 0's reads and poller events are logged in `log`.
 std::vector<context_ptr> make_group(int n, read_log& log, std::chrono::microseconds spin = 50us) {
-  std::vector<context_ptr> ctxs(static_cast<std::size_t>(n));
-  std::vector<std::string> addresses(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    tcp::mesh_options opts;
-    opts.rank = r;
-    opts.size = n;
-    opts.listen_address = "127.0.0.1:0";
-    opts.group_id = 11;
-    opts.connect_timeout = 20s;
+  auto ctxs = consort::test::make_tcp_mesh(n, [&](int rank, tcp::mesh_options& opts) {
     opts.spin = spin;
-    if (r == 0) {
+    if (rank == 0) {
       opts.hooks.before_read = [&log](int peer) {
         log.add(peer);
       };
@@ -249,28 +241,28 @@ std::vector<context_ptr> make_group(int n, read_log& log, std::chrono::microseco
         log.wake(peer);
       };
     }
-    auto ctx = tcp::listen(opts);
-    if (!ctx) {
-      ADD_FAILURE() << "listen of rank " << r << ": " << text_of(ctx.error());
-      return {};
-    }
-    ctxs[static_cast<std::size_t>(r)] = *ctx;
-    addresses[static_cast<std::size_t>(r)] = (*ctx)->listen_address();
-  }
-  std::vector<std::thread> threads;
-  std::vector<caf::error> errors(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] { errors[r] = ctxs[r]->connect(addresses); });
-  for (auto& t : threads)
-    t.join();
-  for (int r = 0; r < n; ++r)
-    EXPECT_FALSE(errors[r]) << "rank " << r << ": " << text_of(errors[r]);
+  });
   log.clear();
   return ctxs;
 }
 
 std::vector<transport::const_bytes> bytes_of(const std::vector<std::byte>& b) {
   return {transport::const_bytes(b)};
+}
+
+/// Rank 0 receives `data` (tag 1) from rank 1 inside `reading_here`, as a small exchange does.
+::testing::AssertionResult small_exchange(const std::vector<context_ptr>& ctxs,
+                                          const std::vector<std::byte>& data) {
+  std::vector<std::byte> in(data.size());
+  transport::reading_here_scope reading{ctxs[0]->to(1)};
+  auto recv = ctxs[0]->to(1).recv(1, {in.data(), in.size()});
+  if (auto err = ctxs[1]->to(0).send(1, bytes_of(data))->wait(clock_type::now() + 10s))
+    return ::testing::AssertionFailure() << "send: " << text_of(err);
+  if (auto err = recv->wait(clock_type::now() + 10s))
+    return ::testing::AssertionFailure() << "recv: " << text_of(err);
+  if (in != data)
+    return ::testing::AssertionFailure() << "the message arrived changed";
+  return ::testing::AssertionSuccess();
 }
 
 TEST(TcpReading, AThreadInsideReadingHereReadsItsMessageItselfAndThePollerIsNotWoken) {
@@ -336,14 +328,9 @@ TEST(TcpReading, AfterReadingHereThePollerReadsAgainOnceTheGraceHasPassed) {
   const auto me = std::this_thread::get_id();
   std::vector<std::byte> in(8);
   const std::vector<std::byte> first(8, std::byte{1}), second(8, std::byte{2});
-  {
-    // A small exchange of this thread's; it ends with the reading left to this thread for the
-    // grace (the next exchange is expected soon).
-    transport::reading_here_scope reading{ctxs[0]->to(1)};
-    auto recv = ctxs[0]->to(1).recv(1, {in.data(), in.size()});
-    ASSERT_FALSE(ctxs[1]->to(0).send(1, bytes_of(first))->wait(clock_type::now() + 10s));
-    ASSERT_FALSE(recv->wait(clock_type::now() + 10s));
-  }
+  // A small exchange of this thread's; it ends with the reading left to this thread for the
+  // grace (the next exchange is expected soon).
+  ASSERT_TRUE(small_exchange(ctxs, first));
   EXPECT_FALSE(log.read_by_other(1, me));
   EXPECT_EQ(log.wakes(1), 0) << "the poller was woken inside reading_here";
   // This thread does not come back: a message that no thread waits for is read by the poller
@@ -362,12 +349,7 @@ TEST(TcpReading, APeerThatGoesAwayDuringTheGraceIsSeenWithoutAWaiter) {
   const auto me = std::this_thread::get_id();
   std::vector<std::byte> in(8);
   const std::vector<std::byte> data(8, std::byte{3});
-  {
-    transport::reading_here_scope reading{ctxs[0]->to(1)};
-    auto recv = ctxs[0]->to(1).recv(1, {in.data(), in.size()});
-    ASSERT_FALSE(ctxs[1]->to(0).send(1, bytes_of(data))->wait(clock_type::now() + 10s));
-    ASSERT_FALSE(recv->wait(clock_type::now() + 10s));
-  }
+  ASSERT_TRUE(small_exchange(ctxs, data));
   // Rank 1 dies; no thread of rank 0 waits. The poller reads its end once the grace passed.
   ctxs[1].reset();
   ASSERT_TRUE(log.wait_read_by_other(1, me));
