@@ -477,17 +477,15 @@ void pair_impl::reading_here(bool on) {
   }
   if (rx_skipped_.exchange(false))
     pump_rx();
-  bool deferred = false;
-  {
-    std::lock_guard lock(arm_mu_);
-    if (rx_spinners_.fetch_sub(1) == 1) {
-      lazy_ = registered_;
-      deferred = lazy_;
-      arm_locked();
-    }
+  std::lock_guard lock(arm_mu_);
+  if (rx_spinners_.fetch_sub(1) == 1) {
+    lazy_ = registered_;
+    arm_locked();
+    // Under arm_mu_ (a leaf but for the poller's own lock, which it never holds while calling
+    // a target back): once teardown has unregistered the pair, nothing reaches the poller.
+    if (lazy_)
+      env_->poller->defer(this);
   }
-  if (deferred)
-    env_->poller->defer(this);
 }
 
 void pair_impl::on_deferred() {

@@ -34,8 +34,8 @@
 // to the peer before a connection is cut.
 //
 // Lock order: rx_mu_ -> tx_mu_ -> match_mu_ -> txq_mu_ -> an operation's mutex -> address_mu_;
-// arm_mu_ is a leaf (only epoll_ctl runs under it). Pumps only ever try-lock rx_mu_ and tx_mu_
-// (see above), and hold one of them at a time.
+// arm_mu_ comes after them all (only epoll_ctl and the poller's defer lock run under it). Pumps
+// only ever try-lock rx_mu_ and tx_mu_ (see above), and hold one of them at a time.
 
 #include "transport/tcp/poller.hpp"
 #include "transport/tcp/wire.hpp"
