@@ -458,16 +458,7 @@ void pair_impl::spinning_on_rx(bool on) {
       arm_locked(); // the first spinner: no read readiness while it reads itself
     return;
   }
-  // Pairs with on_ready's store-then-load: either it saw no spinner and pumped itself, or this
-  // sees its flag and pumps what it left. Pumped before the socket is re-armed, so that the
-  // poller is not woken for bytes read here.
-  if (rx_skipped_.exchange(false))
-    pump_rx();
-  std::lock_guard lock(arm_mu_);
-  if (rx_spinners_.fetch_sub(1) == 1) {
-    lazy_ = false;
-    arm_locked(); // the last spinner: the poller reads again
-  }
+  stop_reading(false); // the last spinner: the poller reads again
 }
 
 void pair_impl::reading_here(bool on) {
@@ -475,17 +466,24 @@ void pair_impl::reading_here(bool on) {
     spinning_on_rx(true);
     return;
   }
+  stop_reading(true); // the last one: reading stays disarmed for the poller's grace
+}
+
+void pair_impl::stop_reading(bool lazy) {
+  // Pairs with on_ready's store-then-load: either it saw no spinner and pumped itself, or this
+  // sees its flag and pumps what it left. Pumped before the socket is re-armed, so that the
+  // poller is not woken for bytes read here.
   if (rx_skipped_.exchange(false))
     pump_rx();
   std::lock_guard lock(arm_mu_);
-  if (rx_spinners_.fetch_sub(1) == 1) {
-    lazy_ = registered_;
-    arm_locked();
-    // Under arm_mu_ (a leaf but for the poller's own lock, which it never holds while calling
-    // a target back): once teardown has unregistered the pair, nothing reaches the poller.
-    if (lazy_)
-      env_->poller->defer(this);
-  }
+  if (rx_spinners_.fetch_sub(1) != 1)
+    return;
+  lazy_ = lazy && registered_;
+  arm_locked();
+  // Under arm_mu_ (a leaf but for the poller's own lock, which it never holds while calling a
+  // target back): once teardown has unregistered the pair, nothing reaches the poller.
+  if (lazy_)
+    env_->poller->defer(this);
 }
 
 void pair_impl::on_deferred() {

@@ -330,6 +330,9 @@ private:
   /// Fails the pair after a write found the peer's end gone (tx_mu_ not held).
   void conclude_broken_write(const std::string& why);
 
+  /// A spinner (`lazy` false) or a `reading_here` caller (`lazy` true) leaves: pumps what the
+  /// poller left to it, and when it was the last, re-arms reading now or after the grace.
+  void stop_reading(bool lazy);
   /// Arms the socket for what is needed now: reading unless a thread spins on the pair (or
   /// reading is over), writing while `want_write_`. @pre arm_mu_ is held.
   void arm_locked();
