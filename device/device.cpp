@@ -1,6 +1,8 @@
 #include <consort/device.hpp>
 #include <consort/error.hpp>
 
+#include "device/gpu.hpp"
+
 #include <cctype>
 #include <charconv>
 #include <climits>
@@ -100,6 +102,18 @@ device_spec parse_device(std::string_view name) {
     }
   }
   return parse_device_part(name, parts.back());
+}
+
+int num_gpus() noexcept {
+  return detail::gpu::count();
+}
+
+std::string gpus_unavailable_reason() {
+  return num_gpus() > 0 ? std::string{} : detail::gpu::unavailable_reason();
+}
+
+void* current_cuda_stream() noexcept {
+  return detail::gpu::current_stream();
 }
 
 } // namespace consort

@@ -162,4 +162,38 @@ std::string bias_key(int layer);
 ///         float32.
 void sgd_update(nest& params, const nest& grad_sums, double learning_rate, int64_t global_batch);
 
+// -- the model on a GPU ---------------------------------------------------------------------------
+
+/// `forward_backward` on a GPU: the same model, loss and gradient sums, computed by the demo's CUDA
+/// kernels (mlp_kernels.cu: tiled float32 GEMMs with the bias, ReLU and ReLU-mask fused, the loss
+/// per row in float64) and queued on `current_cuda_stream()`, the calling GPU replica's stream.
+/// It returns once everything is queued, without waiting for the GPU: the gradients and totals
+/// are complete in stream order, so a collective or copy queued on the same stream after it
+/// reads them (a GPU replica's `ctx.all_reduce` does).
+///
+/// `params`, `x` (float32 [N, inputs]) and `y` (int32 [N]) must all be on one GPU; `totals` points
+/// to 3 floats of that GPU's memory, which receive {loss sum, correct predictions, N}. With
+/// `slots` the gradients are written there (device pointers on the same GPU) and the result is an
+/// empty dict; without, it is a dict of new GPU tensors. `on_layer` is called as each layer's
+/// gradients are queued (`w_grad`/`b_grad` invalid with `slots`). Labels are not read on the host:
+/// a label outside [0, classes) makes the totals' loss NaN and its row's gradient 0.
+///
+/// Results agree with `forward_backward` up to float32 rounding (another summation order and
+/// fused multiply-adds in the GEMMs); for given inputs every call gives the same bytes.
+/// @throws error(unsupported) in a build without CUDA, error(invalid_argument) when a tensor is not
+///         on the GPU of `x`, `totals` or a slot is null, the shape and dtype errors of
+///         `forward_backward`, and error(device_error) naming the kernel when a launch fails.
+nest forward_backward_gpu(const nest& params, const tensor& x, const tensor& y, float* totals,
+                          const gradient_slots_fn& slots = {}, const layer_grads_fn& on_layer = {});
+
+/// `sgd_update` on a GPU, queued on `current_cuda_stream()`: `p -= learning_rate * g / rows`
+/// for every parameter of `params` (GPU tensors, updated in place after copy-on-write) and its
+/// gradient sum in `grad_sums` (on the same GPU), where rows is read on the GPU from
+/// `global_rows` (device memory: the all-reduced batch totals' row count, so no step waits for
+/// the host to read it). rows < 1 (an empty global batch) changes nothing.
+/// @throws error(unsupported) in a build without CUDA, error(invalid_argument) when a tensor is not
+///         on one GPU or `global_rows` is null, sgd_update's structure, shape and dtype errors.
+void sgd_update_gpu(nest& params, const nest& grad_sums, double learning_rate,
+                    const float* global_rows);
+
 } // namespace consort::train

@@ -41,7 +41,7 @@ struct options : train::train_options {
   int replicas = 0;    // 0: CONSORT_DEVICES_PER_WORKER, else one per core (2..8)
   std::string devices; // --devices: a comma-separated list instead of --replicas
   bool verify = true;
-  double tolerance = train::verify_tolerance;
+  double tolerance = -1; // --tolerance; -1: train::verify_tolerance, or _gpu for GPU replicas
   int64_t verify_steps = 10;
   std::string plot;
   std::string trace;
@@ -50,8 +50,8 @@ struct options : train::train_options {
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr
       << "consort-train: " << problem << "\n"
-      << "usage: consort-train [--replicas N | --devices CPU:0,CPU:1,...] [--steps N]\n"
-      << "                     [--global-batch N] [--lr X]\n"
+      << "usage: consort-train [--replicas N | --devices CPU:0,CPU:1,... | --devices GPU:0,...]\n"
+      << "                     [--steps N] [--global-batch N] [--lr X]\n"
       << "                     [--seed N] [--examples N] [--hidden N] [--layers N]\n"
       << "                     [--bucket-bytes N] [--overlap | --no-overlap]\n"
       << "                     [--target-loss X] [--verify | --no-verify] [--verify-steps N]\n"
@@ -169,11 +169,13 @@ train::progress_fn progress_printer(int64_t steps) {
   };
 }
 
-/// The replicas of `--devices`, checked: the model runs on CPU replicas (its GPU form, cuBLAS GEMMs
-/// and NCCL buckets, is issue 13's). Empty for an empty list.
+/// The replicas of `--devices`, checked: CPU replicas, or GPUs this process sees, not both (the
+/// model keeps its parameters on the host for CPU replicas and on each GPU for GPU replicas).
+/// Empty for an empty list.
 std::vector<std::string> devices_of(const std::string& list) {
   std::vector<std::string> out;
   size_t start = 0;
+  size_t gpus = 0;
   while (start < list.size()) {
     auto comma = list.find(',', start);
     auto name = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
@@ -183,16 +185,51 @@ std::vector<std::string> devices_of(const std::string& list) {
     } catch (const error& e) {
       usage("--devices: " + std::string{e.what()});
     }
-    if (spec.kind != device_kind::cpu)
-      usage("--devices: " + spec.to_string() +
-            ": the demo's model runs on CPU replicas only; its GPU form is not built yet");
+    gpus += spec.kind == device_kind::gpu ? 1 : 0;
     out.push_back(spec.to_string());
     if (comma == std::string::npos)
       break;
     start = comma + 1;
   }
   if (!list.empty() && out.empty())
-    usage("--devices needs a list such as CPU:0,CPU:1; got \"" + list + "\"");
+    usage("--devices needs a list such as CPU:0,CPU:1 or GPU:0,GPU:1; got \"" + list + "\"");
+  if (gpus != 0 && gpus != out.size())
+    usage("--devices: give CPU replicas or GPUs, not both; got \"" + list + "\"");
+  for (const auto& name : out)
+    if (auto spec = parse_device(name); spec.kind == device_kind::gpu && spec.index >= num_gpus())
+      usage("--devices: " + name + " is not available: this process sees " +
+            std::to_string(num_gpus()) + " GPU(s)" +
+            (num_gpus() == 0 ? " (" + gpus_unavailable_reason() + ")" : std::string{}));
+  return out;
+}
+
+/// The replicas when neither --devices nor --replicas names them, as MirroredStrategy() picks
+/// them: every visible GPU (or the first CONSORT_DEVICES_PER_WORKER of them, under the launcher's
+/// --devices-per-worker), else CONSORT_DEVICES_PER_WORKER CPU replicas, else one per core (2..8).
+std::vector<std::string> default_devices() {
+  const char* env = std::getenv("CONSORT_DEVICES_PER_WORKER");
+  int wanted = 0;
+  if (env && *env) {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    if (end == env || *end != '\0' || v < 1 || v > 4096)
+      usage("CONSORT_DEVICES_PER_WORKER must be a count >= 1; got \"" + std::string{env} + "\"");
+    wanted = static_cast<int>(v);
+  }
+  std::vector<std::string> out;
+  if (const int gpus = num_gpus(); gpus > 0) {
+    if (wanted > gpus)
+      usage("CONSORT_DEVICES_PER_WORKER asks for " + std::to_string(wanted) +
+            " replicas and this process sees " + std::to_string(gpus) +
+            " GPU(s); give --devices CPU:0,... for CPU replicas");
+    for (int i = 0; i < (wanted > 0 ? wanted : gpus); ++i)
+      out.push_back("GPU:" + std::to_string(i));
+    return out;
+  }
+  // One CPU replica per core (at least 2, so the demo is distributed, at most 8).
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  for (int i = 0; i < (wanted > 0 ? wanted : std::clamp(cores, 2, 8)); ++i)
+    out.push_back("CPU:" + std::to_string(i));
   return out;
 }
 
@@ -202,18 +239,13 @@ int main(int argc, char** argv) {
   auto o = parse(argc, argv);
   try {
     multi_worker_options mw;
-    mw.devices = devices_of(o.devices);
-    int replicas = mw.devices.empty() ? o.replicas : -1;
-    if (replicas == 0) {
-      const char* env = std::getenv("CONSORT_DEVICES_PER_WORKER");
-      // One CPU replica per core (at least 2, so the demo is distributed, at most 8).
-      const int cores = static_cast<int>(std::thread::hardware_concurrency());
-      replicas = env && *env ? std::atoi(env) : std::clamp(cores, 2, 8);
-    }
-    for (int i = 0; i < replicas; ++i)
-      mw.devices.push_back("CPU:" + std::to_string(i));
-    if (mw.devices.empty())
-      usage("no replicas: --replicas and CONSORT_DEVICES_PER_WORKER must be at least 1");
+    if (!o.devices.empty())
+      mw.devices = devices_of(o.devices);
+    else if (o.replicas > 0)
+      for (int i = 0; i < o.replicas; ++i)
+        mw.devices.push_back("CPU:" + std::to_string(i));
+    else
+      mw.devices = default_devices();
     multi_worker_mirrored_strategy strategy({}, mw);
     bool chief = strategy.worker_rank() == 0;
     int worker = strategy.worker_rank();
@@ -221,11 +253,14 @@ int main(int argc, char** argv) {
     data_opts.examples = o.examples;
     data_opts.seed = o.seed;
     auto data = train::make_dataset(data_opts);
+    std::string device_list;
+    for (const auto& device : strategy.worker_devices())
+      device_list += (device_list.empty() ? "" : ",") + device;
     if (chief)
-      std::printf("consort-train: %d worker(s) x %zu replica(s) = %d replicas in sync; MLP "
+      std::printf("consort-train: %d worker(s) x %zu replica(s) on %s = %d replicas in sync; MLP "
                   "%lld -> %d x %d -> %d, %lld examples, global batch %lld, "
                   "%lld steps, buckets of %zu bytes, %s\n",
-                  strategy.num_workers(), strategy.num_local_replicas(),
+                  strategy.num_workers(), strategy.num_local_replicas(), device_list.c_str(),
                   strategy.num_replicas_in_sync(), static_cast<long long>(data.x.shape()[1]),
                   o.layers, o.hidden, data_opts.classes, static_cast<long long>(o.examples),
                   static_cast<long long>(o.global_batch), static_cast<long long>(o.steps),
@@ -266,15 +301,21 @@ int main(int argc, char** argv) {
       same.steps = whole ? result.steps : o.snapshot_step;
       same.target_loss = 0;
       same.snapshot_step = 0;
+      // The reference runs on one CPU replica also when the run is on GPUs, so that --verify
+      // checks the GPU kernels against the host's model as well as the data-parallel sums.
+      const bool on_gpus = parse_device(strategy.worker_devices()[0]).kind == device_kind::gpu;
+      const double limit = o.tolerance >= 0
+                               ? o.tolerance
+                               : (on_gpus ? train::verify_tolerance_gpu : train::verify_tolerance);
       one_device_strategy single("CPU:0");
       train::tracer off(false);
       auto reference = train::train_on(single, same, data, off, 0);
       auto diff = train::max_relative_difference(mine, reference.params);
-      bool ok = diff <= o.tolerance;
-      std::printf("verify (worker %d): weights after %lld steps of %d replicas vs 1 replica: max "
-                  "relative difference %.2e (limit %.0e): %s\n",
-                  worker, static_cast<long long>(same.steps), strategy.num_replicas_in_sync(), diff,
-                  o.tolerance, ok ? "OK" : "MISMATCH");
+      bool ok = diff <= limit;
+      std::printf("verify (worker %d): weights after %lld steps of %d %s replicas vs 1 CPU "
+                  "replica: max relative difference %.2e (limit %.0e): %s\n",
+                  worker, static_cast<long long>(same.steps), strategy.num_replicas_in_sync(),
+                  on_gpus ? "GPU" : "CPU", diff, limit, ok ? "OK" : "MISMATCH");
       if (!ok)
         return 1;
     }

@@ -141,6 +141,24 @@ void check(const train_options& o) {
                     std::to_string(o.target_loss));
 }
 
+/// True when every replica of this worker is a GPU, false when every one is a CPU.
+/// @throws error(invalid_argument) for a mix: each form keeps the parameters in one place.
+bool gpu_replicas(const strategy& strategy) {
+  size_t gpus = 0;
+  for (const auto& device : strategy.worker_devices())
+    gpus += parse_device(device).kind == device_kind::gpu ? 1 : 0;
+  if (gpus != 0 && gpus != strategy.worker_devices().size()) {
+    std::string list;
+    for (const auto& device : strategy.worker_devices())
+      list += (list.empty() ? "" : ", ") + device;
+    throw_error(errc::invalid_argument,
+                "train_on: the replicas must be all CPUs or all GPUs (the model keeps its "
+                "parameters on the host for CPU replicas and on each GPU for GPU replicas); got " +
+                    list);
+  }
+  return gpus != 0;
+}
+
 } // namespace
 
 outcome train_on(strategy& strategy, const train_options& o, const dataset_tensors& data,
@@ -197,8 +215,65 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   // With one bucket there is nothing to overlap: the backward pass runs on the replica's thread,
   // without the helper thread's start and join (about 80 us a step on a small model).
   const bool overlap = o.overlap && buckets.size() > 1;
+  // GPU replicas (docs/train.md, "On GPUs"): each keeps its own copy of the parameters in its GPU's
+  // memory, computes with the kernels of forward_backward_gpu on its stream, all-reduces the
+  // buckets there (NCCL) and applies the update itself, so a step moves no parameter or gradient
+  // through the host; only the three totals come back. The parameters come to the host when a
+  // snapshot or the result needs them (fetch_params).
+  const bool on_gpus = gpu_replicas(strategy);
+  std::vector<nest> replica_params(replica_buckets.size());
+  auto fetch_params = [&] {
+    auto copies = strategy.run([&](replica_context& ctx) {
+      const nest& mine = replica_params.at(static_cast<size_t>(ctx.replica_id_in_sync_group()));
+      return map_structure(mine, [](const tensor& t) { return t.to("CPU:0"); });
+    });
+    return copies[0];
+  };
   std::mutex collective_mtx;
   double collective_s = 0;
+  // One step of a GPU replica: see on_gpus above. The bucket all-reduces are queued on the
+  // replica's stream behind the backward kernels that write them (NCCL on the same stream), so
+  // the overlap of the CPU form's helper thread is not needed to keep the host from waiting.
+  auto gpu_step = [&](replica_context& ctx, const nest& part, std::vector<tensor>& flats,
+                      const std::function<float*(size_t)>& slot_of, steady::time_point begin) {
+    const int replica = ctx.replica_id_in_sync_group();
+    nest& params = replica_params.at(static_cast<size_t>(replica));
+    if (!params.is_dict())
+      params = map_structure(result.params, [&](const tensor& t) { return t.to(ctx.device()); });
+    forward_backward_gpu(params, part["x"].as_tensor(), part["y"].as_tensor(), slot_of(keys.size()),
+                         [&](int layer) {
+                           // keys: w{L+1}, b{L+1}, ..., w1, b1.
+                           auto k = static_cast<size_t>(2 * (o.layers + 1 - layer));
+                           return gradient_slot{slot_of(k), slot_of(k + 1)};
+                         });
+    std::vector<tensor> reduced(sizes.size());
+    auto reduce_begin = steady::now();
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      auto [i, j] = buckets[b];
+      auto flat_reduced = ctx.all_reduce("SUM", flats[b]);
+      for (size_t k = i; k < j; ++k)
+        reduced[k] =
+            flat_reduced
+                .slice(offset_of[k], offset_of[k] + static_cast<int64_t>(sizes[k] / sizeof(float)))
+                .reshape(shapes[k]);
+    }
+    auto reduce_end = steady::now();
+    trace.add("all_reduce(queued)", worker, replica, reduce_begin, reduce_end);
+    nest::dict_type grads;
+    for (size_t k = 0; k < keys.size(); ++k)
+      grads[keys[k]] = reduced[k];
+    // The update reads the global row count from the reduced totals on the GPU.
+    sgd_update_gpu(params, nest::dict(std::move(grads)), o.learning_rate,
+                   reduced.back().data<float>() + 2);
+    // Waits for the step's GPU work (the step's end would), and keeps no view of the buckets.
+    tensor totals = reduced.back().to("CPU:0");
+    {
+      std::lock_guard<std::mutex> guard{collective_mtx};
+      collective_s += std::chrono::duration<double>(reduce_end - reduce_begin).count();
+    }
+    trace.add("step", worker, replica, begin, steady::now());
+    return nest::dict({{"totals", totals}});
+  };
   int64_t seen = 0;
   auto start = steady::now();
   for (int64_t step = 0; step < o.steps; ++step) {
@@ -218,13 +293,16 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
           auto& flats = replica_buckets.at(static_cast<size_t>(replica));
           if (flats.empty())
             for (int64_t elements : bucket_elements)
-              flats.push_back(tensor::zeros(dtype::float32, {elements}));
+              flats.push_back(tensor::zeros(dtype::float32, {elements},
+                                            on_gpus ? ctx.device() : std::string{"CPU:0"}));
           std::vector<float*> bases;
           for (auto& flat : flats)
             bases.push_back(flat.mutable_data<float>());
           auto slot_of = [&](size_t k) {
             return bases[bucket_of[k]] + offset_of[k];
           };
+          if (on_gpus)
+            return gpu_step(ctx, part, flats, slot_of, begin);
           loss_and_grads lg;
           gradient_channel channel;
           std::thread helper;
@@ -301,10 +379,10 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
     // Every replica holds the same reduced gradients; take the first.
     auto totals = outputs[0]["totals"].as_tensor().to_vector<float>();
     auto global_rows = static_cast<int64_t>(totals[2]);
-    if (global_rows > 0)
+    if (global_rows > 0 && !on_gpus)
       sgd_update(result.params, outputs[0]["grads"], o.learning_rate, global_rows);
     if (step + 1 == o.snapshot_step)
-      result.snapshot = result.params;
+      result.snapshot = on_gpus ? fetch_params() : result.params;
     // The mean loss over every example of the global batch, as tf.distribute reports it.
     double rows = std::max<double>(totals[2], 1.0);
     double loss = totals[0] / rows;
@@ -325,6 +403,8 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
     }
   }
   result.elapsed_s = std::chrono::duration<double>(steady::now() - start).count();
+  if (on_gpus)
+    result.params = fetch_params();
   result.examples_per_s = static_cast<double>(seen) / std::max(result.elapsed_s, 1e-9);
   result.collective_s = collective_s;
   result.collectives_per_step = static_cast<int64_t>(buckets.size());

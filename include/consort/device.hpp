@@ -25,4 +25,21 @@ struct device_spec {
 /// @throws error(unknown_device) saying what was expected when `name` is not a device.
 device_spec parse_device(std::string_view name);
 
+/// Number of GPUs this process sees ("GPU:0" .. "GPU:n-1"): 0 in a build without CUDA, without a
+/// driver or without a device (as `tf.config.list_physical_devices("GPU")` is then empty). Never
+/// throws.
+int num_gpus() noexcept;
+
+/// Why `num_gpus()` is 0: "this build of consort has no CUDA support", or CUDA's reason (no
+/// driver, no device, CUDA_VISIBLE_DEVICES hiding them). Empty when there are GPUs.
+std::string gpus_unavailable_reason();
+
+/// The CUDA stream consort queues the calling thread's GPU work on, as an opaque `cudaStream_t`
+/// (`torch.cuda.current_stream()`): on a GPU replica's thread inside `run`, the replica's own
+/// stream, so kernels queued there run in order with the step's copies and collectives and need
+/// no `replica_context::synchronize()`; on any other thread, CUDA's per-thread default stream
+/// (`cudaStreamPerThread`), which consort's copies from that thread use too. nullptr in a build
+/// without CUDA.
+void* current_cuda_stream() noexcept;
+
 } // namespace consort

@@ -243,3 +243,34 @@ TEST(GpuCrossDeviceOps, ReduceAndBroadcastReachGpuDestinations) {
   EXPECT_EQ(sent.values()[0].device(), "GPU:0");
   EXPECT_EQ(sent.values()[0].to_vector<int64_t>(), (std::vector<int64_t>{7, 8}));
 }
+
+// -- the public view of the GPUs (consort/device.hpp) --------------------------------------------
+
+TEST(GpuDevices, NumGpusAndTheReasonForNoneAgreeWithTheRuntime) {
+  // Runs with and without a GPU: the count is the runtime's, and a count of 0 always says why.
+  EXPECT_EQ(num_gpus(), detail::gpu::count());
+  if (num_gpus() == 0)
+    EXPECT_FALSE(gpus_unavailable_reason().empty());
+  else
+    EXPECT_EQ(gpus_unavailable_reason(), "");
+  // A CUDA build has a stream for every thread (CUDA's per-thread default stream off replicas).
+  EXPECT_NE(current_cuda_stream(), nullptr);
+  EXPECT_EQ(current_cuda_stream(), detail::gpu::current_stream());
+}
+
+TEST(GpuDevices, AGpuReplicasCurrentStreamIsItsOwnAndNotTheCallersOne) {
+  REQUIRE_GPU();
+  void* outside = current_cuda_stream();
+  mirrored_strategy gpus({"GPU:0"});
+  std::vector<void*> inside;
+  for (int step = 0; step < 2; ++step)
+    gpus.run([&](replica_context&) {
+      inside.push_back(current_cuda_stream());
+      return tensor::scalar<float>(0);
+    });
+  ASSERT_EQ(inside.size(), 2u);
+  EXPECT_NE(inside[0], nullptr);
+  EXPECT_NE(inside[0], outside);   // the replica's stream, not CUDA's per-thread default one
+  EXPECT_EQ(inside[0], inside[1]); // one stream for the replica's life
+  EXPECT_EQ(current_cuda_stream(), outside);
+}

@@ -1,0 +1,311 @@
+// The CUDA kernels of the training demo's GPU form (see mlp_kernels.hpp).
+//
+// The GEMMs are ours rather than cuBLAS's: cuBLAS 13's libcublasLt alone is 541 MB, more than
+// the 64 MiB a build may carry to the GPU machines this project is lent, and a fixed kernel keeps
+// every run's bytes the same (cuBLAS may pick another algorithm, with another summation order,
+// from one run or GPU to the next). The model's GEMMs are small (512 x 512 x 512 at most by
+// default), where a shared-memory tiled kernel is within a small factor of cuBLAS (docs/train.md,
+// "On GPUs").
+
+#include "mlp_kernels.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace consort::train::kernels {
+
+namespace {
+
+// -- GEMM: 64 x 64 tiles of C per block of 256 threads, 16 of K at a time ------------------------
+
+constexpr int tile_m = 64;
+constexpr int tile_n = 64;
+constexpr int tile_k = 16;
+constexpr int threads_x = 16; // along n
+constexpr int threads_y = 16; // along m
+constexpr int per_thread = 4; // outputs per thread along m and along n
+
+template <bool TransposeA, bool TransposeB>
+__global__ void __launch_bounds__(threads_x* threads_y)
+    gemm_kernel(int64_t m, int64_t n, int64_t k, const float* __restrict__ a,
+                const float* __restrict__ b, float* __restrict__ c, const float* __restrict__ bias,
+                bool relu, const float* __restrict__ mask) {
+  // +1 column: the transposed loads write down columns without bank conflicts.
+  __shared__ float as[tile_k][tile_m + 1];
+  __shared__ float bs[tile_k][tile_n + 1];
+  const int tx = threadIdx.x;
+  const int ty = threadIdx.y;
+  const int tid = ty * threads_x + tx;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * tile_m;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * tile_n;
+  float acc[per_thread][per_thread] = {};
+  for (int64_t k0 = 0; k0 < k; k0 += tile_k) {
+    // Each thread loads 4 of A's 64 x 16 and 4 of B's 16 x 64 tile elements, consecutive threads
+    // reading consecutive addresses of the stored matrix.
+#pragma unroll
+    for (int i = 0; i < (tile_m * tile_k) / (threads_x * threads_y); ++i) {
+      const int e = tid + i * threads_x * threads_y;
+      int mm, kk;
+      if (TransposeA) { // stored [K, M]: contiguous along m
+        kk = e / tile_m;
+        mm = e % tile_m;
+      } else { // stored [M, K]: contiguous along k
+        mm = e / tile_k;
+        kk = e % tile_k;
+      }
+      const int64_t gm = row0 + mm;
+      const int64_t gk = k0 + kk;
+      float v = 0.f;
+      if (gm < m && gk < k)
+        v = TransposeA ? a[gk * m + gm] : a[gm * k + gk];
+      as[kk][mm] = v;
+    }
+#pragma unroll
+    for (int i = 0; i < (tile_n * tile_k) / (threads_x * threads_y); ++i) {
+      const int e = tid + i * threads_x * threads_y;
+      int nn, kk;
+      if (TransposeB) { // stored [N, K]: contiguous along k
+        nn = e / tile_k;
+        kk = e % tile_k;
+      } else { // stored [K, N]: contiguous along n
+        kk = e / tile_n;
+        nn = e % tile_n;
+      }
+      const int64_t gn = col0 + nn;
+      const int64_t gk = k0 + kk;
+      float v = 0.f;
+      if (gn < n && gk < k)
+        v = TransposeB ? b[gn * k + gk] : b[gk * n + gn];
+      bs[kk][nn] = v;
+    }
+    __syncthreads();
+    // Rows ty, ty + 16, ...; columns tx, tx + 16, ...: k in order for every output.
+#pragma unroll
+    for (int kk = 0; kk < tile_k; ++kk) {
+      float av[per_thread];
+      float bv[per_thread];
+#pragma unroll
+      for (int i = 0; i < per_thread; ++i) {
+        av[i] = as[kk][ty + i * threads_y];
+        bv[i] = bs[kk][tx + i * threads_x];
+      }
+#pragma unroll
+      for (int i = 0; i < per_thread; ++i)
+#pragma unroll
+        for (int j = 0; j < per_thread; ++j)
+          acc[i][j] += av[i] * bv[j];
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < per_thread; ++i) {
+    const int64_t gm = row0 + ty + i * threads_y;
+    if (gm >= m)
+      continue;
+#pragma unroll
+    for (int j = 0; j < per_thread; ++j) {
+      const int64_t gn = col0 + tx + j * threads_x;
+      if (gn >= n)
+        continue;
+      float v = acc[i][j];
+      if (bias != nullptr)
+        v += bias[gn];
+      if (relu)
+        v = v > 0.f ? v : 0.f;
+      if (mask != nullptr)
+        v = mask[gm * n + gn] > 0.f ? v : 0.f;
+      c[gm * n + gn] = v;
+    }
+  }
+}
+
+__global__ void column_sums_kernel(int64_t rows, int64_t cols, const float* __restrict__ a,
+                                   float* __restrict__ sums) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= cols)
+    return;
+  float s = 0.f;
+  for (int64_t r = 0; r < rows; ++r)
+    s += a[r * cols + col];
+  sums[col] = s;
+}
+
+/// One thread per row: the row's loss and correctness into scratch, its delta into `delta`.
+__global__ void softmax_rows_kernel(int64_t rows, int classes, const float* __restrict__ logits,
+                                    const int32_t* __restrict__ labels, float* __restrict__ delta,
+                                    double* __restrict__ loss, double* __restrict__ correct) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows)
+    return;
+  const float* z = logits + r * classes;
+  float* d = delta + r * classes;
+  const int label = labels[r];
+  if (label < 0 || label >= classes) {
+    loss[r] = nan("");
+    correct[r] = 0;
+    for (int j = 0; j < classes; ++j)
+      d[j] = 0.f;
+    return;
+  }
+  int top_index = 0;
+  for (int j = 1; j < classes; ++j)
+    if (z[j] > z[top_index])
+      top_index = j;
+  const double top = z[top_index];
+  double exp_sum = 0;
+  for (int j = 0; j < classes; ++j)
+    exp_sum += exp(static_cast<double>(z[j]) - top);
+  const double log_sum_exp = top + log(exp_sum);
+  loss[r] = log_sum_exp - static_cast<double>(z[label]);
+  correct[r] = top_index == label ? 1.0 : 0.0;
+  for (int j = 0; j < classes; ++j)
+    d[j] = static_cast<float>(exp(static_cast<double>(z[j]) - log_sum_exp) - (j == label ? 1 : 0));
+}
+
+constexpr int totals_threads = 256;
+
+/// One block: the batch's loss and correct totals, each thread summing a strided share in order
+/// and the shares added in a fixed tree.
+__global__ void __launch_bounds__(totals_threads)
+    totals_kernel(int64_t rows, const double* __restrict__ loss, const double* __restrict__ correct,
+                  float* __restrict__ totals) {
+  __shared__ double loss_part[totals_threads];
+  __shared__ double correct_part[totals_threads];
+  const int t = threadIdx.x;
+  double l = 0;
+  double c = 0;
+  for (int64_t r = t; r < rows; r += totals_threads) {
+    l += loss[r];
+    c += correct[r];
+  }
+  loss_part[t] = l;
+  correct_part[t] = c;
+  __syncthreads();
+  for (int half = totals_threads / 2; half > 0; half /= 2) {
+    if (t < half) {
+      loss_part[t] += loss_part[t + half];
+      correct_part[t] += correct_part[t + half];
+    }
+    __syncthreads();
+  }
+  if (t == 0) {
+    totals[0] = static_cast<float>(loss_part[0]);
+    totals[1] = static_cast<float>(correct_part[0]);
+    totals[2] = static_cast<float>(rows);
+  }
+}
+
+__global__ void sgd_kernel(int64_t n, float* __restrict__ p, const float* __restrict__ g,
+                           double learning_rate, const float* __restrict__ global_rows) {
+  const double rows = *global_rows;
+  if (!(rows >= 1))
+    return;
+  const double scale = learning_rate / rows;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    p[e] = static_cast<float>(static_cast<double>(p[e]) - scale * static_cast<double>(g[e]));
+}
+
+/// Makes `device` current for a launch and restores the caller's device after it.
+class on_device {
+public:
+  explicit on_device(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess)
+      previous_ = -1;
+    if (previous_ != device)
+      error_ = cudaSetDevice(device);
+  }
+  ~on_device() {
+    int now = -1;
+    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_)
+      cudaSetDevice(previous_);
+  }
+  on_device(const on_device&) = delete;
+  on_device& operator=(const on_device&) = delete;
+  cudaError_t error() const { return error_; }
+
+private:
+  int previous_ = -1;
+  cudaError_t error_ = cudaSuccess;
+};
+
+/// nullptr when the last launch on this thread was accepted, else CUDA's text.
+const char* launched() {
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
+unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+} // namespace
+
+const char* gemm(int device, void* stream, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
+                 int64_t k, const float* a, const float* b, float* c, const float* bias, bool relu,
+                 const float* mask) {
+  if (m <= 0 || n <= 0)
+    return nullptr;
+  on_device guard(device);
+  if (guard.error() != cudaSuccess)
+    return cudaGetErrorString(guard.error());
+  const dim3 grid(blocks_for(n, tile_n), blocks_for(m, tile_m));
+  const dim3 block(threads_x, threads_y);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (!transpose_a && !transpose_b)
+    gemm_kernel<false, false><<<grid, block, 0, s>>>(m, n, k, a, b, c, bias, relu, mask);
+  else if (transpose_a && !transpose_b)
+    gemm_kernel<true, false><<<grid, block, 0, s>>>(m, n, k, a, b, c, bias, relu, mask);
+  else if (!transpose_a && transpose_b)
+    gemm_kernel<false, true><<<grid, block, 0, s>>>(m, n, k, a, b, c, bias, relu, mask);
+  else
+    gemm_kernel<true, true><<<grid, block, 0, s>>>(m, n, k, a, b, c, bias, relu, mask);
+  return launched();
+}
+
+const char* column_sums(int device, void* stream, int64_t rows, int64_t cols, const float* a,
+                        float* sums) {
+  if (cols <= 0)
+    return nullptr;
+  on_device guard(device);
+  if (guard.error() != cudaSuccess)
+    return cudaGetErrorString(guard.error());
+  column_sums_kernel<<<blocks_for(cols, 128), 128, 0, static_cast<cudaStream_t>(stream)>>>(
+      rows, cols, a, sums);
+  return launched();
+}
+
+const char* softmax_cross_entropy(int device, void* stream, int64_t rows, int classes,
+                                  const float* logits, const int32_t* labels, float* delta,
+                                  double* scratch, float* totals) {
+  on_device guard(device);
+  if (guard.error() != cudaSuccess)
+    return cudaGetErrorString(guard.error());
+  auto s = static_cast<cudaStream_t>(stream);
+  if (rows > 0) {
+    softmax_rows_kernel<<<blocks_for(rows, 128), 128, 0, s>>>(rows, classes, logits, labels, delta,
+                                                              scratch, scratch + rows);
+    if (const char* e = launched())
+      return e;
+  }
+  // Also for 0 rows: the totals are then zeros.
+  totals_kernel<<<1, totals_threads, 0, s>>>(rows, scratch, scratch + rows, totals);
+  return launched();
+}
+
+const char* sgd(int device, void* stream, int64_t n, float* p, const float* g, double learning_rate,
+                const float* global_rows) {
+  if (n <= 0)
+    return nullptr;
+  on_device guard(device);
+  if (guard.error() != cudaSuccess)
+    return cudaGetErrorString(guard.error());
+  const unsigned blocks = blocks_for(n, 256) < 1024 ? blocks_for(n, 256) : 1024;
+  sgd_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(n, p, g, learning_rate,
+                                                                    global_rows);
+  return launched();
+}
+
+} // namespace consort::train::kernels

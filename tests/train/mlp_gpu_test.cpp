@@ -1,0 +1,219 @@
+// The training demo's GPU form (examples/train/mlp_gpu.cpp, mlp_kernels.cu, and train_on on GPU
+// replicas), checked against its host form. Label gpu: the tests that need a GPU skip without
+// one, saying why; the argument checks run everywhere (also in a build without CUDA).
+
+#include "support/expect_error.hpp"
+#include "trainer.hpp"
+
+#include <consort/consort.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+using namespace consort;
+using namespace consort::train;
+
+namespace {
+
+#define REQUIRE_GPU()                                                                              \
+  do {                                                                                             \
+    if (num_gpus() == 0)                                                                           \
+      GTEST_SKIP() << "no GPU: " << gpus_unavailable_reason();                                     \
+  } while (false)
+
+nest on(const nest& value, const std::string& device) {
+  return map_structure(value, [&](const tensor& t) { return t.to(device); });
+}
+
+const dataset_tensors& data() {
+  static const dataset_tensors d = [] {
+    synthetic_options o;
+    o.examples = 300;
+    return make_dataset(o);
+  }();
+  return d;
+}
+
+/// The largest difference between two float32 tensors relative to the larger magnitude, at least
+/// `floor` (max_relative_difference's measure, for one pair).
+double relative_difference(const tensor& a, const tensor& b, double floor = 1e-3) {
+  auto va = a.to_vector<float>();
+  auto vb = b.to_vector<float>();
+  EXPECT_EQ(va.size(), vb.size());
+  double worst = 0;
+  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
+    double scale = std::max({std::fabs(double(va[i])), std::fabs(double(vb[i])), floor});
+    worst = std::max(worst, std::fabs(double(va[i]) - double(vb[i])) / scale);
+  }
+  return worst;
+}
+
+// A model with every GEMM shape off the kernels' 64 x 64 tiles: 300 rows, 16 -> 70 -> 70 -> 4.
+const mlp_shape odd_shape{16, 70, 4, 2};
+
+} // namespace
+
+// -- argument checks (any machine) ---------------------------------------------------------------
+
+TEST(MlpGpu, ForwardBackwardRefusesHostTensorsAndANullTotals) {
+  auto params = init_params(odd_shape, 1);
+  EXPECT_TRUE(test::fails_with([&] { forward_backward_gpu(params, data().x, data().y, nullptr); },
+                               errc::invalid_argument,
+                               {"forward_backward_gpu", "x is on CPU:0", "expected a GPU"}));
+  EXPECT_TRUE(test::fails_with([&] { forward_backward_gpu(params, tensor{}, data().y, nullptr); },
+                               errc::invalid_argument, {"x is a default-constructed tensor"}));
+  EXPECT_TRUE(test::fails_with(
+      [&] { forward_backward_gpu(nest::dict(nest::dict_type{}), data().x, data().y, nullptr); },
+      errc::structure_mismatch, {"parameter \"w1\" is missing"}));
+}
+
+TEST(MlpGpu, SgdUpdateRefusesHostTensorsAndANullRowCount) {
+  auto params = init_params(odd_shape, 1);
+  auto grads = init_params(odd_shape, 2);
+  EXPECT_TRUE(test::fails_with([&] { sgd_update_gpu(params, grads, 0.1, nullptr); },
+                               errc::invalid_argument, {"global_rows is null"}));
+  float not_null = 0;
+  EXPECT_TRUE(test::fails_with([&] { sgd_update_gpu(params, grads, 0.1, &not_null); },
+                               errc::invalid_argument, {"is on CPU:0", "expected a GPU"}));
+  EXPECT_TRUE(test::fails_with(
+      [&] {
+        sgd_update_gpu(params, nest::dict({{"w1", tensor{}}}), 0.1, &not_null);
+      },
+      errc::structure_mismatch, {}));
+}
+
+TEST(TrainOnGpus, AMixOfCpuAndGpuReplicasIsRefusedBeforeAnyStep) {
+  REQUIRE_GPU();
+  mirrored_strategy mixed({"CPU:0", "GPU:0"});
+  train_options o;
+  o.steps = 2;
+  tracer off(false);
+  EXPECT_TRUE(test::fails_with([&] { train_on(mixed, o, data(), off, 0); }, errc::invalid_argument,
+                               {"all CPUs or all GPUs", "CPU:0, GPU:0"}));
+}
+
+// -- on a GPU ------------------------------------------------------------------------------------
+
+TEST(MlpGpu, ForwardBackwardOnAGpuMatchesTheHostModel) {
+  REQUIRE_GPU();
+  auto params = init_params(odd_shape, 7);
+  auto host = forward_backward(params, data().x, data().y);
+  auto totals = tensor::zeros(dtype::float32, {3}, "GPU:0");
+  auto grads = forward_backward_gpu(on(params, "GPU:0"), data().x.to("GPU:0"), data().y.to("GPU:0"),
+                                    totals.mutable_data<float>());
+  auto t = totals.to_vector<float>();
+  EXPECT_NEAR(t[0], host.loss_sum.item<float>(), 1e-5 * std::fabs(host.loss_sum.item<float>()));
+  EXPECT_EQ(t[1], host.correct.item<float>());
+  EXPECT_EQ(t[2], 300.f);
+  ASSERT_TRUE(grads.is_dict());
+  for (const auto& [key, g] : host.grads.as_dict()) {
+    ASSERT_TRUE(grads.as_dict().count(key)) << key;
+    const tensor& mine = grads[key].as_tensor();
+    EXPECT_TRUE(mine.on_gpu()) << key;
+    EXPECT_LE(relative_difference(mine, g.as_tensor()), 1e-4) << key;
+  }
+}
+
+TEST(MlpGpu, ForwardBackwardOnAGpuGivesTheSameBytesEveryCallAndWithSlots) {
+  REQUIRE_GPU();
+  auto params = on(init_params(odd_shape, 3), "GPU:0");
+  auto x = data().x.to("GPU:0");
+  auto y = data().y.to("GPU:0");
+  auto totals_a = tensor::zeros(dtype::float32, {3}, "GPU:0");
+  auto totals_b = tensor::zeros(dtype::float32, {3}, "GPU:0");
+  auto a = forward_backward_gpu(params, x, y, totals_a.mutable_data<float>());
+  // The same gradients written into caller memory: one flat buffer, layer by layer.
+  std::vector<tensor> slots_w;
+  std::vector<tensor> slots_b;
+  std::vector<int> order;
+  auto b = forward_backward_gpu(
+      params, x, y, totals_b.mutable_data<float>(),
+      [&](int layer) {
+        const auto& w = params[weight_key(layer)].as_tensor();
+        slots_w.push_back(tensor::zeros(dtype::float32, w.shape(), "GPU:0"));
+        slots_b.push_back(tensor::zeros(dtype::float32, {w.shape()[1]}, "GPU:0"));
+        return gradient_slot{slots_w.back().mutable_data<float>(),
+                             slots_b.back().mutable_data<float>()};
+      },
+      [&](int layer, const tensor& w, const tensor& bias) {
+        EXPECT_FALSE(w.valid());
+        EXPECT_FALSE(bias.valid());
+        order.push_back(layer);
+      });
+  EXPECT_EQ(order, (std::vector<int>{3, 2, 1}));
+  EXPECT_EQ(b.size(), 0u);
+  EXPECT_EQ(totals_a, totals_b);
+  for (int layer = 3; layer >= 1; --layer) {
+    EXPECT_EQ(a[weight_key(layer)].as_tensor(), slots_w[static_cast<size_t>(3 - layer)]);
+    EXPECT_EQ(a[bias_key(layer)].as_tensor(), slots_b[static_cast<size_t>(3 - layer)]);
+  }
+}
+
+TEST(MlpGpu, AnEmptyBatchGivesZerosAndABadLabelANanLoss) {
+  REQUIRE_GPU();
+  auto params = on(init_params(odd_shape, 3), "GPU:0");
+  auto totals = tensor::from<float>({9, 9, 9}, {3}, "GPU:0");
+  auto none = forward_backward_gpu(params, data().x.slice(0, 0).to("GPU:0"),
+                                   data().y.slice(0, 0).to("GPU:0"), totals.mutable_data<float>());
+  EXPECT_EQ(totals.to_vector<float>(), (std::vector<float>{0, 0, 0}));
+  for (const auto& [key, g] : none.as_dict())
+    for (float v : g.as_tensor().to_vector<float>())
+      ASSERT_EQ(v, 0.f) << key;
+  auto labels = data().y.slice(0, 4).to_vector<int32_t>();
+  labels[2] = 4; // classes are 0..3
+  forward_backward_gpu(params, data().x.slice(0, 4).to("GPU:0"),
+                       tensor::from<int32_t>(labels, {4}, "GPU:0"), totals.mutable_data<float>());
+  EXPECT_TRUE(std::isnan(totals.to_vector<float>()[0]));
+}
+
+TEST(MlpGpu, SgdUpdateOnAGpuIsTheHostsUpdate) {
+  REQUIRE_GPU();
+  auto params = init_params(odd_shape, 5);
+  auto grads = init_params(odd_shape, 6);
+  auto expected = params;
+  sgd_update(expected, grads, 0.3, 7);
+  auto mine = on(params, "GPU:0");
+  auto published = mine; // a holder elsewhere keeps the old values (copy-on-write)
+  auto rows = tensor::from<float>({7}, {1}, "GPU:0");
+  sgd_update_gpu(mine, on(grads, "GPU:0"), 0.3, rows.data<float>());
+  EXPECT_EQ(max_relative_difference(mine, expected), 0.0);
+  EXPECT_EQ(max_relative_difference(published, params), 0.0);
+  // No rows in the global batch: nothing changes.
+  auto zero = tensor::from<float>({0}, {1}, "GPU:0");
+  auto before = on(mine, "CPU:0");
+  sgd_update_gpu(mine, on(grads, "GPU:0"), 0.3, zero.data<float>());
+  EXPECT_EQ(max_relative_difference(mine, before), 0.0);
+}
+
+TEST(TrainOnGpus, OneGpuReplicaTrainsAsOneCpuReplicaWithinTheGpuTolerance) {
+  REQUIRE_GPU();
+  train_options o;
+  o.steps = 10;
+  o.global_batch = 64;
+  o.examples = 300;
+  o.hidden = 70;
+  o.layers = 2;
+  o.snapshot_step = 4;
+  tracer off(false);
+  one_device_strategy gpu("GPU:0");
+  one_device_strategy cpu("CPU:0");
+  auto a = train_on(gpu, o, data(), off, 0);
+  auto b = train_on(cpu, o, data(), off, 0);
+  ASSERT_EQ(a.curve.loss.size(), 10u);
+  EXPECT_LT(a.curve.loss.back(), a.curve.loss.front());
+  EXPECT_LE(max_relative_difference(a.params, b.params), verify_tolerance_gpu);
+  EXPECT_LE(max_relative_difference(a.snapshot, b.snapshot), verify_tolerance_gpu);
+  EXPECT_GT(max_relative_difference(a.snapshot, a.params), verify_tolerance_gpu);
+  for (const auto& leaf : flatten(a.params))
+    EXPECT_FALSE(leaf.on_gpu());
+  for (size_t s = 0; s < 10; ++s)
+    EXPECT_NEAR(a.curve.loss[s], b.curve.loss[s], 1e-3 * b.curve.loss[s]) << "step " << s;
+  // Bucketing (one all-reduce per tensor) changes no bit on the GPU either.
+  auto per_tensor = o;
+  per_tensor.bucket_bytes = 0;
+  auto c = train_on(gpu, per_tensor, data(), off, 0);
+  EXPECT_EQ(max_relative_difference(a.params, c.params), 0.0);
+}
