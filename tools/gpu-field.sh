@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# gpu-field.sh: every check and benchmark that needs a GPU, in one call, for a machine that is
+# lent for minutes (DESIGN.md §9; issues 12 and 13). Build here, pack, then run it there:
+#
+#   tools/build.sh && ../shared/tools/gpu-pack build
+#   # device `run`, carry [".devcarry"], timeout_s 600:
+#   bash .devcarry/run-on-gpu bash tools/gpu-field.sh
+#
+# Writes one log per part under $OUT (the device tool's folder that comes back; ./gpu-field-logs
+# when $OUT is unset) and summary.txt with the lines that matter: the GPU tests' verdict, nccl_bench's
+# direct / wrapper / consort rows up to 1 MiB beside torch.distributed (NCCL) on the same GPU, the
+# reduction kernels' bandwidth, and the training demo's examples/s on the GPU against one CPU
+# replica in the same call. Every part has its own time limit (the whole stays under 8 minutes) and a
+# part that fails or times out is recorded and the next one still runs. Exit status: 0 when every
+# part passed, else 1.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+out=${OUT:-$PWD/gpu-field-logs}
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+failed=0
+
+note() { echo "$*" | tee -a "$summary"; }
+
+# part NAME LIMIT_S COMMAND...: runs COMMAND with its output in NAME.log, and notes how it ended.
+part() {
+  local name=$1 limit=$2
+  shift 2
+  local begin=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  local verdict="ok"
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    verdict="TIMED OUT after ${limit} s"
+    failed=1
+  elif [ "$rc" -ne 0 ]; then
+    verdict="FAILED (exit $rc)"
+    failed=1
+  fi
+  note "== $name: $verdict in $((SECONDS - begin)) s ($*)"
+  return 0
+}
+
+# The python3 with torch: the first one of PATH that imports it (the GPU machine's venv is on PATH).
+torch_python=""
+for py in python3 /opt/torch/.venv/bin/python3 /usr/bin/python3; do
+  if command -v "$py" >/dev/null 2>&1 && "$py" -c "import torch" >/dev/null 2>&1; then
+    torch_python=$py
+    break
+  fi
+done
+
+{
+  date -u
+  git log -1 --format='%H %s' 2>/dev/null || true
+  nvidia-smi -L 2>&1 || echo "nvidia-smi: not there"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || true
+  echo "torch python: ${torch_python:-none}"
+  [ -n "$torch_python" ] && "$torch_python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else '-')"
+} >"$out/machine.log" 2>&1
+head -3 "$out/machine.log" | sed 's/^/# /' >>"$summary"
+
+# 1. The GPU tests (issue 13's "done": no failure; skips only where two GPUs are needed).
+part ctest_gpu 300 ctest --test-dir build -L 'gpu|example' --output-on-failure -j4 --timeout 120
+# Every test's output (skips included, with their reasons) is in CTest's own log.
+cp build/Testing/Temporary/LastTest.log "$out/ctest_gpu_full.log" 2>/dev/null
+{
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)" "$out/ctest_gpu.log"
+  echo "skipped: $(grep -c "(Skipped)" "$out/ctest_gpu.log"); their reasons:"
+  grep -A1 ": Skipped$" "$out/ctest_gpu_full.log" 2>/dev/null | grep -vE ": Skipped$|^--$" | sort | uniq -c
+} >>"$summary"
+
+# 2. One GPU's collectives up to 1 MiB: direct NCCL, the wrapper, consort's strategy row (issue
+#    12's target: consort <= 2x direct), and torch.distributed (NCCL) on the same GPU.
+part nccl_bench 90 ./build/bench/nccl_bench --max-bytes 1M --iters 200 --json "$out/nccl_bench.json"
+grep -E "^ +[0-9]+ .*(direct|wrapper|consort)" "$out/nccl_bench.log" | grep -E " float " |
+  awk '$1 == 4 || $1 == 4096 || $1 == 1048576' >>"$summary"
+if [ -n "$torch_python" ]; then
+  part torch_nccl_bench 120 "$torch_python" bench/torch_nccl_bench.py --max-bytes 1M --iters 200 \
+    --json "$out/torch_nccl_bench.json"
+  grep -E "^ +[0-9]+ .* torch " "$out/torch_nccl_bench.log" | awk '$1 == 4 || $1 == 4096 || $1 == 1048576' >>"$summary"
+else
+  note "== torch_nccl_bench: skipped (no python3 with torch)"
+fi
+
+# 3. The reduction kernels' bandwidth against the device's peak.
+part reduce_kernel_bench 60 ./build/bench/reduce_kernel_bench --max-bytes 1G --json "$out/reduce_kernel_bench.json"
+tail -5 "$out/reduce_kernel_bench.log" >>"$summary"
+
+# 4. The demo on the GPU and on one CPU replica, same model and steps (examples/s, verify).
+for shape in "--hidden 512 --layers 2" "--hidden 1024 --layers 3"; do
+  tag=$(echo "$shape" | awk '{print $2 "x" $4}')
+  # shellcheck disable=SC2086
+  part "train_gpu_$tag" 120 ./build/examples/train/consort-train --devices GPU:0 --steps 300 $shape
+  # shellcheck disable=SC2086
+  part "train_cpu_$tag" 120 ./build/examples/train/consort-train --devices CPU:0 --steps 300 --no-verify $shape
+  grep -hE "^trained:|^verify" "$out/train_gpu_$tag.log" "$out/train_cpu_$tag.log" >>"$summary"
+done
+
+note "== gpu-field: $([ "$failed" -eq 0 ] && echo "every part passed" || echo "a part failed or timed out"); logs in $out"
+exit "$failed"
