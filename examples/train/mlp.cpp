@@ -421,9 +421,9 @@ void sgd_update(nest& params, const nest& grad_sums, double learning_rate, int64
   assert_same_structure(params, grad_sums);
   auto leaves = flatten(params);
   const auto grads = flatten(grad_sums);
-  const double scale = learning_rate / static_cast<double>(global_batch);
+  // Every leaf is checked before any changes, so a bad pair leaves `params` as it was.
   for (size_t i = 0; i < leaves.size(); ++i) {
-    tensor& p = leaves[i];
+    const tensor& p = leaves[i];
     const tensor& g = grads[i];
     if (!p.valid() || !g.valid())
       throw_error(errc::invalid_argument,
@@ -437,13 +437,22 @@ void sgd_update(nest& params, const nest& grad_sums, double learning_rate, int64
       throw_error(errc::shape_mismatch, "sgd_update: leaf " + std::to_string(i) +
                                             " has parameter shape " + to_string(p.shape()) +
                                             " but gradient shape " + to_string(g.shape()));
-    const float* gd = g.data<float>();
-    float* pd = p.mutable_data<float>(); // copies first when the storage is shared
-    const int64_t n = p.num_elements();
+  }
+  // The leaves are the only holders of their storage once `params` lets go of it, so the update
+  // is in place; a leaf that someone else also holds (a snapshot, a replica's copy) is copied
+  // first by mutable_data, so the holder keeps its values. (With `params` still holding them,
+  // flatten's handles alone would make every leaf look shared and copy the whole model.)
+  const nest structure = map_structure(params, [](const tensor&) { return tensor{}; });
+  params = nest{};
+  const double scale = learning_rate / static_cast<double>(global_batch);
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const float* gd = grads[i].data<float>();
+    float* pd = leaves[i].mutable_data<float>();
+    const int64_t n = leaves[i].num_elements();
     for (int64_t e = 0; e < n; ++e)
       pd[e] = static_cast<float>(pd[e] - scale * gd[e]);
   }
-  params = pack_as(params, leaves);
+  params = pack_as(structure, leaves);
 }
 
 } // namespace consort::train

@@ -557,6 +557,25 @@ TEST(MlpTest, SgdUpdateStepsAgainstTheMeanGradientWithoutTouchingSharedCopies) {
   EXPECT_EQ(published["b"].as_tensor(), tensor::from<float>({0.5f}, {1, 1}));
 }
 
+TEST(MlpTest, SgdUpdateOfParametersNobodyElseHoldsIsInPlace) {
+  nest params = nest::dict(
+      {{"a", tensor::from<float>({1.0f, 2.0f})}, {"b", tensor::from<float>({0.5f}, {1, 1})}});
+  const void* a_before = params["a"].as_tensor().raw_data();
+  const void* b_before = params["b"].as_tensor().raw_data();
+  nest grads = nest::dict(
+      {{"a", tensor::from<float>({4.0f, -8.0f})}, {"b", tensor::from<float>({2.0f}, {1, 1})}});
+  sgd_update(params, grads, 0.5, 4);
+  EXPECT_EQ(params["a"].as_tensor(), tensor::from<float>({0.5f, 3.0f}));
+  EXPECT_EQ(params["a"].as_tensor().raw_data(), a_before);
+  EXPECT_EQ(params["b"].as_tensor().raw_data(), b_before);
+  // A bad pair is found before any leaf changes: the parameters stay as they were.
+  nest bad = nest::dict(
+      {{"a", tensor::from<float>({1.0f, 1.0f})}, {"b", tensor::from<float>({1.0f, 1.0f})}});
+  EXPECT_THROW(sgd_update(params, bad, 0.5, 1), consort::error);
+  EXPECT_EQ(params["a"].as_tensor(), tensor::from<float>({0.5f, 3.0f}));
+  EXPECT_EQ(params["b"].as_tensor(), tensor::from<float>({0.25f}, {1, 1}));
+}
+
 TEST(MlpTest, SgdUpdateRejectsMismatchesAndAnEmptyGlobalBatch) {
   nest params = init_params({.inputs = 2, .hidden = 2, .classes = 2}, 1);
   nest grads = params;
