@@ -1,4 +1,5 @@
 #include "mlp.hpp"
+#include "mlp_checks.hpp"
 
 #include <consort/error.hpp>
 
@@ -71,7 +72,13 @@ double portable_cos(double x) {
   return portable_sin(x + pi / 2);
 }
 
+} // namespace
+
+namespace detail {
+
 // -- validation -----------------------------------------------------------------------------------
+
+namespace {
 
 const tensor& param(const nest& params, const std::string& key, const char* what) {
   const auto& leaf = params.as_dict().at(key);
@@ -86,7 +93,8 @@ const tensor& param(const nest& params, const std::string& key, const char* what
   return t;
 }
 
-/// `shape_of` with `what` naming the caller in messages.
+} // namespace
+
 mlp_shape checked_shape(const nest& params, const char* what) {
   // 2 (L + 1) keys: w1..w{L+1} and b1..b{L+1}.
   const std::string expected = "parameters must be a dict with exactly the keys w1..wN and "
@@ -133,6 +141,8 @@ mlp_shape checked_shape(const nest& params, const char* what) {
           static_cast<int>(fan_in), weights - 1};
 }
 
+namespace {
+
 void check_features(const tensor& x, const mlp_shape& shape, const char* what) {
   if (!x.valid())
     throw_error(errc::invalid_argument, std::string{what} + ": x is a default-constructed tensor");
@@ -144,6 +154,80 @@ void check_features(const tensor& x, const mlp_shape& shape, const char* what) {
                                           std::to_string(shape.inputs) + "] to match w1; got " +
                                           to_string(x.shape()));
 }
+
+} // namespace
+
+void check_batch(const tensor& x, const tensor& y, const mlp_shape& shape, const char* what) {
+  check_features(x, shape, what);
+  if (!y.valid())
+    throw_error(errc::invalid_argument, std::string{what} + ": y is a default-constructed tensor");
+  if (y.dtype() != dtype::int32)
+    throw_error(errc::dtype_mismatch,
+                std::string{what} + ": y must be int32; got " + to_string(y.dtype()));
+  const int64_t rows = x.shape()[0];
+  if (y.shape() != shape_t{rows})
+    throw_error(errc::shape_mismatch, std::string{what} + ": y must have shape [" +
+                                          std::to_string(rows) + "] to match x " +
+                                          to_string(x.shape()) + "; got " + to_string(y.shape()));
+}
+
+gradient_slot place_gradients(const gradient_slots_fn& slots, int layer, int64_t rows, int64_t cols,
+                              const std::string& device, tensor& w, tensor& b, const char* what,
+                              const char* memory) {
+  if (slots) {
+    gradient_slot slot = slots(layer);
+    if (slot.w == nullptr || slot.b == nullptr)
+      throw_error(errc::invalid_argument, std::string{what} + ": the gradient slot of layer " +
+                                              std::to_string(layer) +
+                                              " has a null pointer; expected " + memory + " for " +
+                                              weight_key(layer) + " and " + bias_key(layer));
+    return slot;
+  }
+  w = tensor::empty(dtype::float32, {rows, cols}, device);
+  b = tensor::empty(dtype::float32, {cols}, device);
+  return {w.mutable_data<float>(), b.mutable_data<float>()};
+}
+
+void check_update_pairs(const std::vector<tensor>& params, const std::vector<tensor>& grads,
+                        const char* what) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const tensor& p = params[i];
+    const tensor& g = grads[i];
+    if (!p.valid() || !g.valid())
+      throw_error(errc::invalid_argument, std::string{what} + ": leaf " + std::to_string(i) +
+                                              " is a default-constructed tensor");
+    if (p.dtype() != dtype::float32 || g.dtype() != dtype::float32)
+      throw_error(errc::dtype_mismatch, std::string{what} + ": leaf " + std::to_string(i) +
+                                            " must be float32 in both nests; got parameter " +
+                                            to_string(p.dtype()) + ", gradient " +
+                                            to_string(g.dtype()));
+    if (p.shape() != g.shape())
+      throw_error(errc::shape_mismatch, std::string{what} + ": leaf " + std::to_string(i) +
+                                            " has parameter shape " + to_string(p.shape()) +
+                                            " but gradient shape " + to_string(g.shape()));
+  }
+}
+
+void hand_over(int layer, const tensor& w, const tensor& b, const gradient_slots_fn& slots,
+               const layer_grads_fn& on_layer, nest::dict_type& grads) {
+  if (!slots) {
+    grads[weight_key(layer)] = w;
+    grads[bias_key(layer)] = b;
+  }
+  if (on_layer)
+    on_layer(layer, w, b);
+}
+
+nest skeleton_of(const nest& value) {
+  return map_structure(value, [](const tensor&) { return tensor{}; });
+}
+
+} // namespace detail
+
+using detail::check_features;
+using detail::checked_shape;
+
+namespace {
 
 // -- float32 linear algebra ----------------------------------------------------------------------
 
@@ -302,17 +386,8 @@ loss_and_grads forward_backward(const nest& params, const tensor& x, const tenso
                                 const layer_grads_fn& on_layer, const gradient_slots_fn& slots) {
   const char* what = "forward_backward";
   const mlp_shape s = checked_shape(params, what);
-  check_features(x, s, what);
-  if (!y.valid())
-    throw_error(errc::invalid_argument, std::string{what} + ": y is a default-constructed tensor");
-  if (y.dtype() != dtype::int32)
-    throw_error(errc::dtype_mismatch,
-                std::string{what} + ": y must be int32; got " + to_string(y.dtype()));
+  detail::check_batch(x, y, s, what);
   const int64_t rows = x.shape()[0];
-  if (y.shape() != shape_t{rows})
-    throw_error(errc::shape_mismatch, std::string{what} + ": y must have shape [" +
-                                          std::to_string(rows) + "] to match x " +
-                                          to_string(x.shape()) + "; got " + to_string(y.shape()));
   const int32_t* labels = y.data<int32_t>();
   for (int64_t n = 0; n < rows; ++n)
     if (labels[n] < 0 || labels[n] >= s.classes)
@@ -354,19 +429,8 @@ loss_and_grads forward_backward(const nest& params, const tensor& x, const tenso
     // The GEMMs write straight into the gradient tensors, or into the caller's slots.
     tensor gw;
     tensor gb;
-    gradient_slot slot;
-    if (slots) {
-      slot = slots(l);
-      if (slot.w == nullptr || slot.b == nullptr)
-        throw_error(errc::invalid_argument, std::string{what} + ": the gradient slot of layer " +
-                                                std::to_string(l) +
-                                                " has a null pointer; expected memory for " +
-                                                weight_key(l) + " and " + bias_key(l));
-    } else {
-      gw = tensor::empty(dtype::float32, {w.rows(), w.cols()});
-      gb = tensor::empty(dtype::float32, {w.cols()});
-      slot = {gw.mutable_data<float>(), gb.mutable_data<float>()};
-    }
+    const gradient_slot slot =
+        detail::place_gradients(slots, l, w.rows(), w.cols(), "CPU:0", gw, gb, what, "memory");
     view w_grad(slot.w, w.rows(), w.cols());
     view b_grad(slot.b, 1, w.cols());
     if (l == 1)
@@ -377,12 +441,7 @@ loss_and_grads forward_backward(const nest& params, const tensor& x, const tenso
       b_grad.setZero();
     else
       b_grad.noalias() = delta.colwise().sum();
-    if (!slots) {
-      grads[weight_key(l)] = gw;
-      grads[bias_key(l)] = gb;
-    }
-    if (on_layer)
-      on_layer(l, gw, gb);
+    detail::hand_over(l, gw, gb, slots, on_layer, grads);
     if (l > 1) {
       const matrix& below = f.acts[static_cast<size_t>(l - 2)];
       matrix next(rows, w.rows());
@@ -422,27 +481,12 @@ void sgd_update(nest& params, const nest& grad_sums, double learning_rate, int64
   auto leaves = flatten(params);
   const auto grads = flatten(grad_sums);
   // Every leaf is checked before any changes, so a bad pair leaves `params` as it was.
-  for (size_t i = 0; i < leaves.size(); ++i) {
-    const tensor& p = leaves[i];
-    const tensor& g = grads[i];
-    if (!p.valid() || !g.valid())
-      throw_error(errc::invalid_argument,
-                  "sgd_update: leaf " + std::to_string(i) + " is a default-constructed tensor");
-    if (p.dtype() != dtype::float32 || g.dtype() != dtype::float32)
-      throw_error(errc::dtype_mismatch, "sgd_update: leaf " + std::to_string(i) +
-                                            " must be float32 in both nests; got parameter " +
-                                            to_string(p.dtype()) + ", gradient " +
-                                            to_string(g.dtype()));
-    if (p.shape() != g.shape())
-      throw_error(errc::shape_mismatch, "sgd_update: leaf " + std::to_string(i) +
-                                            " has parameter shape " + to_string(p.shape()) +
-                                            " but gradient shape " + to_string(g.shape()));
-  }
+  detail::check_update_pairs(leaves, grads, "sgd_update");
   // The leaves are the only holders of their storage once `params` lets go of it, so the update
   // is in place; a leaf that someone else also holds (a snapshot, a replica's copy) is copied
   // first by mutable_data, so the holder keeps its values. (With `params` still holding them,
   // flatten's handles alone would make every leaf look shared and copy the whole model.)
-  const nest structure = map_structure(params, [](const tensor&) { return tensor{}; });
+  const nest structure = detail::skeleton_of(params);
   params = nest{};
   const double scale = learning_rate / static_cast<double>(global_batch);
   for (size_t i = 0; i < leaves.size(); ++i) {

@@ -1,6 +1,7 @@
 // The training demo's model on a GPU: argument checks and buffers here, kernels in mlp_kernels.cu.
 
 #include "mlp.hpp"
+#include "mlp_checks.hpp"
 
 #include <consort/config.hpp>
 #include <consort/device.hpp>
@@ -50,26 +51,12 @@ void launched(const char* error, const char* kernel, int device, const char* wha
 nest forward_backward_gpu(const nest& params, const tensor& x, const tensor& y, float* totals,
                           const gradient_slots_fn& slots, const layer_grads_fn& on_layer) {
   const char* what = "forward_backward_gpu";
-  const mlp_shape s = shape_of(params);
+  const mlp_shape s = detail::checked_shape(params, what);
+  detail::check_batch(x, y, s, what);
   const int device = gpu_of(x, "x", -1, what);
   gpu_of(y, "y", device, what);
   for (const auto& [key, value] : params.as_dict())
     gpu_of(value.as_tensor(), "parameter " + key, device, what);
-  if (x.dtype() != dtype::float32)
-    throw_error(errc::dtype_mismatch,
-                std::string{what} + ": x must be float32; got " + to_string(x.dtype()));
-  if (x.rank() != 2 || x.shape()[1] != s.inputs)
-    throw_error(errc::shape_mismatch, std::string{what} + ": x must have shape [N, " +
-                                          std::to_string(s.inputs) + "]; got " +
-                                          to_string(x.shape()));
-  if (y.dtype() != dtype::int32)
-    throw_error(errc::dtype_mismatch,
-                std::string{what} + ": y must be int32; got " + to_string(y.dtype()));
-  const int64_t rows = x.shape()[0];
-  if (y.shape() != shape_t{rows})
-    throw_error(errc::shape_mismatch, std::string{what} + ": y must have shape [" +
-                                          std::to_string(rows) + "] to match x " +
-                                          to_string(x.shape()) + "; got " + to_string(y.shape()));
   if (totals == nullptr)
     throw_error(errc::invalid_argument,
                 std::string{what} + ": totals is null; expected 3 floats of GPU memory");
@@ -79,6 +66,7 @@ nest forward_backward_gpu(const nest& params, const tensor& x, const tensor& y, 
   no_cuda(what);
 #else
   void* stream = current_cuda_stream();
+  const int64_t rows = x.shape()[0];
   const std::string where = x.device();
   auto weight = [&](int l) {
     return params[weight_key(l)].as_tensor().data<float>();
@@ -120,19 +108,8 @@ nest forward_backward_gpu(const nest& params, const tensor& x, const tensor& y, 
     const int64_t fan_out = width(l);
     tensor gw;
     tensor gb;
-    gradient_slot slot;
-    if (slots) {
-      slot = slots(l);
-      if (slot.w == nullptr || slot.b == nullptr)
-        throw_error(errc::invalid_argument, std::string{what} + ": the gradient slot of layer " +
-                                                std::to_string(l) +
-                                                " has a null pointer; expected GPU memory for " +
-                                                weight_key(l) + " and " + bias_key(l));
-    } else {
-      gw = tensor::empty(dtype::float32, {fan_in, fan_out}, where);
-      gb = tensor::empty(dtype::float32, {fan_out}, where);
-      slot = {gw.mutable_data<float>(), gb.mutable_data<float>()};
-    }
+    const gradient_slot slot =
+        detail::place_gradients(slots, l, fan_in, fan_out, where, gw, gb, what, "GPU memory");
     const float* input = l == 1 ? x.data<float>() : acts[static_cast<size_t>(l - 2)].data<float>();
     // w_grad [fan_in, fan_out] = input^T . delta; b_grad = the column sums of delta.
     launched(kernels::gemm(device, stream, true, false, fan_in, fan_out, rows, input,
@@ -140,12 +117,7 @@ nest forward_backward_gpu(const nest& params, const tensor& x, const tensor& y, 
              "the weight-gradient GEMM", device, what);
     launched(kernels::column_sums(device, stream, rows, fan_out, delta.data<float>(), slot.b),
              "the bias-gradient sums", device, what);
-    if (!slots) {
-      grads[weight_key(l)] = gw;
-      grads[bias_key(l)] = gb;
-    }
-    if (on_layer)
-      on_layer(l, gw, gb);
+    detail::hand_over(l, gw, gb, slots, on_layer, grads);
     if (l > 1) {
       // delta [rows, fan_in] = (delta . w_l^T) where the layer's input unit was active.
       tensor next = tensor::empty(dtype::float32, {rows, fan_in}, where);
@@ -169,20 +141,11 @@ void sgd_update_gpu(nest& params, const nest& grad_sums, double learning_rate,
   assert_same_structure(params, grad_sums);
   auto leaves = flatten(params);
   const auto grads = flatten(grad_sums);
+  detail::check_update_pairs(leaves, grads, what);
   int device = -1;
   for (size_t i = 0; i < leaves.size(); ++i) {
-    const std::string name = "leaf " + std::to_string(i);
-    device = gpu_of(leaves[i], "parameter " + name, device, what);
-    gpu_of(grads[i], "gradient " + name, device, what);
-    if (leaves[i].dtype() != dtype::float32 || grads[i].dtype() != dtype::float32)
-      throw_error(errc::dtype_mismatch, std::string{what} + ": " + name +
-                                            " must be float32 in both nests; got parameter " +
-                                            to_string(leaves[i].dtype()) + ", gradient " +
-                                            to_string(grads[i].dtype()));
-    if (leaves[i].shape() != grads[i].shape())
-      throw_error(errc::shape_mismatch, std::string{what} + ": " + name + " has parameter shape " +
-                                            to_string(leaves[i].shape()) + " but gradient shape " +
-                                            to_string(grads[i].shape()));
+    device = gpu_of(leaves[i], "parameter leaf " + std::to_string(i), device, what);
+    gpu_of(grads[i], "gradient leaf " + std::to_string(i), device, what);
   }
 #if !CONSORT_WITH_CUDA
   (void)learning_rate;
@@ -191,7 +154,7 @@ void sgd_update_gpu(nest& params, const nest& grad_sums, double learning_rate,
   void* stream = current_cuda_stream();
   // The leaves are the only holders of their storage once `params` lets go of it, so they are
   // updated in place: a copy-on-write copy here would wait for the stream, every step.
-  const nest structure = map_structure(params, [](const tensor&) { return tensor{}; });
+  const nest structure = detail::skeleton_of(params);
   params = nest{};
   try {
     for (size_t i = 0; i < leaves.size(); ++i)
