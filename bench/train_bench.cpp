@@ -32,6 +32,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #ifndef CONSORT_TORCH_DDP
@@ -371,6 +372,21 @@ std::string find_python(const std::string& choice) {
   return "";
 }
 
+/// The BLAS libraries torch has loaded after one matmul (from its /proc/self/maps), and whether
+/// one of them is Debian's reference BLAS, which makes the torch rows 10-20x slow (bench/README.md,
+/// "torch's BLAS").
+std::pair<std::string, bool> torch_blas(const std::string& python) {
+  auto libs = output_of("'" + python +
+                            "' -c \"import torch; torch.ones(64, 64) @ torch.ones(64, 64); "
+                            "print(' '.join(sorted({l.split()[-1] for l in open('/proc/self/maps') "
+                            "if 'blas' in l.lower() or 'mkl' in l.lower()})))\" 2>/dev/null",
+                        "torch BLAS probe");
+  while (!libs.empty() && (libs.back() == '\n' || libs.back() == ' '))
+    libs.pop_back();
+  const bool reference = libs.find("/blas/libblas.so") != std::string::npos;
+  return {libs.empty() ? std::string{"none found (torch's own kernels)"} : libs, reference};
+}
+
 struct row {
   layout where;
   mode how = mode::overlap;
@@ -464,6 +480,19 @@ int run(int argc, char** argv) {
                                : ("examples/train/torch_ddp.py under " + s.python +
                                   ", gloo, 1 thread per process, bucket_cap_mb = bucket-bytes")
                                      .c_str());
+  if (!s.python.empty()) {
+    std::string libs;
+    bool reference = false;
+    try {
+      std::tie(libs, reference) = torch_blas(s.python);
+    } catch (const std::exception& e) {
+      libs = std::string{"unknown (the probe failed: "} + e.what() + ")";
+    }
+    std::printf("# torch BLAS: %s\n", libs.c_str());
+    if (reference)
+      std::printf("# WARNING: torch calls Debian's reference BLAS, 10-20x slower than an optimized "
+                  "one: the torch rows are no fair peer; apt-get install libopenblas0-pthread\n");
+  }
   std::printf("# vs 1: examples/s over the same mode's 1-replica row; vs torch: over torch DDP's "
               "row with as many processes\n#\n");
   std::printf("# %-18s %-11s %9s %12s %8s %9s %10s %12s %10s\n", "layout", "gradients", "allreduce",
