@@ -8,6 +8,9 @@
 // in fused buckets, each bucket as soon as the backward pass has produced it (overlap, as DDP
 // does), and divided by the global batch, so partial batches weigh correctly. The loss, accuracy
 // and row count travel in the last bucket, so a step costs no collective beyond the gradients'.
+// On GPU replicas (docs/train.md, "On GPUs") each replica keeps the parameters in its GPU's
+// memory, runs forward_backward_gpu and the update on its stream, and the buckets are all-reduced
+// by NCCL there; only the totals come to the host each step.
 
 #include "mlp.hpp"
 
