@@ -5,7 +5,7 @@
 // float32 rounding, which `--verify` checks over the first steps in the same process.
 //
 //   ./build/examples/train/consort-train                   # every GPU, else 1 CPU replica per core
-//   ./build/examples/train/consort-train --devices GPU:0   # one GPU, verified against one CPU replica
+//   ./build/examples/train/consort-train --devices GPU:0   # one GPU (verified on one CPU)
 //   tools/consort-launch -n 2 -- ./build/examples/train/consort-train --hidden 1024 --layers 3
 //
 // Each step: distribute_dataset hands each replica its slice of the global batch; each replica
