@@ -355,7 +355,7 @@ private:
 
 sim_world::sim_world(int size, std::chrono::milliseconds peer_timeout)
     : size_(size), peer_timeout_(peer_timeout), epoch_(transport::clock::now()),
-      dead_(static_cast<std::size_t>(size), false), waiting_(static_cast<std::size_t>(size), 0),
+      dead_(static_cast<std::size_t>(size), false), waiting_(static_cast<std::size_t>(size)),
       waits_begun_(static_cast<std::size_t>(size), 0) {
   ticker_ = std::thread([this] { ticker(); });
 }
@@ -399,7 +399,7 @@ caf::error sim_world::wait(sim_op& op, transport::deadline until) {
   // The budget left in real time now, spent in simulated time from here on.
   const auto sim_deadline = now_locked() + (until - transport::clock::now());
   auto& waiting = waiting_[static_cast<std::size_t>(op.me())];
-  ++waiting;
+  waiting.push_back(&op);
   ++waits_begun_[static_cast<std::size_t>(op.me())];
   // advance() stops at this deadline and lets this wait end before time moves on.
   auto registered = deadlines_.emplace(sim_deadline, op.me());
@@ -419,10 +419,15 @@ caf::error sim_world::wait(sim_op& op, transport::deadline until) {
     }
     cv_.wait_for(lock.get(), left);
   }
-  --waiting;
+  waiting.erase(std::find(waiting.begin(), waiting.end(), &op));
   deadlines_.erase(registered);
   cv_.notify_all(); // advance waits for the waits whose deadline came to end
   return result;
+}
+
+bool sim_world::blocked(int rank) const {
+  const auto& ops = waiting_[static_cast<std::size_t>(rank)];
+  return std::any_of(ops.begin(), ops.end(), [](const sim_op* op) { return !op->done_locked(); });
 }
 
 bool sim_world::cut(int a, int b) const {
@@ -743,7 +748,7 @@ void sim_world::advance(nanoseconds by) {
         auto now_step = hooks.oldest_step ? hooks.oldest_step(r) : step_info{};
         const bool step_moved = !now_step || !before[i] || now_step->first != before[i]->first;
         world_lock lock(*this);
-        const bool waits_again = waits_begun_[i] > begun[i] && waiting_[i] > 0;
+        const bool waits_again = waits_begun_[i] > begun[i] && blocked(r);
         if (step_moved || waits_again || transport::clock::now() >= give_up)
           break;
         cv_.wait_for(lock.get(), std::chrono::milliseconds(1));
@@ -754,8 +759,7 @@ void sim_world::advance(nanoseconds by) {
 
 bool sim_world::wait_blocked(int rank, nanoseconds within) {
   world_lock lock(*this);
-  return cv_.wait_for(lock.get(), within,
-                      [&] { return waiting_[static_cast<std::size_t>(rank)] > 0; });
+  return cv_.wait_for(lock.get(), within, [&] { return blocked(rank); });
 }
 
 std::vector<message> sim_world::messages() const {

@@ -121,6 +121,7 @@ private:
   void flush_link(int from, int to); // delivers the delayed messages of a link now
   void fire_due();                   // delayed messages and the failure detector
   bool cut(int a, int b) const;      // a partition separates a and b
+  bool blocked(int rank) const;      // mu_ held: a thread of `rank` waits for an op not yet done
 
   void ticker();
   void kill_locked(int rank);
@@ -134,7 +135,9 @@ private:
   std::chrono::nanoseconds advanced_{0};
   std::vector<std::weak_ptr<sim_context>> contexts_;
   std::vector<bool> dead_;
-  std::vector<int> waiting_; // per rank: threads inside wait() on an operation not yet done
+  // Per rank: the operations that threads wait for inside wait(). One that is done may still be
+  // listed until its thread wakes up; `blocked` counts only those not done yet.
+  std::vector<std::vector<const sim_op*>> waiting_;
   std::multimap<std::chrono::nanoseconds, int> deadlines_; // of the waits in progress, by rank
   std::vector<uint64_t> waits_begun_;                      // per rank
   worker_hooks hooks_;
