@@ -12,7 +12,11 @@ case of issue 13's table: torch's per-call cost beside consort's row and direct 
 
 Usage:
   python3 bench/torch_nccl_bench.py [--ranks 1] [--min-bytes 4] [--max-bytes 1M] [--factor 2]
-      [--warmup 5] [--iters 20] [--ops all_reduce,all_gather,broadcast] [--json FILE]
+      [--warmup 5] [--iters 20] [--ops all_reduce,all_gather,broadcast] [--timeout 300]
+      [--json FILE]
+
+--timeout bounds the whole run in seconds: ranks still running then are stopped and the program
+exits 1 saying so (an NCCL call that never completes would otherwise hold it forever).
 
 Needs torch with CUDA and NCCL (the GPU machine's python3 has torch 2.11). Without torch it says so
 and exits 3; with torch but fewer GPUs than --ranks it prints `torch_nccl_bench: no GPU (...)` and
@@ -31,7 +35,9 @@ import argparse
 import json
 import multiprocessing
 import os
+import queue
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_gloo_bench import OPS, free_port, parse_bytes, sizes_of  # noqa: E402
@@ -163,6 +169,8 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--timeout", type=float, default=300,
+                   help="seconds for the whole run; ranks still running then are stopped")
     p.add_argument("--json", default="")
     args = p.parse_args()
     args.ops = [o for o in args.ops.split(",") if o]
@@ -170,9 +178,9 @@ def main():
     if bad or not args.ops:
         p.error(f"--ops: unknown or empty {bad} (all_reduce, all_gather, broadcast)")
     if args.ranks < 1 or args.min_bytes < 4 or args.max_bytes < args.min_bytes or \
-            args.factor < 2 or args.iters <= 0 or args.warmup < 0:
+            args.factor < 2 or args.iters <= 0 or args.warmup < 0 or not args.timeout > 0:
         p.error("need --ranks >= 1, 4 <= --min-bytes <= --max-bytes, --factor >= 2, "
-                "--warmup >= 0, --iters > 0")
+                "--warmup >= 0, --iters > 0, --timeout > 0")
     try:
         import torch
         import torch.distributed as dist
@@ -196,10 +204,11 @@ def main():
         proc.start()
     doc = None
     status = 0
+    deadline = time.monotonic() + args.timeout
     while any(proc.is_alive() for proc in procs) or doc is None:
         try:
             doc = results.get(timeout=0.2)
-        except Exception:
+        except queue.Empty:
             pass
         if any(proc.exitcode not in (None, 0) for proc in procs):
             status = 1
@@ -207,12 +216,20 @@ def main():
         if doc is None and not any(proc.is_alive() for proc in procs):
             status = 1
             break
+        if time.monotonic() > deadline:
+            print(f"torch_nccl_bench: not done within --timeout {args.timeout:g} s; stopping the "
+                  "ranks", file=sys.stderr)
+            status = 1
+            break
     for proc in procs:
         if status != 0 and proc.is_alive():
             proc.terminate()
-        proc.join()
+        proc.join(10)
+        if proc.is_alive():  # stuck where SIGTERM does not reach it (inside a CUDA call)
+            proc.kill()
+            proc.join()
     if doc is None:
-        print("torch_nccl_bench: a rank failed before it reported (see its line above)",
+        print("torch_nccl_bench: no results came back from rank 0 (see the lines above)",
               file=sys.stderr)
         return 1
     wrong = print_table(doc, args, args.ranks)
@@ -220,7 +237,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"benchmark": "torch_nccl_bench", "ranks": args.ranks, **doc}, f)
             f.write("\n")
-    return 0 if wrong == 0 else 1
+    return 0 if wrong == 0 and status == 0 else 1
 
 
 if __name__ == "__main__":

@@ -27,14 +27,38 @@ constexpr int threads_x = 16; // along n
 constexpr int threads_y = 16; // along m
 constexpr int per_thread = 4; // outputs per thread along m and along n
 
+static_assert(tile_m == tile_n, "load_tile loads the tiles of A and of B alike");
+// One tile in shared memory, [k][row]; +1 column: the loads write down columns without conflicts.
+using tile_t = float[tile_k][tile_m + 1];
+
+/// Loads the 64 x 16 tile of op(src) whose rows start at `base` and whose k starts at `k0` into
+/// tile[k][row], zero outside the matrix. `src` is stored [extent, K] (`AlongK`: contiguous along
+/// k, as A, or B^T for a transposed B) or [K, extent] (contiguous along the rows, as A^T for a
+/// transposed A, or B). Each thread loads 4 elements, consecutive threads consecutive addresses.
+template <bool AlongK>
+__device__ void load_tile(tile_t& tile, const float* __restrict__ src, int64_t extent, int64_t k,
+                          int64_t base, int64_t k0, int tid) {
+#pragma unroll
+  for (int i = 0; i < (tile_m * tile_k) / (threads_x * threads_y); ++i) {
+    const int e = tid + i * threads_x * threads_y;
+    const int row = AlongK ? e / tile_k : e % tile_m;
+    const int kk = AlongK ? e % tile_k : e / tile_m;
+    const int64_t gr = base + row;
+    const int64_t gk = k0 + kk;
+    float v = 0.f;
+    if (gr < extent && gk < k)
+      v = AlongK ? src[gr * k + gk] : src[gk * extent + gr];
+    tile[kk][row] = v;
+  }
+}
+
 template <bool TransposeA, bool TransposeB>
 __global__ void __launch_bounds__(threads_x* threads_y)
     gemm_kernel(int64_t m, int64_t n, int64_t k, const float* __restrict__ a,
                 const float* __restrict__ b, float* __restrict__ c, const float* __restrict__ bias,
                 bool relu, const float* __restrict__ mask) {
-  // +1 column: the transposed loads write down columns without bank conflicts.
-  __shared__ float as[tile_k][tile_m + 1];
-  __shared__ float bs[tile_k][tile_n + 1];
+  __shared__ tile_t as;
+  __shared__ tile_t bs;
   const int tx = threadIdx.x;
   const int ty = threadIdx.y;
   const int tid = ty * threads_x + tx;
@@ -42,44 +66,8 @@ __global__ void __launch_bounds__(threads_x* threads_y)
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * tile_n;
   float acc[per_thread][per_thread] = {};
   for (int64_t k0 = 0; k0 < k; k0 += tile_k) {
-    // Each thread loads 4 of A's 64 x 16 and 4 of B's 16 x 64 tile elements, consecutive threads
-    // reading consecutive addresses of the stored matrix.
-#pragma unroll
-    for (int i = 0; i < (tile_m * tile_k) / (threads_x * threads_y); ++i) {
-      const int e = tid + i * threads_x * threads_y;
-      int mm, kk;
-      if (TransposeA) { // stored [K, M]: contiguous along m
-        kk = e / tile_m;
-        mm = e % tile_m;
-      } else { // stored [M, K]: contiguous along k
-        mm = e / tile_k;
-        kk = e % tile_k;
-      }
-      const int64_t gm = row0 + mm;
-      const int64_t gk = k0 + kk;
-      float v = 0.f;
-      if (gm < m && gk < k)
-        v = TransposeA ? a[gk * m + gm] : a[gm * k + gk];
-      as[kk][mm] = v;
-    }
-#pragma unroll
-    for (int i = 0; i < (tile_n * tile_k) / (threads_x * threads_y); ++i) {
-      const int e = tid + i * threads_x * threads_y;
-      int nn, kk;
-      if (TransposeB) { // stored [N, K]: contiguous along k
-        nn = e / tile_k;
-        kk = e % tile_k;
-      } else { // stored [K, N]: contiguous along n
-        kk = e / tile_n;
-        nn = e % tile_n;
-      }
-      const int64_t gn = col0 + nn;
-      const int64_t gk = k0 + kk;
-      float v = 0.f;
-      if (gn < n && gk < k)
-        v = TransposeB ? b[gn * k + gk] : b[gk * n + gn];
-      bs[kk][nn] = v;
-    }
+    load_tile<!TransposeA>(as, a, m, k, row0, k0, tid);
+    load_tile<TransposeB>(bs, b, n, k, col0, k0, tid);
     __syncthreads();
     // Rows ty, ty + 16, ...; columns tx, tx + 16, ...: k in order for every output.
 #pragma unroll

@@ -42,7 +42,8 @@ struct train_options {
   size_t bucket_bytes = size_t{25} << 20;
   /// Start each bucket's all-reduce while the backward pass of the earlier layers goes on (the
   /// backward pass then runs on a helper thread of the replica, when there are several buckets);
-  /// false: all-reduce after it.
+  /// false: all-reduce after it. CPU replicas only: GPU replicas queue the backward kernels and
+  /// each bucket's all-reduce on their stream in order, with no helper thread either way.
   bool overlap = true;
   /// Stop after the first step whose loss (the mean over its global batch) is at most this; 0:
   /// run every step.
