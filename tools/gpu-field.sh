@@ -61,15 +61,25 @@ done
 } >"$out/machine.log" 2>&1
 head -3 "$out/machine.log" | sed 's/^/# /' >>"$summary"
 
-# 1. The GPU tests (issue 13's "done": no failure; skips only where two GPUs are needed).
-part ctest_gpu 300 ctest --test-dir build -L 'gpu|example' --output-on-failure -j4 --timeout 120
+# 1. The GPU tests (issue 13's "done": no failure; skips only where two GPUs are needed). A run in
+#    which no gpu-labelled test passed (every one skipped, or none registered: a build without CUDA)
+#    is a failure: a field run that ran nothing has verified nothing.
+part ctest_gpu 240 ctest --test-dir build -L 'gpu|example' --no-tests=error --output-on-failure -j4 --timeout 120
 # Every test's output (skips included, with their reasons) is in CTest's own log.
 cp build/Testing/Temporary/LastTest.log "$out/ctest_gpu_full.log" 2>/dev/null
+gpu_names=$(ctest --test-dir build -L gpu -N 2>/dev/null | sed -nE 's/^ *Test +#[0-9]+: +//p' | sort)
+gpu_passed=$(grep -E "Test +#[0-9]+: .* Passed" "$out/ctest_gpu.log" | sed -nE 's/.*Test +#[0-9]+: +([^ ]+) .*/\1/p' |
+  sort | comm -12 - <(echo "$gpu_names") | grep -c .)
 {
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)" "$out/ctest_gpu.log"
+  echo "gpu-labelled tests: $(echo "$gpu_names" | grep -c .) registered, $gpu_passed passed"
   echo "skipped: $(grep -c "(Skipped)" "$out/ctest_gpu.log"); their reasons:"
   grep -A1 ": Skipped$" "$out/ctest_gpu_full.log" 2>/dev/null | grep -vE ": Skipped$|^--$" | sort | uniq -c
 } >>"$summary"
+if [ "$gpu_passed" -eq 0 ]; then
+  note "== ctest_gpu: FAILED: no gpu-labelled test passed (all skipped, or none registered)"
+  failed=1
+fi
 
 # 2. One GPU's collectives up to 1 MiB: direct NCCL, the wrapper, consort's strategy row (issue
 #    12's target: consort <= 2x direct), and torch.distributed (NCCL) on the same GPU.
@@ -87,6 +97,14 @@ fi
 # 3. The reduction kernels' bandwidth against the device's peak.
 part reduce_kernel_bench 60 ./build/bench/reduce_kernel_bench --max-bytes 1G --json "$out/reduce_kernel_bench.json"
 tail -5 "$out/reduce_kernel_bench.log" >>"$summary"
+
+# 3b. The demo's GEMM kernel against cuBLAS (through torch, TF32 off) on the demo's shapes.
+part gemm_bench 60 ./build/bench/gemm_bench --json "$out/gemm_bench.json"
+grep -E "^  [a-z_]+ " "$out/gemm_bench.log" | sed 's/^/ours  /' >>"$summary"
+if [ -n "$torch_python" ]; then
+  part torch_gemm_bench 60 "$torch_python" bench/torch_gemm_bench.py --json "$out/torch_gemm_bench.json"
+  grep -E "^  [a-z_]+ " "$out/torch_gemm_bench.log" | sed 's/^/cublas/' >>"$summary"
+fi
 
 # 4. The demo on the GPU and on one CPU replica, same model and steps (examples/s, verify).
 for shape in "--hidden 512 --layers 2" "--hidden 1024 --layers 3"; do

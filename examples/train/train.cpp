@@ -227,7 +227,10 @@ std::vector<std::string> default_devices() {
       out.push_back("GPU:" + std::to_string(i));
     return out;
   }
-  // One CPU replica per core (at least 2, so the demo is distributed, at most 8).
+  // One CPU replica per core (at least 2, so the demo is distributed, at most 8). Said aloud, so
+  // that a run that should have found GPUs shows why it did not (and the GPU test's skip can tell
+  // "no GPU here" from "GPUs here but not taken").
+  std::printf("no GPU visible (%s): CPU replicas\n", gpus_unavailable_reason().c_str());
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   for (int i = 0; i < (wanted > 0 ? wanted : std::clamp(cores, 2, 8)); ++i)
     out.push_back("CPU:" + std::to_string(i));

@@ -1,0 +1,186 @@
+// gemm_bench: the training demo's float32 GEMM kernel (examples/train/mlp_kernels.cu) on one GPU,
+// on the shapes one step of the demo runs, in nccl-tests style rows (STYLE.md §7). Its peer is
+// cuBLAS through torch (bench/torch_gemm_bench.py), timed the same way on the same shapes; the
+// ratio of the two answers "what share of cuBLAS's speed do our kernels reach" (docs/train.md).
+//
+//   ./build/bench/gemm_bench [--batch 512] [--hidden 512,1024,4096] [--iters 50] [--json FILE]
+//
+// Each shape is timed as the demo calls it: forward (A [M, K] x W [K, N], + bias, ReLU), the
+// weight gradient (A^T x delta: transpose_a) and the input gradient (delta x W^T: transpose_b).
+// Times are CUDA events around `iters` back-to-back launches after 3 warm-up launches; GFLOP/s is
+// 2 M N K / time. Without a GPU it says so and exits 0 (it is a benchmark, not a test).
+
+#include "mlp_kernels.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+void check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
+}
+
+struct device_buffer {
+  explicit device_buffer(size_t floats) {
+    check(cudaMalloc(&p, floats * sizeof(float)), "cudaMalloc");
+    std::vector<float> host(floats);
+    uint32_t state = 12345;
+    for (auto& x : host) {
+      state = state * 1664525u + 1013904223u;
+      x = static_cast<float>(state >> 8) / static_cast<float>(1u << 24) - 0.5f;
+    }
+    check(cudaMemcpy(p, host.data(), floats * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  ~device_buffer() { cudaFree(p); }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  float* p = nullptr;
+};
+
+struct gemm_case {
+  const char* name;
+  bool ta, tb;
+  int64_t m, n, k;
+  bool bias_relu;
+};
+
+double time_case(const gemm_case& c, int iters, cudaStream_t stream) {
+  // Operands stored as the kernel reads them: A [M, K] or [K, M]; B [K, N] or [N, K].
+  device_buffer a(static_cast<size_t>(c.m * c.k)), b(static_cast<size_t>(c.k * c.n));
+  device_buffer out(static_cast<size_t>(c.m * c.n)), bias(static_cast<size_t>(c.n));
+  auto launch = [&] {
+    const char* why = consort::train::kernels::gemm(0, stream, c.ta, c.tb, c.m, c.n, c.k, a.p, b.p,
+                                                    out.p, c.bias_relu ? bias.p : nullptr,
+                                                    c.bias_relu, nullptr);
+    if (why != nullptr)
+      throw std::runtime_error(std::string("gemm launch: ") + why);
+  };
+  for (int i = 0; i < 3; ++i)
+    launch();
+  cudaEvent_t begin, end;
+  check(cudaEventCreate(&begin), "cudaEventCreate");
+  check(cudaEventCreate(&end), "cudaEventCreate");
+  check(cudaEventRecord(begin, stream), "cudaEventRecord");
+  for (int i = 0; i < iters; ++i)
+    launch();
+  check(cudaEventRecord(end, stream), "cudaEventRecord");
+  check(cudaEventSynchronize(end), "cudaEventSynchronize");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, begin, end), "cudaEventElapsedTime");
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  return ms * 1e3 / iters;
+}
+
+std::vector<int64_t> parse_list(const std::string& text, const char* flag) {
+  std::vector<int64_t> values;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char* end = nullptr;
+    long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 1) {
+      std::fprintf(stderr, "gemm_bench: %s expects positive integers separated by commas, got '%s'\n",
+                   flag, text.c_str());
+      std::exit(2);
+    }
+    values.push_back(v);
+    if (comma == std::string::npos)
+      break;
+    pos = comma + 1;
+  }
+  return values;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  int64_t batch = 512;
+  std::vector<int64_t> hidden = {512, 1024, 4096};
+  int iters = 50;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "gemm_bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--batch")
+      batch = parse_list(value(), "--batch").at(0);
+    else if (a == "--hidden")
+      hidden = parse_list(value(), "--hidden");
+    else if (a == "--iters")
+      iters = static_cast<int>(parse_list(value(), "--iters").at(0));
+    else if (a == "--json")
+      json_path = value();
+    else {
+      std::fprintf(stderr,
+                   "gemm_bench: unknown option %s; expected --batch N, --hidden N[,N...], "
+                   "--iters N, --json FILE\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+    std::printf("# gemm_bench: no GPU visible; nothing to measure\n");
+    return 0;
+  }
+  try {
+    check(cudaSetDevice(0), "cudaSetDevice");
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    std::printf("# gemm_bench: %s, batch %lld, %d iterations per shape\n", prop.name,
+                static_cast<long long>(batch), iters);
+    std::printf("# %-8s %6s %6s %6s %12s %10s\n", "gemm", "M", "N", "K", "time (us)", "GFLOP/s");
+    cudaStream_t stream;
+    check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    std::string json = "[";
+    for (int64_t h : hidden) {
+      const gemm_case cases[] = {
+          {"forward", false, false, batch, h, h, true},
+          {"grad_w", true, false, h, h, batch, false},
+          {"grad_x", false, true, batch, h, h, false},
+      };
+      for (const auto& c : cases) {
+        double us = time_case(c, iters, stream);
+        double gflops = 2.0 * static_cast<double>(c.m) * static_cast<double>(c.n) *
+                        static_cast<double>(c.k) / (us * 1e3);
+        std::printf("  %-8s %6lld %6lld %6lld %12.1f %10.0f\n", c.name, static_cast<long long>(c.m),
+                    static_cast<long long>(c.n), static_cast<long long>(c.k), us, gflops);
+        char row[256];
+        std::snprintf(row, sizeof row,
+                      "%s{\"gemm\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"us\":%.3f,\"gflops\":%.1f}",
+                      json.size() > 1 ? "," : "", c.name, static_cast<long long>(c.m),
+                      static_cast<long long>(c.n), static_cast<long long>(c.k), us, gflops);
+        json += row;
+      }
+    }
+    json += "]\n";
+    cudaStreamDestroy(stream);
+    if (!json_path.empty()) {
+      FILE* f = std::fopen(json_path.c_str(), "w");
+      if (f == nullptr) {
+        std::fprintf(stderr, "gemm_bench: cannot write %s\n", json_path.c_str());
+        return 1;
+      }
+      std::fputs(json.c_str(), f);
+      std::fclose(f);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gemm_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
