@@ -10,7 +10,7 @@
 # when $OUT is unset) and summary.txt with the lines that matter: the GPU tests' verdict, nccl_bench's
 # direct / wrapper / consort rows up to 1 MiB beside torch.distributed (NCCL) on the same GPU, the
 # reduction kernels' bandwidth, and the training demo's examples/s on the GPU against one CPU
-# replica in the same call. Every part has its own time limit (the whole stays under 8 minutes) and a
+# replica in the same call, and the demo's --verify difference after 1 and 10 steps. Every part has its own time limit (the whole stays under 8 minutes) and a
 # part that fails or times out is recorded and the next one still runs. Exit status: 0 when every
 # part passed, else 1.
 set -uo pipefail
@@ -116,5 +116,16 @@ for shape in "--hidden 512 --layers 2" "--hidden 1024 --layers 3"; do
   grep -hE "^trained:|^verify" "$out/train_gpu_$tag.log" "$out/train_cpu_$tag.log" >>"$summary"
 done
 
-note "== gpu-field: $([ "$failed" -eq 0 ] && echo "every part passed" || echo "a part failed or timed out"); logs in $out"
+# 5. The demo's verification after one step and after ten, where the GPU's kernels meet the host's
+#    model: the measured difference sets verify_tolerance_gpu (examples/train/trainer.hpp).
+for steps in 1 10; do
+  part "verify_gpu_$steps" 120 ./build/examples/train/consort-train --devices GPU:0 --steps "$steps" \
+    --verify-steps "$steps" --tolerance 1
+  grep -h "^verify" "$out/verify_gpu_$steps.log" >>"$summary"
+done
+
+note "== gpu-field: $([ "$failed" -eq 0 ] && echo "every part passed" || echo "a part failed or timed out"); logs in $out/logs.tar.gz"
+# The device tool brings back a handful of files: every log goes into one archive beside the summary.
+(cd "$out" && find . -maxdepth 1 -type f ! -name summary.txt ! -name logs.tar.gz -printf '%P\n' |
+  tar -czf logs.tar.gz --remove-files -T -)
 exit "$failed"

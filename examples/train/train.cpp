@@ -314,12 +314,16 @@ int main(int argc, char** argv) {
       one_device_strategy single("CPU:0");
       train::tracer off(false);
       auto reference = train::train_on(single, same, data, off, 0);
-      auto diff = train::max_relative_difference(mine, reference.params);
-      bool ok = diff <= limit;
+      auto worst = train::largest_difference(mine, reference.params);
+      bool ok = worst.relative <= limit;
       std::printf("verify (worker %d): weights after %lld steps of %d %s replicas vs 1 CPU "
                   "replica: max relative difference %.2e (limit %.0e): %s\n",
                   worker, static_cast<long long>(same.steps), strategy.num_replicas_in_sync(),
-                  on_gpus ? "GPU" : "CPU", diff, limit, ok ? "OK" : "MISMATCH");
+                  on_gpus ? "GPU" : "CPU", worst.relative, limit, ok ? "OK" : "MISMATCH");
+      std::printf("verify (worker %d): largest at parameter %zu element %zu: %.9g here, %.9g in "
+                  "the reference\n",
+                  worker, worst.tensor, worst.element, static_cast<double>(worst.a),
+                  static_cast<double>(worst.b));
       if (!ok)
         return 1;
     }

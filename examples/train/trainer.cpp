@@ -411,14 +411,14 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   return result;
 }
 
-double max_relative_difference(const nest& a, const nest& b) {
+difference largest_difference(const nest& a, const nest& b) {
   auto la = flatten(a);
   auto lb = flatten(b);
   if (la.size() != lb.size())
     throw std::invalid_argument("max_relative_difference: the parameter sets have " +
                                 std::to_string(la.size()) + " and " + std::to_string(lb.size()) +
                                 " tensors");
-  double worst = 0;
+  difference worst;
   for (size_t i = 0; i < la.size(); ++i) {
     auto va = la[i].to_vector<float>();
     auto vb = lb[i].to_vector<float>();
@@ -428,10 +428,16 @@ double max_relative_difference(const nest& a, const nest& b) {
                                   " elements");
     for (size_t k = 0; k < va.size(); ++k) {
       double scale = std::max({std::fabs(double(va[k])), std::fabs(double(vb[k])), 1e-3});
-      worst = std::max(worst, std::fabs(double(va[k]) - double(vb[k])) / scale);
+      double relative = std::fabs(double(va[k]) - double(vb[k])) / scale;
+      if (relative > worst.relative || (k == 0 && i == 0))
+        worst = {relative, i, k, va[k], vb[k]};
     }
   }
   return worst;
+}
+
+double max_relative_difference(const nest& a, const nest& b) {
+  return largest_difference(a, b).relative;
 }
 
 void write_plot(const std::string& path, const history& h) {

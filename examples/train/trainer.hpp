@@ -119,6 +119,17 @@ outcome train_on(strategy& strategy, const train_options& options, const dataset
 /// the larger magnitude, at least 1e-3).
 double max_relative_difference(const nest& a, const nest& b);
 
+/// Where the largest relative difference of two parameter sets lies: the leaf (in flatten order)
+/// and element, and the two values there, so that a failed --verify says what differed.
+struct difference {
+  double relative = 0;
+  size_t tensor = 0;
+  size_t element = 0;
+  float a = 0;
+  float b = 0;
+};
+difference largest_difference(const nest& a, const nest& b);
+
 /// The largest `max_relative_difference` that `--verify` accepts between the parameters of a
 /// data-parallel run and of a single-replica run after the same first steps: float32 gradient
 /// sums taken in another order differ in their last bits (see docs/train.md, "What --verify
