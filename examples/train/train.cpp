@@ -314,16 +314,30 @@ int main(int argc, char** argv) {
       one_device_strategy single("CPU:0");
       train::tracer off(false);
       auto reference = train::train_on(single, same, data, off, 0);
+      // CPU replicas compute every example's forward pass to the same bits as the reference, so
+      // only the order of the gradient sums differs and every weight agrees to float32 rounding.
+      // GPU kernels round the forward pass differently: a pre-activation within rounding of zero
+      // flips its ReLU, which moves single gradient elements by up to 1e-3 relative after a
+      // one-ulp change of the weights (on the host model alone), so GPU runs are checked
+      // normwise, per tensor, where rounding stays at the ulp level (docs/train.md).
       auto worst = train::largest_difference(mine, reference.params);
-      bool ok = worst.relative <= limit;
-      std::printf("verify (worker %d): weights after %lld steps of %d %s replicas vs 1 CPU "
-                  "replica: max relative difference %.2e (limit %.0e): %s\n",
-                  worker, static_cast<long long>(same.steps), strategy.num_replicas_in_sync(),
-                  on_gpus ? "GPU" : "CPU", worst.relative, limit, ok ? "OK" : "MISMATCH");
-      std::printf("verify (worker %d): largest at parameter %zu element %zu: %.9g here, %.9g in "
-                  "the reference\n",
-                  worker, worst.tensor, worst.element, static_cast<double>(worst.a),
-                  static_cast<double>(worst.b));
+      bool ok = (on_gpus ? worst.normwise : worst.relative) <= limit;
+      if (on_gpus)
+        std::printf("verify (worker %d): weights after %lld steps of %d GPU replicas vs 1 CPU "
+                    "replica: normwise relative difference %.2e (limit %.0e): %s; elementwise up "
+                    "to %.2e\n",
+                    worker, static_cast<long long>(same.steps), strategy.num_replicas_in_sync(),
+                    worst.normwise, limit, ok ? "OK" : "MISMATCH", worst.relative);
+      else
+        std::printf("verify (worker %d): weights after %lld steps of %d CPU replicas vs 1 CPU "
+                    "replica: max relative difference %.2e (limit %.0e): %s\n",
+                    worker, static_cast<long long>(same.steps), strategy.num_replicas_in_sync(),
+                    worst.relative, limit, ok ? "OK" : "MISMATCH");
+      if (!ok)
+        std::printf("verify (worker %d): largest elementwise at parameter %zu element %zu: %.9g "
+                    "here, %.9g in the reference; largest normwise at parameter %zu\n",
+                    worker, worst.tensor, worst.element, static_cast<double>(worst.a),
+                    static_cast<double>(worst.b), worst.normwise_tensor);
       if (!ok)
         return 1;
     }

@@ -426,11 +426,27 @@ difference largest_difference(const nest& a, const nest& b) {
       throw std::invalid_argument("max_relative_difference: tensor " + std::to_string(i) + " has " +
                                   std::to_string(va.size()) + " and " + std::to_string(vb.size()) +
                                   " elements");
+    double squared_difference = 0, squared_a = 0, squared_b = 0;
     for (size_t k = 0; k < va.size(); ++k) {
-      double scale = std::max({std::fabs(double(va[k])), std::fabs(double(vb[k])), 1e-3});
-      double relative = std::fabs(double(va[k]) - double(vb[k])) / scale;
-      if (relative > worst.relative || (k == 0 && i == 0))
-        worst = {relative, i, k, va[k], vb[k]};
+      const double x = va[k], y = vb[k];
+      double scale = std::max({std::fabs(x), std::fabs(y), 1e-3});
+      double relative = std::fabs(x - y) / scale;
+      if (relative > worst.relative || (k == 0 && i == 0)) {
+        worst.relative = relative;
+        worst.tensor = i;
+        worst.element = k;
+        worst.a = va[k];
+        worst.b = vb[k];
+      }
+      squared_difference += (x - y) * (x - y);
+      squared_a += x * x;
+      squared_b += y * y;
+    }
+    const double norm = std::sqrt(std::max(squared_a, squared_b));
+    const double normwise = norm > 0 ? std::sqrt(squared_difference) / norm : 0;
+    if (normwise > worst.normwise) {
+      worst.normwise = normwise;
+      worst.normwise_tensor = i;
     }
   }
   return worst;

@@ -119,14 +119,18 @@ outcome train_on(strategy& strategy, const train_options& options, const dataset
 /// the larger magnitude, at least 1e-3).
 double max_relative_difference(const nest& a, const nest& b);
 
-/// Where the largest relative difference of two parameter sets lies: the leaf (in flatten order)
-/// and element, and the two values there, so that a failed --verify says what differed.
+/// How two parameter sets differ. Elementwise: the largest relative difference (relative to the
+/// larger magnitude, at least 1e-3), the leaf (in flatten order) and element where it lies, and
+/// the two values there, so that a failed --verify says what differed. Normwise: the largest over
+/// the leaves of |a - b|_2 / max(|a|_2, |b|_2), and that leaf.
 struct difference {
   double relative = 0;
   size_t tensor = 0;
   size_t element = 0;
   float a = 0;
   float b = 0;
+  double normwise = 0;
+  size_t normwise_tensor = 0;
 };
 difference largest_difference(const nest& a, const nest& b);
 

@@ -204,9 +204,11 @@ TEST(TrainOnGpus, OneGpuReplicaTrainsAsOneCpuReplicaWithinTheGpuTolerance) {
   auto b = train_on(cpu, o, data(), off, 0);
   ASSERT_EQ(a.curve.loss.size(), 10u);
   EXPECT_LT(a.curve.loss.back(), a.curve.loss.front());
-  EXPECT_LE(max_relative_difference(a.params, b.params), verify_tolerance_gpu);
-  EXPECT_LE(max_relative_difference(a.snapshot, b.snapshot), verify_tolerance_gpu);
-  EXPECT_GT(max_relative_difference(a.snapshot, a.params), verify_tolerance_gpu);
+  // --verify's measure for GPU runs: normwise per tensor (the elementwise one is ill-conditioned
+  // across devices: a ReLU whose input is within rounding of zero flips).
+  EXPECT_LE(largest_difference(a.params, b.params).normwise, verify_tolerance_gpu);
+  EXPECT_LE(largest_difference(a.snapshot, b.snapshot).normwise, verify_tolerance_gpu);
+  EXPECT_GT(largest_difference(a.snapshot, a.params).normwise, verify_tolerance_gpu);
   for (const auto& leaf : flatten(a.params))
     EXPECT_FALSE(leaf.on_gpu());
   for (size_t s = 0; s < 10; ++s)
