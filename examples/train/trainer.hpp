@@ -140,12 +140,16 @@ difference largest_difference(const nest& a, const nest& b);
 /// checks").
 constexpr double verify_tolerance = 1e-4;
 
-/// `verify_tolerance` for a run on GPU replicas, whose reference is still one CPU replica: the
-/// GPU kernels sum each gradient in their own order with fused multiply-adds where the host's
-/// Eigen GEMMs block the sums differently, so every gradient differs from the host's in its last
-/// bits (not only the sums that the data-parallel split reorders), and the differences compound
-/// over the verified steps (docs/train.md, "What --verify checks").
-constexpr double verify_tolerance_gpu = 1e-3;
+/// The largest normwise difference (`difference::normwise`) that `--verify` accepts between one
+/// step on one GPU replica and one step on one CPU replica: the check of the GPU kernels against
+/// the host model. (The data-parallel check of a GPU run is against one GPU replica, within
+/// `verify_tolerance`.) The GPU's GEMMs round the forward pass differently from the host's, so a
+/// pre-activation within rounding of zero can fall on the other side of its ReLU; each such flip
+/// moves whole gradient tensors by about 1e-4 normwise, and later steps compound it. Measured on
+/// an H100 after one step (seed 42, default data): 2.7e-4 (hidden 512 x 2) and 2.1e-4 (1024 x 3);
+/// after 10 steps up to 4.3e-3, after 40 steps 1.0e-2, so the check takes one step. The limit
+/// leaves a factor of 7 (docs/train.md, "What --verify checks").
+constexpr double verify_tolerance_gpu = 2e-3;
 
 /// Writes the loss (red) and accuracy (blue) curves as an SVG line chart.
 /// @throws std::runtime_error naming `path` when it cannot be written.
