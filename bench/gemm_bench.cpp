@@ -56,9 +56,9 @@ double time_case(const gemm_case& c, int iters, cudaStream_t stream) {
   device_buffer a(static_cast<size_t>(c.m * c.k)), b(static_cast<size_t>(c.k * c.n));
   device_buffer out(static_cast<size_t>(c.m * c.n)), bias(static_cast<size_t>(c.n));
   auto launch = [&] {
-    const char* why = consort::train::kernels::gemm(0, stream, c.ta, c.tb, c.m, c.n, c.k, a.p, b.p,
-                                                    out.p, c.bias_relu ? bias.p : nullptr,
-                                                    c.bias_relu, nullptr);
+    const char* why =
+        consort::train::kernels::gemm(0, stream, c.ta, c.tb, c.m, c.n, c.k, a.p, b.p, out.p,
+                                      c.bias_relu ? bias.p : nullptr, c.bias_relu, nullptr);
     if (why != nullptr)
       throw std::runtime_error(std::string("gemm launch: ") + why);
   };
@@ -84,12 +84,14 @@ std::vector<int64_t> parse_list(const std::string& text, const char* flag) {
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t comma = text.find(',', pos);
-    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     char* end = nullptr;
     long long v = std::strtoll(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || v < 1) {
-      std::fprintf(stderr, "gemm_bench: %s expects positive integers separated by commas, got '%s'\n",
-                   flag, text.c_str());
+      std::fprintf(stderr,
+                   "gemm_bench: %s expects positive integers separated by commas, got '%s'\n", flag,
+                   text.c_str());
       std::exit(2);
     }
     values.push_back(v);
@@ -160,10 +162,11 @@ int main(int argc, char** argv) {
         std::printf("  %-8s %6lld %6lld %6lld %12.1f %10.0f\n", c.name, static_cast<long long>(c.m),
                     static_cast<long long>(c.n), static_cast<long long>(c.k), us, gflops);
         char row[256];
-        std::snprintf(row, sizeof row,
-                      "%s{\"gemm\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"us\":%.3f,\"gflops\":%.1f}",
-                      json.size() > 1 ? "," : "", c.name, static_cast<long long>(c.m),
-                      static_cast<long long>(c.n), static_cast<long long>(c.k), us, gflops);
+        std::snprintf(
+            row, sizeof row,
+            "%s{\"gemm\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"us\":%.3f,\"gflops\":%.1f}",
+            json.size() > 1 ? "," : "", c.name, static_cast<long long>(c.m),
+            static_cast<long long>(c.n), static_cast<long long>(c.k), us, gflops);
         json += row;
       }
     }
