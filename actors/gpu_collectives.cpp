@@ -4,6 +4,7 @@
 #include <consort/error.hpp>
 #include <consort/ops.hpp>
 
+#include "core/report.hpp"
 #include "device/gpu.hpp"
 
 #if CONSORT_WITH_CUDA
@@ -12,6 +13,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <set>
 #include <thread>
@@ -200,7 +202,10 @@ struct comm_set {
     try {
       if (!failure)
         failure.emplace(code, message);
-    } catch (...) { // NOLINT(bugprone-empty-catch): out of memory; the abort below still happens
+    } catch (...) { // out of memory: the abort below still happens, and the cause is said once
+      static std::atomic<bool> reported{false};
+      detail::report_once(reported, "recording why GPU collectives failed (they are aborted)",
+                          message.c_str());
     }
     for (auto& c : comms)
       c.abort();

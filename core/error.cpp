@@ -1,5 +1,10 @@
 #include <consort/error.hpp>
 
+#include "core/report.hpp"
+
+#include <cstdio>
+#include <exception>
+
 namespace consort {
 
 const char* to_string(errc code) noexcept {
@@ -52,3 +57,30 @@ void throw_error(errc code, const std::string& message) {
 }
 
 } // namespace consort
+
+namespace consort::detail {
+
+void report_once(std::atomic<bool>& once, const char* what, const char* cause) noexcept {
+  if (once.exchange(true, std::memory_order_relaxed))
+    return;
+  std::fprintf(stderr, "consort: %s: %s (reported once)\n", what, cause);
+}
+
+void report_once(std::atomic<bool>& once, const char* what) noexcept {
+  if (once.load(std::memory_order_relaxed))
+    return;
+  const auto current = std::current_exception();
+  if (!current) {
+    report_once(once, what, "no exception");
+    return;
+  }
+  try {
+    std::rethrow_exception(current);
+  } catch (const std::exception& e) {
+    report_once(once, what, e.what());
+  } catch (...) {
+    report_once(once, what, "an exception that is not a std::exception");
+  }
+}
+
+} // namespace consort::detail

@@ -8,8 +8,11 @@
 #if CONSORT_WITH_CUDA
 #include "device/cuda/kernels.hpp"
 #include "device/cuda/runtime.hpp"
+
+#include "core/report.hpp"
 #endif
 
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <limits>
@@ -84,6 +87,29 @@ bool order_after_replicas(int index, cudaStream_t s) noexcept {
     (void)cudaEventDestroy(e);
   }
   return ordered;
+}
+
+/// How long an unordered release waits for the replicas' streams to go idle.
+constexpr auto release_wait = std::chrono::seconds(10);
+
+/// Whether every registered replica stream of GPU `index` is idle (its work done, successfully)
+/// within `timeout`. Never throws.
+bool replicas_idle_within(int index, std::chrono::milliseconds timeout) noexcept {
+  std::vector<cudaStream_t> streams;
+  try {
+    auto& reg = registry();
+    std::lock_guard lock(reg.mutex);
+    for (const auto& [device, stream] : reg.streams)
+      if (device == index)
+        streams.push_back(stream);
+    cuda::device_guard guard(index);
+    for (auto stream : streams)
+      cuda::synchronize_for(stream, index, timeout, "releasing GPU memory");
+    return true;
+  } catch (...) {
+    (void)cudaGetLastError();
+    return false;
+  }
 }
 
 /// Runs the bound replica's fence before this thread waits for its stream.
@@ -229,17 +255,33 @@ void* allocate(int index, size_t bytes, bool zeroed) {
 }
 
 void release(int index, void* pointer, size_t bytes) noexcept {
+  static std::atomic<bool> unordered_reported{false};
+  static std::atomic<bool> leak_reported{false};
   const auto s = stream_for(index);
   bool ordered = false;
   try {
     cuda::device_guard guard(index);
     ordered = order_after_replicas(index, s);
-  } catch (...) { // NOLINT(bugprone-empty-catch): ordered stays false
+    if (!ordered)
+      detail::report_once(unordered_reported,
+                          "releasing a GPU block: CUDA could not order the release after the "
+                          "replicas' streams; waiting for them instead",
+                          cudaGetErrorString(cudaPeekAtLastError()));
+  } catch (...) {
+    detail::report_once(unordered_reported,
+                        "releasing a GPU block: the release could not be ordered after the "
+                        "replicas' streams; waiting for them instead");
   }
-  // A block whose release could not be ordered after every stream that may use it is leaked
-  // rather than handed to another tensor (CUDA failing here means the GPU is in trouble anyway).
-  if (ordered)
-    cuda::release(index, pointer, bytes > 0 ? bytes : 1, s);
+  // Unordered, the block may be reused only once every stream that may still use it is idle;
+  // a stream still busy after release_wait keeps the block (leaked, and said so) rather than
+  // hand memory it may still write to another tensor.
+  if (!ordered && !replicas_idle_within(index, release_wait)) {
+    detail::report_once(leak_reported,
+                        "releasing a GPU block: a replica's stream was still busy or failed after "
+                        "10 s; the block is leaked rather than reused while in use");
+    return;
+  }
+  cuda::release(index, pointer, bytes > 0 ? bytes : 1, s);
 }
 
 void synchronize_stream(void* stream, int device, std::chrono::milliseconds timeout,

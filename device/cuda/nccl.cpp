@@ -3,7 +3,10 @@
 
 #include "device/cuda/nccl.hpp"
 
+#include "core/report.hpp"
+
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -63,6 +66,9 @@ public:
     try {
       std::thread([this, comm] { finish(comm); }).detach();
     } catch (...) { // no thread to be had: abort here, waiting as NCCL does
+      static std::atomic<bool> reported{false};
+      detail::report_once(reported, "aborting an NCCL communicator: no helper thread could be "
+                                    "started; the abort runs on the calling thread");
       finish(comm);
     }
   }

@@ -10,7 +10,10 @@
 
 #include <consort/error.hpp>
 
+#include "core/report.hpp"
+
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <map>
 #include <memory>
@@ -191,10 +194,13 @@ void free_blocks(int device, device_pool& pool,
                  std::vector<std::pair<size_t, cached_block>>& blocks) noexcept {
   if (blocks.empty())
     return;
+  static std::atomic<bool> reported{false};
   const auto deadline = std::chrono::steady_clock::now() + last_use_wait;
+  size_t done = 0;
   try {
     device_guard guard{device};
-    for (auto& [cls, b] : blocks) {
+    for (; done < blocks.size(); ++done) {
+      auto& [cls, b] = blocks[done];
       if (b.ready != nullptr) {
         if (!wait_event(b.ready, deadline)) {
           std::lock_guard<std::mutex> lock{pool.mutex};
@@ -204,13 +210,28 @@ void free_blocks(int device, device_pool& pool,
         }
         std::lock_guard<std::mutex> lock{pool.mutex};
         pool.spare_events.push_back(b.ready);
+        b.ready = nullptr;
       }
       if (cudaFree(b.pointer) != cudaSuccess)
         (void)cudaGetLastError();
     }
   } catch (...) {
-    // device_guard cannot fail for a device that made the blocks, and pushing back a block that
-    // was in the cache a moment ago only fails when the host is out of memory: then it leaks.
+    // Out of host memory while giving a block or an event back to the pool (device_guard cannot
+    // fail for a device that made the blocks): the blocks not yet handled are freed here, each
+    // after its last use, and an event that could not be pooled is destroyed.
+    detail::report_once(reported, "freeing cached GPU blocks: the pool could not take a block "
+                                  "or event back; freeing them directly");
+    for (; done < blocks.size(); ++done) {
+      auto& b = blocks[done].second;
+      if (b.ready != nullptr) {
+        const bool finished = wait_event(b.ready, deadline);
+        (void)cudaEventDestroy(b.ready);
+        if (!finished)
+          continue; // still in use at the deadline: leaked rather than freed under the GPU
+      }
+      if (cudaFree(b.pointer) != cudaSuccess)
+        (void)cudaGetLastError();
+    }
   }
   blocks.clear();
 }

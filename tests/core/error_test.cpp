@@ -2,8 +2,11 @@
 
 #include <consort/error.hpp>
 
+#include "core/report.hpp"
+
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -88,4 +91,34 @@ TEST(ErrorTest, CodeIsKeptByCopies) {
   consort::error copy = e;
   EXPECT_EQ(copy.code(), errc::step_timeout);
   EXPECT_STREQ(copy.what(), "slow");
+}
+
+TEST(ReportOnce, SaysTheCauseOfTheExceptionBeingHandledOnceAndNeverThrows) {
+  std::atomic<bool> once{false};
+  testing::internal::CaptureStderr();
+  for (int i = 0; i < 3; ++i) {
+    try {
+      throw consort::error(errc::device_error, "cudaEventRecord failed: an illegal address");
+    } catch (...) {
+      consort::detail::report_once(once, "releasing a GPU block");
+    }
+  }
+  std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(said, "consort: releasing a GPU block: cudaEventRecord failed: an illegal address "
+                  "(reported once)\n");
+  EXPECT_TRUE(once.load());
+}
+
+TEST(ReportOnce, TakesACauseAsTextAndNamesAnUnknownException) {
+  std::atomic<bool> first{false}, second{false};
+  testing::internal::CaptureStderr();
+  consort::detail::report_once(first, "aborting", "ncclSystemError");
+  try {
+    throw 42;
+  } catch (...) {
+    consort::detail::report_once(second, "freeing");
+  }
+  EXPECT_EQ(testing::internal::GetCapturedStderr(),
+            "consort: aborting: ncclSystemError (reported once)\n"
+            "consort: freeing: an exception that is not a std::exception (reported once)\n");
 }
