@@ -633,7 +633,9 @@ int run(int argc, char** argv) {
         rows.push_back(wrapped);
       }
       std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
-                  !check ? "not checked (--check 0)" : wrong == 0 ? "OK" : "FAILED");
+                  !check       ? "not checked (--check 0)"
+                  : wrong == 0 ? "OK"
+                               : "FAILED");
       if (measured > 0)
         std::printf("# Avg bus bandwidth    : direct %g, wrapper %g; avg time ratio "
                     "wrapper/direct %.3f\n",
@@ -642,7 +644,9 @@ int run(int argc, char** argv) {
     }
   }
   std::printf("#\n# Out of bounds values : %lld %s\n", static_cast<long long>(total_wrong),
-              !check ? "not checked (--check 0)" : total_wrong == 0 ? "OK" : "FAILED");
+              !check             ? "not checked (--check 0)"
+              : total_wrong == 0 ? "OK"
+                                 : "FAILED");
 
   auto path = opts.str("json");
   if (!path.empty()) {
