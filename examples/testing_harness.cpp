@@ -3,7 +3,7 @@
 // training step that averages every replica's gradient across workers; its tests check what a
 // user of the service sees when one replica's step fails, when a worker dies in the middle of a
 // run, and when a peer goes silent until a deadline passes. The 30 s deadline passes in
-// simulated time: the whole program takes a fraction of a second.
+// simulated time: the whole program takes a fraction of a second (it says how long on stderr).
 //
 // Usage:
 //   ./build/examples/testing_harness
@@ -18,7 +18,6 @@
 //   killed worker: no message left worker 2 after it died
 //   silent peer: worker 0 still waits after 29 s of simulated time
 //   silent peer: worker 0 failed with collective_timeout after 31 s of simulated time
-//   silent peer: it took less than 5 s of wall time
 
 #include <consort/consort.hpp>
 #include <consort/testing.hpp>
@@ -143,9 +142,13 @@ int main() {
     std::cout << "silent peer: worker 0 failed with " << code_of(f0)
               << " after 31 s of simulated time" << std::endl;
     f1.wait_for(10s);
-    std::cout << "silent peer: it took "
-              << (std::chrono::steady_clock::now() - started < 5s ? "less" : "MORE")
-              << " than 5 s of wall time" << std::endl;
+    // The wall time this took (milliseconds, as no clock was waited on) goes to stderr: it
+    // depends on the machine's load, and the expected output above holds only what cannot.
+    std::cerr << "silent peer: 31 s of simulated time took "
+              << std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now() - started)
+                     .count()
+              << " ms of wall time" << std::endl;
   }
   return 0;
 }

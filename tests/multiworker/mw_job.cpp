@@ -22,6 +22,8 @@
 
 #include <consort/consort.hpp>
 
+#include "support/time_scale.hpp"
+
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -289,7 +291,8 @@ int loss_scenario(int victim, bool partition) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start);
     std::cout << me << ": " << to_string(e.code()) << " after " << ms.count() << " ms: " << e.what()
               << std::endl;
-    bool ok = e.code() == errc::peer_lost && ms < opts.peer_timeout + std::chrono::seconds(3);
+    bool ok = e.code() == errc::peer_lost &&
+              ms < opts.peer_timeout + consort::test::scaled(std::chrono::seconds(3));
     // Later collectives fail at once with the same cause.
     try {
       mw.run([](replica_context& ctx) { return ctx.all_reduce("SUM", dense(1)); });
@@ -313,8 +316,9 @@ int join_fails(int timeout_ms, const std::string& text) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start);
     std::cout << "join failed after " << ms.count() << " ms: " << to_string(e.code()) << ": "
               << e.what() << std::endl;
-    bool ok = std::string{e.what()}.find(text) != std::string::npos &&
-              ms < std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(5);
+    bool ok =
+        std::string{e.what()}.find(text) != std::string::npos &&
+        ms < std::chrono::milliseconds(timeout_ms) + consort::test::scaled(std::chrono::seconds(5));
     if (!ok)
       std::cout << "expected the message to contain \"" << text << "\"" << std::endl;
     return ok ? 0 : 1;
@@ -354,7 +358,7 @@ int leave_early(int leaver) {
     auto named = "rank " + std::to_string(leaver) + " left the group";
     bool ok = e.code() == errc::peer_left &&
               std::string{e.what()}.find(named) != std::string::npos &&
-              ms < std::chrono::milliseconds(4000);
+              ms < consort::test::scaled(std::chrono::milliseconds(4000));
     if (!ok)
       std::cout << me << ": expected peer_left naming \"" << named << "\" within 4 s" << std::endl;
     return ok && failures == 0 ? 0 : 1;

@@ -7,6 +7,8 @@
 // deadline.
 
 #include <consort/caf_error.hpp>
+
+#include "support/time_scale.hpp"
 #include <consort/error.hpp>
 #include <consort/transport/algorithms.hpp>
 #include <consort/transport/local.hpp>
@@ -970,7 +972,7 @@ TEST_P(CollectiveFailureTest, ASilentRankMakesTheOthersTimeOutNamingTheStepAndTh
       continue; // ranks that do not depend on the silent rank finish
     EXPECT_EQ(code_of(err), errc::collective_timeout) << "rank " << r << ": " << text_of(err);
     EXPECT_GE(took[static_cast<size_t>(r)], timeout) << "rank " << r;
-    EXPECT_LT(took[static_cast<size_t>(r)], timeout + 3s) << "rank " << r;
+    EXPECT_LT(took[static_cast<size_t>(r)], timeout + consort::test::scaled(3s)) << "rank " << r;
     EXPECT_TRUE(
         mentions(err, std::string{to_string(w)} + " (rank " + std::to_string(r) + " of 4, tag 77)"))
         << text_of(err);
@@ -1018,7 +1020,7 @@ TEST_P(CollectiveFailureTest, ASilentRankFailsEveryOtherRankByTheDeadlineWhenAbo
     const auto code = code_of(err);
     EXPECT_TRUE(code == errc::collective_timeout || code == errc::peer_lost)
         << "rank " << r << ": " << text_of(err);
-    EXPECT_LT(took[static_cast<size_t>(r)], timeout + 3s) << "rank " << r;
+    EXPECT_LT(took[static_cast<size_t>(r)], timeout + consort::test::scaled(3s)) << "rank " << r;
   }
   abort_all(group);
 }
@@ -1061,7 +1063,7 @@ TEST_P(CollectiveFailureTest, AnAbortedRankFailsTheOthersWithPeerLostPromptly) {
     EXPECT_EQ(code_of(err), errc::peer_lost) << "rank " << r << ": " << text_of(err);
     EXPECT_TRUE(mentions(err, "worker 1 was killed")) << text_of(err);
     EXPECT_TRUE(mentions(err, to_string(w))) << text_of(err);
-    EXPECT_LT(took[static_cast<size_t>(r)], 5s) << "rank " << r;
+    EXPECT_LT(took[static_cast<size_t>(r)], consort::test::scaled(5s)) << "rank " << r;
   }
   abort_all(group);
 }

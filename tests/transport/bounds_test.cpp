@@ -11,6 +11,7 @@
 #include "transport/membership/codec.hpp" // to craft frames for the raw peers
 #include "transport/tcp/wire.hpp"
 
+#include "support/time_scale.hpp"
 #include "support/transport_helpers.hpp"
 
 #include <consort/error.hpp>
@@ -713,7 +714,7 @@ TEST(TcpBoundsTest, AHelloThatTricklesInIsClosedAtTheHandshakeDeadline) {
   EXPECT_TRUE(peer.trickle(wire::encode_hello(h), 40ms));
   auto took = clock::now() - start;
   EXPECT_GE(took, 200ms);
-  EXPECT_LT(took, 5s);
+  EXPECT_LT(took, consort::test::scaled(5s));
   EXPECT_TRUE(
       log.wait_for({"refused the connection from 127.0.0.1:" + std::to_string(peer.local_port()),
                     "timed out waiting for the hello's", "(200 ms)"}))
@@ -734,7 +735,7 @@ TEST(MembershipBoundsTest, AJoinThatTricklesInIsClosedAtTheHandshakeDeadline) {
   EXPECT_TRUE(peer.trickle(codec::encode(j), 40ms));
   auto took = clock::now() - start;
   EXPECT_GE(took, 200ms);
-  EXPECT_LT(took, 5s);
+  EXPECT_LT(took, consort::test::scaled(5s));
   EXPECT_TRUE(
       log.wait_for({"closed the connection from 127.0.0.1:" + std::to_string(peer.local_port()),
                     "no valid Join within 200 ms"}))

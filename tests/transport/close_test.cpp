@@ -4,6 +4,7 @@
 // deadline. TCP over loopback (ranks are threads of this process) and the local transport.
 // Nothing sleeps: slow readers are held on a condition and released by an event.
 
+#include "support/time_scale.hpp"
 #include "support/transport_helpers.hpp"
 
 #include <consort/error.hpp>
@@ -139,7 +140,7 @@ TEST(TcpCloseTest, APendingReceiveFailsWithPeerLeftWhenThePeerLeaves) {
   EXPECT_FALSE(ctxs[2]->close("worker 2 returned from main", in(10s)));
   EXPECT_TRUE(has_error(pending->wait(in(30s)), errc::peer_left,
                         {"recv of tag 9", "rank 2 left the group (worker 2 returned from main)"}));
-  EXPECT_LT(clock::now() - started, 5s);
+  EXPECT_LT(clock::now() - started, consort::test::scaled(5s));
   EXPECT_TRUE(logs.wait_for({"left the group", "1 receive(s) from it were pending"}, 10s));
   // The pairs between the others are untouched.
   bytes a = pattern(100, 3), b(100);
@@ -195,7 +196,7 @@ TEST(TcpCloseTest, CloseGivesUpAtItsDeadlineWhenAPeerNeverClosesItsSide) {
   EXPECT_TRUE(has_error(err, errc::collective_timeout,
                         {"rank 1 left the group (bye)", "rank 0", "did not close its side"}));
   EXPECT_GE(took, 300ms);
-  EXPECT_LT(took, 5s);
+  EXPECT_LT(took, consort::test::scaled(5s));
   stuck->open();
 }
 
@@ -257,7 +258,7 @@ TEST(LocalCloseTest, ALeaversSendThatNoReceiveMetIsKeptForThePeerAndCloseReturns
   auto s3 = group[1]->to(2).send(7, {transport::const_bytes(empty)});
   auto started = clock::now();
   EXPECT_FALSE(group[1]->close("bye", in(30s)));
-  EXPECT_LT(clock::now() - started, 5s) << "close waited for a receive";
+  EXPECT_LT(clock::now() - started, consort::test::scaled(5s)) << "close waited for a receive";
   for (auto* s : {&s1, &s2, &s3})
     EXPECT_FALSE((*s)->wait(in(1s)));
   auto expected_first = first, expected_second = second;

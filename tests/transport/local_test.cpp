@@ -2,6 +2,8 @@
 // Several ranks are threads of this process; nothing sleeps, every wait has a deadline.
 
 #include <consort/caf_error.hpp>
+
+#include "support/time_scale.hpp"
 #include <consort/error.hpp>
 #include <consort/transport/local.hpp>
 
@@ -229,7 +231,7 @@ TEST(LocalTransportTest, WaitTimesOutWithCollectiveTimeoutAndTheOperationCanStil
   const auto waited = clock::now() - start;
   EXPECT_EQ(code_of(err), errc::collective_timeout) << text_of(err);
   EXPECT_GE(waited, 50ms);
-  EXPECT_LT(waited, 5s);
+  EXPECT_LT(waited, consort::test::scaled(5s));
   EXPECT_NE(text_of(err).find("from rank 0"), std::string::npos) << text_of(err);
   EXPECT_NE(text_of(err).find("rank 1"), std::string::npos) << text_of(err);
   // A deadline in the past returns at once.
@@ -284,7 +286,7 @@ TEST(LocalTransportTest, AbortWakesABlockedWaiterPromptly) {
   group[1]->abort("lost in a partition");
   waiter.join();
   EXPECT_EQ(code_of(err), errc::peer_lost) << text_of(err);
-  EXPECT_LT(waited, 5s);
+  EXPECT_LT(waited, consort::test::scaled(5s));
 }
 
 TEST(LocalTransportTest, DestroyingAContextFailsItsPeersOperations) {

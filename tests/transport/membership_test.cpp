@@ -4,6 +4,7 @@
 
 #include "transport/membership/codec.hpp" // to craft messages for the raw peers
 
+#include "support/time_scale.hpp"
 #include "support/transport_helpers.hpp"
 
 #include <consort/error.hpp>
@@ -823,7 +824,7 @@ TEST(MembershipTest, ACrashedWorkerIsReportedAtOnceByTheChiefAndTheOtherWorkers)
   ASSERT_TRUE(at_worker) << c.logs.all();
   EXPECT_EQ(at_worker->ranks, std::vector<int>{2});
   EXPECT_EQ(at_worker->cause, at_chief->cause);
-  EXPECT_LT(clock_type::now() - crashed_at, 5s);
+  EXPECT_LT(clock_type::now() - crashed_at, consort::test::scaled(5s));
   // The crashed one reports nothing; every loss is reported once.
   EXPECT_TRUE(c.lost[2]->events().empty()) << describe(c.lost[2]->events());
   EXPECT_EQ(c.lost[0]->events().size(), 1u) << describe(c.lost[0]->events());
@@ -919,10 +920,12 @@ TEST(MembershipTest, DestroyingAMemberWhosePeerIsSuspendedEndsAtItsLinger) {
   }
   gone.get();
   EXPECT_GE(moved, 500ms - 10ms);
-  EXPECT_LT(clock_type::now() - started, 2s) << "the real-time guard ended it, not the clock";
+  EXPECT_LT(clock_type::now() - started, consort::test::scaled(2s))
+      << "the real-time guard ended it, not the clock";
   started = clock_type::now();
   c.services[0].reset(); // suspended: it sends no Leave and waits for nothing
-  EXPECT_LT(clock_type::now() - started, 400ms) << "a suspended member waited to leave";
+  EXPECT_LT(clock_type::now() - started, consort::test::scaled(400ms))
+      << "a suspended member waited to leave";
 }
 
 } // namespace

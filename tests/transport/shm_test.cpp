@@ -8,6 +8,7 @@
 // that ends itself (alarm) if a test goes wrong.
 
 #include "support/expect_error.hpp"
+#include "support/time_scale.hpp"
 #include "support/transport_helpers.hpp"
 
 #include <consort/caf_error.hpp>
@@ -324,7 +325,7 @@ TEST(ShmTransportTest, WaitTimesOutWithCollectiveTimeoutAndTheOperationCanStillC
   EXPECT_TRUE(has_error(err, errc::collective_timeout,
                         {"rank 1", "receive of 3 bytes", "from rank 0", "deadline"}));
   EXPECT_GE(waited, 50ms);
-  EXPECT_LT(waited, 5s);
+  EXPECT_LT(waited, consort::test::scaled(5s));
   EXPECT_FALSE(recv->done());
   // A deadline in the past returns at once.
   EXPECT_TRUE(has_error(recv->wait(clock::now() - 1s), errc::collective_timeout, {"deadline"}));
@@ -394,7 +395,7 @@ TEST(ShmTransportTest, AbortWakesABlockedWaiterPromptly) {
     ASSERT_EQ(waiter.wait_for(30s), std::future_status::ready) << "the waiter was not woken";
     auto [err, returned_at] = waiter.get();
     EXPECT_TRUE(has_error(err, errc::peer_lost, {"lost in a partition"}));
-    EXPECT_LT(returned_at - aborted_at, 2s);
+    EXPECT_LT(returned_at - aborted_at, consort::test::scaled(2s));
   }
 }
 
@@ -598,7 +599,7 @@ TEST(ShmCloseTest, OperationsOfARankThatLeftFailWithShutdown) {
       has_error(group[1]->to(0).send(7, {buf})->wait(later()), errc::shutdown, {"left the group"}));
   const auto start = clock::now();
   EXPECT_FALSE(group[0]->close("again", clock::now() + 10s)) << "a second close returns at once";
-  EXPECT_LT(clock::now() - start, 1s);
+  EXPECT_LT(clock::now() - start, consort::test::scaled(1s));
 }
 
 // Every rank leaving at the same time, the usual end of a job, with messages still in the rings:
@@ -637,7 +638,7 @@ TEST(ShmCloseTest, CloseGivesUpAtItsDeadlineWhenAPeerNeverClosesItsSide) {
   EXPECT_EQ(text_of(err).find("2 had not"), std::string::npos)
       << "rank 2 left, only rank 0 is missing: " << text_of(err);
   EXPECT_GE(took, 300ms);
-  EXPECT_LT(took, 5s);
+  EXPECT_LT(took, consort::test::scaled(5s));
   // Rank 0 got the goodbyes all the same.
   EXPECT_TRUE(has_error(group[0]->to(1).recv(1, never)->wait(later()), errc::peer_left,
                         {"rank 1 left the group", "bye"}));
@@ -926,7 +927,7 @@ TEST(ShmProcessTest, AKilledPeerProcessFailsAPendingReceiveWithPeerLostWellBefor
   ASSERT_EQ(::kill(pid, SIGKILL), 0);
   auto [result, returned_at] = waiter.get();
   EXPECT_TRUE(has_error(result, errc::peer_lost, {"rank 0", std::to_string(pid)}));
-  EXPECT_LT(returned_at - killed_at, 3s);
+  EXPECT_LT(returned_at - killed_at, consort::test::scaled(3s));
   EXPECT_EQ(child.wait_exit(), -SIGKILL);
   // Later operations with the dead rank fail at once too.
   EXPECT_TRUE(
