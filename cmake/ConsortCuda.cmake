@@ -28,8 +28,10 @@ if(NOT _consort_cuda_request STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      # H100 / H200 (sm_90); override with -DCMAKE_CUDA_ARCHITECTURES=...
-      set(CMAKE_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures")
+      # The GPUs users have: machine code for sm_80 (A100; it also runs on sm_86 and sm_89, the
+      # L4) and sm_90 (H100, H200), and sm_90 PTX that the driver compiles for newer GPUs at first
+      # load. Override with -DCMAKE_CUDA_ARCHITECTURES=... (e.g. 90 alone for a faster build).
+      set(CMAKE_CUDA_ARCHITECTURES "80-real;90-real;90-virtual" CACHE STRING "CUDA architectures")
     endif()
     enable_language(CUDA)
     set(CMAKE_CUDA_STANDARD 17)
