@@ -1,19 +1,23 @@
-// gemm_bench: the training demo's float32 GEMM kernel (examples/train/mlp_kernels.cu) on one GPU,
-// on the shapes one step of the demo runs, in nccl-tests style rows (STYLE.md §7). Its peer is
-// cuBLAS through torch (bench/torch_gemm_bench.py), timed the same way on the same shapes; the
-// ratio of the two answers "what share of cuBLAS's speed do our kernels reach" (docs/train.md).
+// gemm_bench: the training demo's float32 GEMMs (examples/train/mlp_kernels.cu) on one GPU, on the
+// shapes one step of the demo runs, in nccl-tests style rows (STYLE.md §7): our tiled kernel and
+// cuBLAS (loaded as the demo loads it; absent rows say why), with the share of cuBLAS's speed our
+// kernel reaches and the largest difference between the two outputs. Its outside peer is cuBLAS
+// through torch (bench/torch_gemm_bench.py), timed the same way on the same shapes.
 //
 //   ./build/bench/gemm_bench [--batch 512] [--hidden 512,1024,4096] [--iters 50] [--json FILE]
 //
 // Each shape is timed as the demo calls it: forward (A [M, K] x W [K, N], + bias, ReLU), the
 // weight gradient (A^T x delta: transpose_a) and the input gradient (delta x W^T: transpose_b).
 // Times are CUDA events around `iters` back-to-back launches after 3 warm-up launches; GFLOP/s is
-// 2 M N K / time. Without a GPU it says so and exits 0 (it is a benchmark, not a test).
+// 2 M N K / time. Without a GPU it says so and exits 0 (it is a benchmark, not a test); a launch
+// that fails, or outputs that differ by more than 1e-3 relative, exit 1.
 
 #include "mlp_kernels.hpp"
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -51,14 +55,21 @@ struct gemm_case {
   bool bias_relu;
 };
 
-double time_case(const gemm_case& c, int iters, cudaStream_t stream) {
+using gemm_fn = const char* (*)(int, void*, bool, bool, int64_t, int64_t, int64_t, const float*,
+                                const float*, float*, const float*, bool, const float*);
+
+struct timed {
+  double us = 0;
+  std::vector<float> out;
+};
+
+timed time_case(const gemm_case& c, gemm_fn gemm, int iters, cudaStream_t stream) {
   // Operands stored as the kernel reads them: A [M, K] or [K, M]; B [K, N] or [N, K].
   device_buffer a(static_cast<size_t>(c.m * c.k)), b(static_cast<size_t>(c.k * c.n));
   device_buffer out(static_cast<size_t>(c.m * c.n)), bias(static_cast<size_t>(c.n));
   auto launch = [&] {
-    const char* why =
-        consort::train::kernels::gemm(0, stream, c.ta, c.tb, c.m, c.n, c.k, a.p, b.p, out.p,
-                                      c.bias_relu ? bias.p : nullptr, c.bias_relu, nullptr);
+    const char* why = gemm(0, stream, c.ta, c.tb, c.m, c.n, c.k, a.p, b.p, out.p,
+                           c.bias_relu ? bias.p : nullptr, c.bias_relu, nullptr);
     if (why != nullptr)
       throw std::runtime_error(std::string("gemm launch: ") + why);
   };
@@ -76,7 +87,22 @@ double time_case(const gemm_case& c, int iters, cudaStream_t stream) {
   check(cudaEventElapsedTime(&ms, begin, end), "cudaEventElapsedTime");
   cudaEventDestroy(begin);
   cudaEventDestroy(end);
-  return ms * 1e3 / iters;
+  timed t;
+  t.us = ms * 1e3 / iters;
+  t.out.resize(static_cast<size_t>(c.m * c.n));
+  check(cudaMemcpy(t.out.data(), out.p, t.out.size() * sizeof(float), cudaMemcpyDeviceToHost),
+        "cudaMemcpy");
+  return t;
+}
+
+/// The largest |x - y| / max(|x|, |y|, 1e-3) over the elements.
+double largest_difference(const std::vector<float>& x, const std::vector<float>& y) {
+  double worst = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    const double scale = std::max({std::fabs(double(x[i])), std::fabs(double(y[i])), 1e-3});
+    worst = std::max(worst, std::fabs(double(x[i]) - double(y[i])) / scale);
+  }
+  return worst;
 }
 
 std::vector<int64_t> parse_list(const std::string& text, const char* flag) {
@@ -143,12 +169,17 @@ int main(int argc, char** argv) {
     check(cudaSetDevice(0), "cudaSetDevice");
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-    std::printf("# gemm_bench: %s, batch %lld, %d iterations per shape\n", prop.name,
-                static_cast<long long>(batch), iters);
-    std::printf("# %-8s %6s %6s %6s %12s %10s\n", "gemm", "M", "N", "K", "time (us)", "GFLOP/s");
+    namespace k = consort::train::kernels;
+    const bool have_cublas = k::gemm_cublas(0, nullptr, false, false, 0, 0, 0, nullptr, nullptr,
+                                            nullptr, nullptr, false, nullptr) == nullptr;
+    std::printf("# gemm_bench: %s, batch %lld, %d iterations per shape; the demo's GEMMs: %s\n",
+                prop.name, static_cast<long long>(batch), iters, k::gemm_backend());
+    std::printf("# %-8s %6s %6s %6s %12s %10s %12s %10s %11s %10s\n", "gemm", "M", "N", "K",
+                "tiled (us)", "GFLOP/s", "cuBLAS (us)", "GFLOP/s", "tiled share", "max diff");
     cudaStream_t stream;
     check(cudaStreamCreate(&stream), "cudaStreamCreate");
     std::string json = "[";
+    bool differ = false;
     for (int64_t h : hidden) {
       const gemm_case cases[] = {
           {"forward", false, false, batch, h, h, true},
@@ -156,19 +187,45 @@ int main(int argc, char** argv) {
           {"grad_x", false, true, batch, h, h, false},
       };
       for (const auto& c : cases) {
-        double us = time_case(c, iters, stream);
-        double gflops = 2.0 * static_cast<double>(c.m) * static_cast<double>(c.n) *
-                        static_cast<double>(c.k) / (us * 1e3);
-        std::printf("  %-8s %6lld %6lld %6lld %12.1f %10.0f\n", c.name, static_cast<long long>(c.m),
-                    static_cast<long long>(c.n), static_cast<long long>(c.k), us, gflops);
-        char row[256];
-        std::snprintf(
-            row, sizeof row,
-            "%s{\"gemm\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"us\":%.3f,\"gflops\":%.1f}",
-            json.size() > 1 ? "," : "", c.name, static_cast<long long>(c.m),
-            static_cast<long long>(c.n), static_cast<long long>(c.k), us, gflops);
+        const double flop =
+            2.0 * static_cast<double>(c.m) * static_cast<double>(c.n) * static_cast<double>(c.k);
+        auto tiled = time_case(c, k::gemm_tiled, iters, stream);
+        timed cublas;
+        double diff = 0;
+        if (have_cublas) {
+          cublas = time_case(c, k::gemm_cublas, iters, stream);
+          diff = largest_difference(tiled.out, cublas.out);
+          differ = differ || diff > 1e-3;
+        }
+        char cublas_us[32] = "-", cublas_gflops[32] = "-", share[32] = "-", diff_text[32] = "-";
+        if (have_cublas) {
+          std::snprintf(cublas_us, sizeof cublas_us, "%.1f", cublas.us);
+          std::snprintf(cublas_gflops, sizeof cublas_gflops, "%.0f", flop / (cublas.us * 1e3));
+          std::snprintf(share, sizeof share, "%.2fx", cublas.us / tiled.us);
+          std::snprintf(diff_text, sizeof diff_text, "%.1e", diff);
+        }
+        std::printf("  %-8s %6lld %6lld %6lld %12.1f %10.0f %12s %10s %11s %10s\n", c.name,
+                    static_cast<long long>(c.m), static_cast<long long>(c.n),
+                    static_cast<long long>(c.k), tiled.us, flop / (tiled.us * 1e3), cublas_us,
+                    cublas_gflops, share, diff_text);
+        char row[320];
+        std::snprintf(row, sizeof row,
+                      "%s{\"gemm\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"tiled_us\":%.3f,"
+                      "\"cublas_us\":%.3f,\"max_diff\":%.3g}",
+                      json.size() > 1 ? "," : "", c.name, static_cast<long long>(c.m),
+                      static_cast<long long>(c.n), static_cast<long long>(c.k), tiled.us,
+                      have_cublas ? cublas.us : 0.0, diff);
         json += row;
       }
+    }
+    if (!have_cublas)
+      std::printf("# no cuBLAS rows: %s\n", k::gemm_backend());
+    std::printf(
+        "# tiled share: cuBLAS's time over the tiled kernel's (1.00x: as fast as cuBLAS)\n");
+    if (differ) {
+      std::printf("# FAILED: the tiled kernel and cuBLAS differ by more than 1e-3 relative\n");
+      cudaStreamDestroy(stream);
+      return 1;
     }
     json += "]\n";
     cudaStreamDestroy(stream);

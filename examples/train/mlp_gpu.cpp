@@ -170,4 +170,12 @@ void sgd_update_gpu(nest& params, const nest& grad_sums, double learning_rate,
 #endif
 }
 
+std::string gpu_gemm_backend() {
+#if !CONSORT_WITH_CUDA
+  return "none (built without CUDA)";
+#else
+  return kernels::gemm_backend();
+#endif
+}
+
 } // namespace consort::train

@@ -1,18 +1,24 @@
 // The CUDA kernels of the training demo's GPU form (see mlp_kernels.hpp).
 //
-// The GEMMs are ours rather than cuBLAS's: cuBLAS 13's libcublasLt alone is 541 MB, more than
-// the 64 MiB a build may carry to the GPU machines this project is lent, and a fixed kernel keeps
-// every run's bytes the same (cuBLAS may pick another algorithm, with another summation order,
-// from one run or GPU to the next). The model's GEMMs are small (512 x 512 x 512 at most by
-// default), where a shared-memory tiled kernel is within a small factor of cuBLAS (docs/train.md,
-// "On GPUs").
+// The GEMMs run on cuBLAS where the process can load it, else on our own tiled kernel. cuBLAS is
+// loaded at run time (dlopen of libcublas.so.<CUDA major>), not linked: cuBLAS 13's libcublasLt
+// alone is 541 MB, more than a build may carry to the GPU machines this project is lent, and a
+// binary linked to it would not start where it is missing. On an H100 our kernel reached
+// 0.32-0.67x of cuBLAS's speed on the demo's shapes (docs/train.md, "On GPUs"), so cuBLAS is the
+// default; CONSORT_CUBLAS=off keeps our kernel, whose every output is a sum in one fixed order
+// (the same bytes on every run and for every split of the batch's rows).
 
 #include "mlp_kernels.hpp"
 
 #include <cuda_runtime.h>
 
+#include <dlfcn.h>
+
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <string>
 
 namespace consort::train::kernels {
 
@@ -220,6 +226,103 @@ private:
 };
 
 /// nullptr when the last launch on this thread was accepted, else CUDA's text.
+// -- cuBLAS, loaded at run time ------------------------------------------------------------------
+
+constexpr int cublas_op_n = 0; // CUBLAS_OP_N
+constexpr int cublas_op_t = 1; // CUBLAS_OP_T
+
+/// The few cuBLAS entry points the demo calls (cublas_api.h's v2 API, declared here so that the
+/// build needs no cuBLAS header or library), resolved from the library `name`.
+struct cublas_library {
+  using create_fn = int (*)(void**);
+  using set_stream_fn = int (*)(void*, cudaStream_t);
+  using sgemm_fn = int (*)(void*, int, int, int, int, int, const float*, const float*, int,
+                           const float*, int, const float*, float*, int);
+  using status_fn = const char* (*)(int);
+
+  std::string name;
+  std::string why_not;
+  create_fn create = nullptr;
+  set_stream_fn set_stream = nullptr;
+  sgemm_fn sgemm = nullptr;
+  status_fn status_string = nullptr;
+
+  bool loaded() const { return sgemm != nullptr; }
+  const char* status_text(int rc) const {
+    return status_string != nullptr ? status_string(rc) : "a cuBLAS call failed";
+  }
+};
+
+cublas_library load_cublas() {
+  cublas_library api;
+  const char* setting = std::getenv("CONSORT_CUBLAS");
+  const std::string wanted = setting != nullptr ? setting : "";
+  if (wanted == "off" || wanted == "0") {
+    api.why_not = "CONSORT_CUBLAS=" + wanted;
+    return api;
+  }
+  // The cuBLAS of the CUDA major version this was built with (its runtime is the process's).
+  const std::string soname = "libcublas.so." + std::to_string(CUDART_VERSION / 1000);
+  const std::string candidate = wanted.empty() || wanted == "on" ? soname : wanted;
+  void* lib = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* why = dlerror();
+    api.why_not = "cannot load " + candidate + (why != nullptr ? std::string(": ") + why : "");
+    return api;
+  }
+  api.create = reinterpret_cast<cublas_library::create_fn>(dlsym(lib, "cublasCreate_v2"));
+  api.set_stream =
+      reinterpret_cast<cublas_library::set_stream_fn>(dlsym(lib, "cublasSetStream_v2"));
+  auto sgemm = reinterpret_cast<cublas_library::sgemm_fn>(dlsym(lib, "cublasSgemm_v2"));
+  api.status_string =
+      reinterpret_cast<cublas_library::status_fn>(dlsym(lib, "cublasGetStatusString"));
+  if (api.create == nullptr || api.set_stream == nullptr || sgemm == nullptr) {
+    api.why_not = candidate + " lacks cublasCreate_v2, cublasSetStream_v2 or cublasSgemm_v2";
+    return api;
+  }
+  api.name = candidate;
+  api.sgemm = sgemm;
+  return api; // the library stays loaded for the life of the process
+}
+
+const cublas_library& cublas() {
+  static const cublas_library api = load_cublas();
+  return api;
+}
+
+/// This thread's cuBLAS handle for `device` (made current by the caller), created on first use
+/// and kept for the thread's life: a handle used by one thread at a time gives the same bytes on
+/// every call. nullptr when cublasCreate fails.
+void* cublas_handle(int device) {
+  thread_local std::map<int, void*> handles;
+  auto it = handles.find(device);
+  if (it != handles.end())
+    return it->second;
+  void* handle = nullptr;
+  if (cublas().create(&handle) != 0)
+    return nullptr;
+  handles.emplace(device, handle);
+  return handle;
+}
+
+/// C = relu(C + bias) * (mask > 0), each part when asked for, in that order (the tiled kernel's
+/// epilogue, for the cuBLAS path).
+__global__ void epilogue_kernel(int64_t m, int64_t n, float* __restrict__ c,
+                                const float* __restrict__ bias, bool relu,
+                                const float* __restrict__ mask) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= m * n)
+    return;
+  float v = c[i];
+  if (bias != nullptr)
+    v += bias[i % n];
+  if (relu)
+    v = v > 0.f ? v : 0.f;
+  if (mask != nullptr)
+    v = mask[i] > 0.f ? v : 0.f;
+  c[i] = v;
+}
+
 const char* launched() {
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
@@ -231,9 +334,9 @@ unsigned blocks_for(int64_t n, int threads) {
 
 } // namespace
 
-const char* gemm(int device, void* stream, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
-                 int64_t k, const float* a, const float* b, float* c, const float* bias, bool relu,
-                 const float* mask) {
+const char* gemm_tiled(int device, void* stream, bool transpose_a, bool transpose_b, int64_t m,
+                       int64_t n, int64_t k, const float* a, const float* b, float* c,
+                       const float* bias, bool relu, const float* mask) {
   if (m <= 0 || n <= 0)
     return nullptr;
   on_device guard(device);
@@ -251,6 +354,58 @@ const char* gemm(int device, void* stream, bool transpose_a, bool transpose_b, i
   else
     gemm_kernel<true, true><<<grid, block, 0, s>>>(m, n, k, a, b, c, bias, relu, mask);
   return launched();
+}
+
+const char* gemm_cublas(int device, void* stream, bool transpose_a, bool transpose_b, int64_t m,
+                        int64_t n, int64_t k, const float* a, const float* b, float* c,
+                        const float* bias, bool relu, const float* mask) {
+  const auto& api = cublas();
+  if (!api.loaded())
+    return api.why_not.c_str();
+  if (m <= 0 || n <= 0)
+    return nullptr;
+  if (k <= 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
+    return gemm_tiled(device, stream, transpose_a, transpose_b, m, n, k, a, b, c, bias, relu, mask);
+  on_device guard(device);
+  if (guard.error() != cudaSuccess)
+    return cudaGetErrorString(guard.error());
+  auto s = static_cast<cudaStream_t>(stream);
+  void* handle = cublas_handle(device);
+  if (handle == nullptr)
+    return "cublasCreate failed";
+  if (int rc = api.set_stream(handle, s); rc != 0)
+    return api.status_text(rc);
+  // Row-major C [M, N] is column-major C^T [N, M] = op(B)^T op(A)^T: B (or B^T) and A (or A^T)
+  // are read as the column-major matrices their row-major storage already is.
+  const float one = 1.f, zero = 0.f;
+  const int rc =
+      api.sgemm(handle, transpose_b ? cublas_op_t : cublas_op_n,
+                transpose_a ? cublas_op_t : cublas_op_n, static_cast<int>(n), static_cast<int>(m),
+                static_cast<int>(k), &one, b, static_cast<int>(transpose_b ? k : n), a,
+                static_cast<int>(transpose_a ? m : k), &zero, c, static_cast<int>(n));
+  if (rc != 0)
+    return api.status_text(rc);
+  if (bias != nullptr || relu || mask != nullptr) {
+    epilogue_kernel<<<blocks_for(m * n, 256), 256, 0, s>>>(m, n, c, bias, relu, mask);
+    return launched();
+  }
+  return nullptr;
+}
+
+const char* gemm(int device, void* stream, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
+                 int64_t k, const float* a, const float* b, float* c, const float* bias, bool relu,
+                 const float* mask) {
+  if (cublas().loaded())
+    return gemm_cublas(device, stream, transpose_a, transpose_b, m, n, k, a, b, c, bias, relu,
+                       mask);
+  return gemm_tiled(device, stream, transpose_a, transpose_b, m, n, k, a, b, c, bias, relu, mask);
+}
+
+const char* gemm_backend() {
+  static const std::string text =
+      cublas().loaded() ? "cuBLAS (" + cublas().name + ")"
+                        : "consort's tiled kernel (no cuBLAS: " + cublas().why_not + ")";
+  return text.c_str();
 }
 
 const char* column_sums(int device, void* stream, int64_t rows, int64_t cols, const float* a,

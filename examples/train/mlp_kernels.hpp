@@ -8,9 +8,12 @@
 // is nullptr when the launch was accepted, else CUDA's text for why not; errors of the execution
 // surface at the stream's next synchronisation. Matrices are row-major float32 in device memory.
 //
-// Each output element is a sum in one fixed order (k = 0, 1, ... for the GEMMs, row by row for
-// the column sums, a fixed tree for the batch totals), so the same inputs give the same bytes on
-// every run: no atomics, no split-K, no algorithm picked at run time.
+// Each output element of the tiled GEMM, the column sums and the batch totals is a sum in one
+// fixed order (k = 0, 1, ... for the GEMM, row by row for the column sums, a fixed tree for the
+// totals), so the same inputs give the same bytes on every run. `gemm` runs cuBLAS instead where
+// it can be loaded (faster; the same bytes on every run of one GPU model and cuBLAS version, but
+// cuBLAS may pick another algorithm for another M, so rows split differently may round
+// differently); CONSORT_CUBLAS=off, or `gemm_tiled`, keeps the tiled kernel.
 
 #include <cstdint>
 
@@ -23,6 +26,23 @@ namespace consort::train::kernels {
 const char* gemm(int device, void* stream, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
                  int64_t k, const float* a, const float* b, float* c, const float* bias, bool relu,
                  const float* mask);
+
+/// `gemm` on our tiled kernel (64 x 64 tiles of C, k in order for every output).
+const char* gemm_tiled(int device, void* stream, bool transpose_a, bool transpose_b, int64_t m,
+                       int64_t n, int64_t k, const float* a, const float* b, float* c,
+                       const float* bias, bool relu, const float* mask);
+
+/// `gemm` on cuBLAS (cublasSgemm, float32 arithmetic, then the epilogue as one more kernel); K = 0
+/// goes to the tiled kernel. Returns why not, without launching, when cuBLAS is not loaded.
+const char* gemm_cublas(int device, void* stream, bool transpose_a, bool transpose_b, int64_t m,
+                        int64_t n, int64_t k, const float* a, const float* b, float* c,
+                        const float* bias, bool relu, const float* mask);
+
+/// What `gemm` runs, for the demo's banner: "cuBLAS (libcublas.so.13)", or "consort's tiled kernel
+/// (no cuBLAS: <why>)". cuBLAS is libcublas.so.<the CUDA major version of the build>, loaded on
+/// first use; the environment's CONSORT_CUBLAS=off keeps the tiled kernel, and CONSORT_CUBLAS=PATH
+/// loads that file instead.
+const char* gemm_backend();
 
 /// sums[c] = sum over rows r (in order) of a[r, c] for an [rows, cols] matrix; 0 when rows is 0.
 const char* column_sums(int device, void* stream, int64_t rows, int64_t cols, const float* a,

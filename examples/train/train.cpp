@@ -269,6 +269,8 @@ int main(int argc, char** argv) {
                   o.layers, o.hidden, data_opts.classes, static_cast<long long>(o.examples),
                   static_cast<long long>(o.global_batch), static_cast<long long>(o.steps),
                   o.bucket_bytes, o.overlap ? "overlap on" : "overlap off");
+    if (chief && parse_device(strategy.worker_devices()[0]).kind == device_kind::gpu)
+      std::printf("GEMMs on the GPU: %s\n", train::gpu_gemm_backend().c_str());
     train::tracer trace(!o.trace.empty());
     auto result = train::train_on(strategy, o, data, trace, worker,
                                   chief ? progress_printer(o.steps) : train::progress_fn{});

@@ -5,11 +5,18 @@
 #include "support/expect_error.hpp"
 #include "trainer.hpp"
 
+#include <consort/config.hpp>
+
+#if CONSORT_WITH_CUDA
+#include "mlp_kernels.hpp"
+#endif
+
 #include <consort/consort.hpp>
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -221,3 +228,73 @@ TEST(TrainOnGpus, OneGpuReplicaTrainsAsOneCpuReplicaWithinTheGpuTolerance) {
   auto c = train_on(gpu, per_tensor, data(), off, 0);
   EXPECT_EQ(max_relative_difference(a.params, c.params), 0.0);
 }
+
+// -- the GEMM backends ----------------------------------------------------------------------------
+
+TEST(GemmBackend, NamesWhatTheGpuFormRuns) {
+  const std::string backend = gpu_gemm_backend();
+#if CONSORT_WITH_CUDA
+  EXPECT_TRUE(backend.rfind("cuBLAS (", 0) == 0 ||
+              backend.rfind("consort's tiled kernel (no cuBLAS: ", 0) == 0)
+      << backend;
+#else
+  EXPECT_EQ(backend, "none (built without CUDA)");
+#endif
+}
+
+// Run by its own CTest registration with CONSORT_CUBLAS naming a file that is not there (and left
+// out of the discovered tests, which run without it): the tiled kernel is kept, saying why.
+TEST(GemmBackendEnv, KeepsTheTiledKernelAndNamesTheLibraryItCouldNotLoad) {
+  const char* setting = std::getenv("CONSORT_CUBLAS");
+  ASSERT_NE(setting, nullptr) << "tests/train/CMakeLists.txt runs this with CONSORT_CUBLAS set";
+  const std::string backend = gpu_gemm_backend();
+#if CONSORT_WITH_CUDA
+  EXPECT_NE(backend.find("consort's tiled kernel (no cuBLAS: cannot load " + std::string{setting}),
+            std::string::npos)
+      << backend;
+#else
+  EXPECT_EQ(backend, "none (built without CUDA)");
+#endif
+}
+
+#if CONSORT_WITH_CUDA
+TEST(GemmBackend, CublasMatchesTheTiledKernelOnEveryTransposeAndEpilogue) {
+  REQUIRE_GPU();
+  if (kernels::gemm_cublas(0, nullptr, false, false, 0, 0, 0, nullptr, nullptr, nullptr, nullptr,
+                           false, nullptr) != nullptr)
+    GTEST_SKIP() << "no cuBLAS to compare: " << kernels::gemm_backend();
+  // Shapes off every tile and warp size; operands stored as the kernels read them.
+  const int64_t m = 70, n = 33, k = 45;
+  auto values = [](int64_t count, float scale) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = scale * std::sin(0.37f * static_cast<float>(i) + 0.1f);
+    return v;
+  };
+  auto a = tensor::from<float>(values(m * k, 1.f), {m * k}, "GPU:0");
+  auto b = tensor::from<float>(values(k * n, 0.5f), {k * n}, "GPU:0");
+  auto bias = tensor::from<float>(values(n, 0.2f), {n}, "GPU:0");
+  auto mask = tensor::from<float>(values(m * n, 1.f), {m * n}, "GPU:0");
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool epilogue : {false, true}) {
+        auto tiled = tensor::zeros(dtype::float32, {m * n}, "GPU:0");
+        auto cublas = tensor::zeros(dtype::float32, {m * n}, "GPU:0");
+        const float* bp = epilogue ? bias.data<float>() : nullptr;
+        const float* mp = epilogue ? mask.data<float>() : nullptr;
+        void* stream = current_cuda_stream();
+        ASSERT_EQ(kernels::gemm_tiled(0, stream, ta, tb, m, n, k, a.data<float>(), b.data<float>(),
+                                      tiled.mutable_data<float>(), bp, epilogue, mp),
+                  nullptr);
+        ASSERT_EQ(kernels::gemm_cublas(0, stream, ta, tb, m, n, k, a.data<float>(), b.data<float>(),
+                                       cublas.mutable_data<float>(), bp, epilogue, mp),
+                  nullptr);
+        EXPECT_LE(relative_difference(cublas, tiled), 1e-5)
+            << "transpose_a " << ta << ", transpose_b " << tb << ", epilogue " << epilogue;
+        if (!epilogue) {
+          EXPECT_GT(relative_difference(tiled, tensor::zeros(dtype::float32, {m * n})), 0.5)
+              << "the product is not all zeros";
+        }
+      }
+}
+#endif
