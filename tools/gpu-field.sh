@@ -51,8 +51,16 @@ for py in python3 /opt/torch/.venv/bin/python3 /usr/bin/python3; do
   fi
 done
 
+# cuBLAS for the demo's GEMMs (examples/train/mlp_kernels.cu loads libcublas.so.<CUDA major>): where
+# the loader cannot find it, the one of torch's NVIDIA packages.
+if [ -z "${CONSORT_CUBLAS:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.13 '; then
+  found=$(find / -xdev -name 'libcublas.so.13' -path '*nvidia*' 2>/dev/null | head -1)
+  [ -n "$found" ] && export CONSORT_CUBLAS=$found
+fi
+
 {
   date -u
+  echo "cuBLAS: ${CONSORT_CUBLAS:-libcublas.so.13 as the loader finds it}"
   git log -1 --format='%H %s' 2>/dev/null || true
   nvidia-smi -L 2>&1 || echo "nvidia-smi: not there"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || true
@@ -98,12 +106,13 @@ fi
 part reduce_kernel_bench 60 ./build/bench/reduce_kernel_bench --max-bytes 1G --json "$out/reduce_kernel_bench.json"
 tail -5 "$out/reduce_kernel_bench.log" >>"$summary"
 
-# 3b. The demo's GEMM kernel against cuBLAS (through torch, TF32 off) on the demo's shapes.
+# 3b. The demo's GEMMs: our tiled kernel against cuBLAS in one program, and cuBLAS through torch
+#     (TF32 off) on the same shapes.
 part gemm_bench 60 ./build/bench/gemm_bench --json "$out/gemm_bench.json"
-grep -E "^  [a-z_]+ " "$out/gemm_bench.log" | sed 's/^/ours  /' >>"$summary"
+grep -E "^# gemm_bench|^# +gemm|^  [a-z_]+ " "$out/gemm_bench.log" >>"$summary"
 if [ -n "$torch_python" ]; then
   part torch_gemm_bench 60 "$torch_python" bench/torch_gemm_bench.py --json "$out/torch_gemm_bench.json"
-  grep -E "^  [a-z_]+ " "$out/torch_gemm_bench.log" | sed 's/^/cublas/' >>"$summary"
+  grep -E "^  [a-z_]+ " "$out/torch_gemm_bench.log" | sed 's/^/torch /' >>"$summary"
 fi
 
 # 4. The demo on the GPU and on one CPU replica, same model and steps (examples/s, verify).
@@ -112,8 +121,12 @@ for shape in "--hidden 512 --layers 2" "--hidden 1024 --layers 3"; do
   # shellcheck disable=SC2086
   part "train_gpu_$tag" 120 ./build/examples/train/consort-train --devices GPU:0 --steps 300 $shape
   # shellcheck disable=SC2086
+  part "train_gpu_tiled_$tag" 120 env CONSORT_CUBLAS=off ./build/examples/train/consort-train \
+    --devices GPU:0 --steps 300 --no-verify $shape
+  # shellcheck disable=SC2086
   part "train_cpu_$tag" 120 ./build/examples/train/consort-train --devices CPU:0 --steps 300 --no-verify $shape
-  grep -hE "^trained:|^verify" "$out/train_gpu_$tag.log" "$out/train_cpu_$tag.log" >>"$summary"
+  grep -hE "^GEMMs|^trained:|^verify" "$out/train_gpu_$tag.log" "$out/train_gpu_tiled_$tag.log" \
+    "$out/train_cpu_$tag.log" >>"$summary"
 done
 
 # 5. The demo's verification after one step and after ten, where the GPU's kernels meet the host's
