@@ -196,8 +196,9 @@ nest forward_backward_gpu(const nest& params, const tensor& x, const tensor& y, 
 void sgd_update_gpu(nest& params, const nest& grad_sums, double learning_rate,
                     const float* global_rows);
 
-/// Which GEMM the GPU form runs: "cuBLAS (libcublas.so.13)", "consort's tiled kernel (no cuBLAS:
-/// <why>)" (CONSORT_CUBLAS=off, or no cuBLAS to load), or "none (built without CUDA)".
+/// Which GEMMs the GPU form runs: "cuBLAS (libcublas.so.13) where every extent is at least 64, the
+/// tiled kernel below", "consort's tiled kernel (no cuBLAS: <why>)" (CONSORT_CUBLAS=off, or no
+/// cuBLAS to load), or "none (built without CUDA)".
 std::string gpu_gemm_backend();
 
 } // namespace consort::train

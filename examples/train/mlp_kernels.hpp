@@ -38,10 +38,14 @@ const char* gemm_cublas(int device, void* stream, bool transpose_a, bool transpo
                         int64_t n, int64_t k, const float* a, const float* b, float* c,
                         const float* bias, bool relu, const float* mask);
 
-/// What `gemm` runs, for the demo's banner: "cuBLAS (libcublas.so.13)", or "consort's tiled kernel
-/// (no cuBLAS: <why>)". cuBLAS is libcublas.so.<the CUDA major version of the build>, loaded on
-/// first use; the environment's CONSORT_CUBLAS=off keeps the tiled kernel, and CONSORT_CUBLAS=PATH
-/// loads that file instead.
+/// Whether `gemm` hands an M x N x K product to cuBLAS: when cuBLAS is loaded and M, N and K are
+/// all at least 64 (thinner products stay on the tiled kernel, faster there).
+bool gemm_uses_cublas(int64_t m, int64_t n, int64_t k);
+
+/// What `gemm` runs, for the demo's banner: "cuBLAS (libcublas.so.13) where every extent is at
+/// least 64, the tiled kernel below", or "consort's tiled kernel (no cuBLAS: <why>)". cuBLAS is
+/// libcublas.so.<the CUDA major version of the build>, loaded on first use; the environment's
+/// CONSORT_CUBLAS=off keeps the tiled kernel, and CONSORT_CUBLAS=PATH loads that file instead.
 const char* gemm_backend();
 
 /// sums[c] = sum over rows r (in order) of a[r, c] for an [rows, cols] matrix; 0 when rows is 0.
