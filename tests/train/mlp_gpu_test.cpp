@@ -59,19 +59,9 @@ double relative_difference(const tensor& a, const tensor& b, double floor = 1e-3
   return worst;
 }
 
-/// |a - b|_2 / max(|a|_2, |b|_2) for two float32 tensors (0 when both are zero).
+/// |a - b|_2 / max(|a|_2, |b|_2) for two float32 tensors (--verify's normwise measure).
 double normwise_difference(const tensor& a, const tensor& b) {
-  auto va = a.to_vector<float>();
-  auto vb = b.to_vector<float>();
-  EXPECT_EQ(va.size(), vb.size());
-  double diff = 0, na = 0, nb = 0;
-  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
-    diff += (double(va[i]) - double(vb[i])) * (double(va[i]) - double(vb[i]));
-    na += double(va[i]) * double(va[i]);
-    nb += double(vb[i]) * double(vb[i]);
-  }
-  const double norm = std::sqrt(std::max(na, nb));
-  return norm > 0 ? std::sqrt(diff) / norm : 0;
+  return largest_difference(a, b).normwise;
 }
 
 // A model with every GEMM shape off the kernels' 64 x 64 tiles: 300 rows, 16 -> 70 -> 70 -> 4.
