@@ -11,6 +11,7 @@
 #include <cctype>
 #include <climits>
 #include <cstdlib>
+#include <map>
 #include <utility>
 
 namespace consort {
@@ -97,6 +98,18 @@ void validate_multi_worker_cluster(const cluster_resolver& resolver, const std::
                       (indices.empty() ? std::string()
                                        : ", expected one of its indices: " + join(indices)));
   }
+  // Two tasks at one address cannot both serve it: the second would wait out the rendezvous for a
+  // task that can never join. Refused here, naming both.
+  std::map<std::string, std::string> owner;
+  for (const auto& [job, tasks] : spec.as_dict())
+    for (const auto& [index, address] : tasks) {
+      const std::string task = job + ":" + std::to_string(index);
+      auto [it, fresh] = owner.emplace(address, task);
+      if (!fresh)
+        throw_error(errc::invalid_argument, src + ": tasks " + it->second + " and " + task +
+                                                " have the same address " + quote(address) +
+                                                "; expected a distinct \"host:port\" per task");
+    }
 }
 
 // -- cluster_resolver -----------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 
 #include "support/free_port.hpp"
 #include "support/strategy_helpers.hpp"
+#include "support/time_scale.hpp"
 
 #include <gtest/gtest.h>
 
@@ -97,6 +98,15 @@ TEST(MultiWorkerStrategyTest, TheStrategyNotTheResolverRefusesAClusterItCannotRu
   refused(R"({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
               "task": {"type": "worker", "index": 5}})",
           "The `task_id` 5 exceeds the maximum id of worker");
+  // Two tasks at one address fail at once, naming both, instead of waiting out the rendezvous.
+  auto started = std::chrono::steady_clock::now();
+  refused(R"({"cluster": {"worker": ["127.0.0.1:23411", "127.0.0.1:23411"]},
+              "task": {"type": "worker", "index": 0}})",
+          "tasks worker:0 and worker:1 have the same address \"127.0.0.1:23411\"");
+  refused(R"({"cluster": {"chief": ["127.0.0.1:5"], "worker": ["127.0.0.1:6", "127.0.0.1:5"]},
+              "task": {"type": "worker", "index": 0}})",
+          "tasks chief:0 and worker:1 have the same address \"127.0.0.1:5\"");
+  EXPECT_LT(std::chrono::steady_clock::now() - started, consort::test::scaled(1s));
 }
 
 TEST(MultiWorkerStrategyTest, BadDevicesAndTimeoutsAreRejectedBeforeAnyNetworking) {
