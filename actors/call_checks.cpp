@@ -218,7 +218,7 @@ std::string signature_of(const call_signature& sig) {
 
 tensor mean_partial(const std::vector<tensor>& inputs) {
   auto type = inputs.front().dtype();
-  if (type == dtype::float32 || type == dtype::float64)
+  if (is_floating(type))
     return reduce_elementwise(reduce_op::sum, inputs);
   return reduce_elementwise(reduce_op::mean, inputs, 1.0);
 }

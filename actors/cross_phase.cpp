@@ -12,6 +12,19 @@ namespace {
 /// Divides a MEAN's sum by its count as a single worker's reduce along an axis does (element by
 /// element, in the tensor's dtype), so that both give the same bits.
 void divide_by(tensor& t, double count) {
+  // The 16-bit floats divide in float32 and round once, as a single worker's reduce does.
+  if (t.dtype() == dtype::float16) {
+    auto* p = t.mutable_data<float16_t>();
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      p[i] = float16_t(static_cast<float>(p[i]) / static_cast<float>(count));
+    return;
+  }
+  if (t.dtype() == dtype::bfloat16) {
+    auto* p = t.mutable_data<bfloat16_t>();
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      p[i] = bfloat16_t(static_cast<float>(p[i]) / static_cast<float>(count));
+    return;
+  }
   if (t.dtype() == dtype::float32) {
     auto* p = t.mutable_data<float>();
     auto d = static_cast<float>(count);
@@ -98,8 +111,7 @@ caf::expected<nest> cross_reduce(cross_worker& cross, std::chrono::milliseconds 
             c.shape()[static_cast<size_t>(normalize_axis(*req.axis, c.rank(), "reduce"))]);
     }
     // Integers travel as float64 sums (MEAN of integers is float64).
-    if (req.op == reduce_op::mean && local.dtype() != dtype::float32 &&
-        local.dtype() != dtype::float64)
+    if (req.op == reduce_op::mean && !is_floating(local.dtype()))
       local = reduce_elementwise(reduce_op::mean, {local}, 1.0);
     cc.signature = std::string{"reduce("} + to_string(req.op) + ") of " + to_string(local.dtype()) +
                    to_string(local.shape());

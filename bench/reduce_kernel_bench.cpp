@@ -126,6 +126,12 @@ consort::tensor host_value(dtype type, double value) {
   case dtype::int64:
     *t.mutable_data<int64_t>() = static_cast<int64_t>(value);
     break;
+  case dtype::float16:
+    *t.mutable_data<consort::float16_t>() = consort::float16_t(static_cast<float>(value));
+    break;
+  case dtype::bfloat16:
+    *t.mutable_data<consort::bfloat16_t>() = consort::bfloat16_t(static_cast<float>(value));
+    break;
   default:
     *t.mutable_data<uint8_t>() = static_cast<uint8_t>(value);
   }
@@ -294,7 +300,8 @@ int run(int argc, char** argv) {
   opts.add("factor", "4", "size multiplier between rows");
   opts.add("warmup", "5", "untimed launches per row");
   opts.add("iters", "20", "timed launches per row, at least (small rows run up to 2000)");
-  opts.add("dtypes", "float32", "comma-separated dtypes: float32,float64,int32,int64,uint8");
+  opts.add("dtypes", "float32",
+           "comma-separated dtypes: float32,float64,int32,int64,uint8,float16,bfloat16");
   opts.add("redop", "sum", "reduce op of reduce_elementwise and reduce_axis");
   opts.add("check", "1", "check each row's output element by element (rows up to 256 MiB)");
   opts.add("json", "", "also write the results to this JSON file");
@@ -322,7 +329,8 @@ int run(int argc, char** argv) {
       auto end = list.find(',', begin);
       auto name = list.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
       bool known = false;
-      for (auto t : {dtype::float32, dtype::float64, dtype::int32, dtype::int64, dtype::uint8})
+      for (auto t : {dtype::float32, dtype::float64, dtype::int32, dtype::int64, dtype::uint8,
+                     dtype::float16, dtype::bfloat16})
         if (name == consort::to_string(t)) {
           types.push_back(t);
           known = true;

@@ -1,16 +1,16 @@
-// strategy_collective_bench: all_reduce, all_gather and broadcast of float32 between worker
-// processes through the public API, the way a user calls them: one
-// multi_worker_mirrored_strategy per worker (default options, one CPU replica unless the launcher
-// says otherwise), and per iteration one `strategy.run` whose step calls `ctx.all_reduce("SUM",
-// x)` (or `ctx.all_gather(x, 0)`, `ctx.broadcast(x, 0)`). Beside the raw algorithm
-// (collective_tcp_bench) and torch.distributed's gloo (torch_gloo_bench.py), bench/user_path.sh
-// runs all three in one run and prints their ratios (issue 12).
+// strategy_collective_bench: all_reduce, all_gather and broadcast of float32 (or, with
+// --dtype, float16 or bfloat16) between worker processes through the public API, the way a user
+// calls them: one multi_worker_mirrored_strategy per worker (default options, one CPU replica
+// unless the launcher says otherwise), and per iteration one `strategy.run` whose step calls
+// `ctx.all_reduce("SUM", x)` (or `ctx.all_gather(x, 0)`, `ctx.broadcast(x, 0)`). Beside the raw
+// algorithm (collective_tcp_bench) and torch.distributed's gloo (torch_gloo_bench.py),
+// bench/user_path.sh runs all three in one run and prints their ratios (issue 12).
 //
 // Usage (the cluster comes from TF_CONFIG, which the launcher sets for each worker):
 //   tools/consort-launch -n 2 -- ./build/bench/strategy_collective_bench [--min-bytes 4]
 //       [--max-bytes 64M] [--factor 4] [--warmup 3] [--iters 20] [--large-bytes 16M]
 //       [--large-iters 0] [--ops all_reduce,all_gather,broadcast] [--step-barriers 2]
-//       [--json FILE]
+//       [--dtype float32|float16|bfloat16] [--json FILE]
 //
 // Per iteration, on every worker: a barrier (a strategy.run whose step all-reduces one float),
 // then the timed strategy.run, whose step all-reduces one float `--step-barriers` times (barriers
@@ -26,7 +26,8 @@
 // its time and the collective's result; every element of every result is checked by the caller
 // after both clocks stopped; the program exits 1 on any wrong element.
 // Sizes are of the result: an all_gather row of S bytes gathers max(1, S/4/R) floats from each of
-// the R replicas (as collective_tcp_bench). Only rank 0 prints.
+// the R replicas (as collective_tcp_bench); with a 16-bit --dtype a row of S bytes holds S/2
+// elements, so rows of equal size move equal bytes. Only rank 0 prints.
 //
 // Expected output (the figures are made up; bench/README.md has measured ones):
 //   [worker:0] # consort strategy_collective_bench  path=multi_worker_mirrored_strategy workers=2
@@ -70,23 +71,52 @@ struct op_desc {
   std::function<int64_t(const tensor& out, int n, int64_t elements)> check;
 };
 
-/// Replica `id` holds `id + 1` in every element: sums are small integers, exact in float32.
+/// The element type of every tensor of the run (--dtype): float32, float16 or bfloat16.
+dtype element_type = dtype::float32;
+
+/// Calls `fn(T{})` for the C++ type of `element_type`.
+template <class F>
+auto with_element_type(F&& fn) {
+  switch (element_type) {
+  case dtype::float16:
+    return fn(float16_t{});
+  case dtype::bfloat16:
+    return fn(bfloat16_t{});
+  default:
+    return fn(float{});
+  }
+}
+
+/// The nccl-tests name of `element_type` for the `type` column.
+const char* type_column() {
+  return element_type == dtype::float16    ? "half"
+         : element_type == dtype::bfloat16 ? "bfloat16"
+                                           : "float";
+}
+
+/// Replica `id` holds `id + 1` in every element: sums are small integers, exact in every type.
 tensor filled(int id, int64_t elements) {
-  auto t = tensor::zeros(dtype::float32, {elements});
-  auto* p = t.mutable_data<float>();
-  std::fill(p, p + elements, static_cast<float>(id + 1));
+  auto t = tensor::zeros(element_type, {elements});
+  with_element_type([&](auto zero) {
+    using T = decltype(zero);
+    auto* p = t.mutable_data<T>();
+    std::fill(p, p + elements, T(static_cast<float>(id + 1)));
+  });
   return t;
 }
 
 template <class Want>
 int64_t count_not(const tensor& out, int64_t expected_elements, Want want) {
-  if (out.dtype() != dtype::float32 || out.num_elements() != expected_elements)
+  if (out.dtype() != element_type || out.num_elements() != expected_elements)
     return std::max<int64_t>(expected_elements, 1);
-  const auto* p = out.data<float>();
-  int64_t bad = 0;
-  for (int64_t i = 0; i < expected_elements; ++i)
-    bad += p[i] != want(i);
-  return bad;
+  return with_element_type([&](auto zero) {
+    using T = decltype(zero);
+    const auto* p = out.data<T>();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < expected_elements; ++i)
+      bad += static_cast<float>(p[i]) != want(i);
+    return bad;
+  });
 }
 
 std::vector<op_desc> all_ops() {
@@ -169,6 +199,7 @@ int run(int argc, char** argv) {
   opts.add("ops", "all_reduce,all_gather,broadcast", "collectives to time, comma-separated");
   opts.add("step-barriers", "2",
            "all-reduces of one float inside the step before the timed call (at least 1)");
+  opts.add("dtype", "float32", "element type: float32, float16 or bfloat16");
   opts.add("json", "", "rank 0 also writes the results (with every sample) as JSON to this file");
   opts.parse(argc, argv);
   const auto min_bytes = opts.bytes("min-bytes");
@@ -196,6 +227,14 @@ int run(int argc, char** argv) {
   }
   if (ops.empty())
     opts.fail("--ops is empty");
+  const auto type_name = opts.str("dtype");
+  if (type_name == "float16")
+    element_type = dtype::float16;
+  else if (type_name == "bfloat16")
+    element_type = dtype::bfloat16;
+  else if (type_name != "float32")
+    opts.fail("unknown --dtype '" + type_name + "' (float32, float16, bfloat16)");
+  const auto width = static_cast<int64_t>(size_of(element_type));
 
   multi_worker_mirrored_strategy mw;
   const int rank = mw.worker_rank();
@@ -210,17 +249,19 @@ int run(int argc, char** argv) {
   if (rank == 0) {
     std::printf("# consort strategy_collective_bench  path=multi_worker_mirrored_strategy "
                 "workers=%d replicas=%d devices=%zu/worker warmup=%lld iters=%lld "
-                "large_bytes=%lld large_iters=%lld step_barriers=%lld\n",
+                "large_bytes=%lld large_iters=%lld step_barriers=%lld dtype=%s\n",
                 workers, n, mw.num_local_replicas(), static_cast<long long>(warmup),
                 static_cast<long long>(iters), static_cast<long long>(large_bytes),
-                static_cast<long long>(large_iters), static_cast<long long>(step_barriers));
+                static_cast<long long>(large_iters), static_cast<long long>(step_barriers),
+                to_string(element_type));
     std::printf("# machine: nproc=%u cpu=%s\n", bench::nproc(), bench::cpu_model().c_str());
     std::printf("# step: ctx.all_reduce(\"SUM\", x) | ctx.all_gather(x, 0) | ctx.broadcast(x, 0) "
-                "of float32 x, inputs built once per size\n");
+                "of %s x, inputs built once per size\n",
+                to_string(element_type));
     std::printf("# time, p50, p99: the collective call timed inside the step on rank 0 after a "
                 "%lld barrier(s) in the step (avg, percentiles);\n# run p50/p99: the whole "
                 "strategy.run on rank 0. "
-                "all_gather size = the result (max(1, count/%d) floats per replica). "
+                "all_gather size = the result (max(1, count/%d) elements per replica). "
                 "GB = 1e9 bytes\n#\n",
                 static_cast<long long>(step_barriers), n);
     std::fflush(stdout);
@@ -237,11 +278,11 @@ int run(int argc, char** argv) {
                   "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)", "(us)");
       std::fflush(stdout);
     }
-    for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
+    for (int64_t bytes = std::max(min_bytes, width); bytes <= max_bytes; bytes *= factor) {
       row_result r;
       r.op = op.name;
       r.bytes = bytes;
-      r.count = bytes / 4;
+      r.count = bytes / width;
       r.iters = bytes >= large_bytes ? large_iters : iters;
       const auto elements = op.input_count(r.count, n);
       // Built once per size; tensors share their storage, so no iteration copies them.
@@ -288,7 +329,7 @@ int run(int argc, char** argv) {
       r.busbw = r.algbw * op.bus_factor(n);
       if (rank == 0) {
         std::printf(" %12lld %12lld %6s %6s %10.2f %7.2f %7.2f %7lld %10.1f %10.1f %10.1f %10.1f\n",
-                    static_cast<long long>(bytes), static_cast<long long>(r.count), "float",
+                    static_cast<long long>(bytes), static_cast<long long>(r.count), type_column(),
                     op.redop.c_str(), r.call.avg, r.algbw, r.busbw, static_cast<long long>(r.wrong),
                     r.call.p50, r.call.p99, r.run.p50, r.run.p99);
         std::fflush(stdout);
@@ -306,7 +347,7 @@ int run(int argc, char** argv) {
     config.str("path", "multi_worker_mirrored_strategy").num("workers", workers);
     config.num("replicas", n).num("min_bytes", min_bytes).num("max_bytes", max_bytes);
     config.num("factor", factor).num("warmup", warmup).num("iters", iters);
-    config.num("step_barriers", step_barriers);
+    config.num("step_barriers", step_barriers).str("dtype", to_string(element_type));
     config.num("large_bytes", large_bytes).num("large_iters", large_iters);
     bench::json_object machine;
     machine.num("nproc", static_cast<int64_t>(bench::nproc())).str("cpu", bench::cpu_model());
@@ -314,7 +355,7 @@ int run(int argc, char** argv) {
     for (const auto& r : rows) {
       bench::json_object o;
       o.str("op", r.op).num("size", r.bytes).num("count", r.count).num("iters", r.iters);
-      o.str("type", "float").str("redop", r.op == "all_reduce" ? "sum" : "none");
+      o.str("type", type_column()).str("redop", r.op == "all_reduce" ? "sum" : "none");
       o.num("time_us", r.call.avg).num("algbw", r.algbw).num("busbw", r.busbw);
       o.num("wrong", r.wrong).num("p50_us", r.call.p50).num("p99_us", r.call.p99);
       o.num("run_p50_us", r.run.p50).num("run_p99_us", r.run.p99);

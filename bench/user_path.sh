@@ -12,7 +12,12 @@
 #        [--iters 25] [--large-bytes 4M] [--large-iters 5] [--rounds 4]
 #        [--ops all_reduce,all_gather,broadcast] [--bin-dir build/bench] [--gloo auto|off]
 #        [--out DIR] [--timeout SECONDS] [--max-other 0.3] [--retries 2] [--transports shm,tcp]
-#        [--step-barriers 2]
+#        [--step-barriers 2] [--dtype float32|float16|bfloat16]
+#
+# --dtype: the element type of the user path's tensors (strategy_collective_bench --dtype); a row
+# of S bytes then holds S/2 16-bit elements, so rows move the same bytes whatever the type. The
+# raw algorithm and gloo always move float32: with a 16-bit --dtype, compare the user path with
+# a float32 run of this script rather than with those columns.
 #
 # --step-barriers: the user path's in-step barriers before its timed call (see
 # strategy_collective_bench.cpp): 2 starts the call as the raw algorithm's bench does, after a
@@ -53,6 +58,7 @@ min_bytes=4 max_bytes=64M factor=4 warmup=2 iters=25 large_bytes=4M large_iters=
 ops=all_reduce,all_gather,broadcast
 bin_dir=${BUILD_DIR:-$root/build}/bench
 gloo=auto out="" timeout_s=900 max_other=0.3 retries=2 transports=shm,tcp step_barriers=2
+dtype=float32
 while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || { echo "user_path.sh: option $1 needs a value" >&2; exit 2; }
   case "$1" in
@@ -73,6 +79,7 @@ while [ $# -gt 0 ]; do
     --retries) retries=$2 ;;
     --transports) transports=$2 ;;
     --step-barriers) step_barriers=$2 ;;
+    --dtype) dtype=$2 ;;
     *) echo "user_path.sh: unknown option '$1'" >&2; usage ;;
   esac
   shift 2
@@ -82,6 +89,7 @@ done
 case "$gloo" in auto|off) ;; *) echo "user_path.sh: --gloo is auto or off" >&2; exit 2 ;; esac
 IFS=, read -r -a transport_list <<<"$transports"
 [ "${#transport_list[@]}" -ge 1 ] || { echo "user_path.sh: --transports is empty" >&2; exit 2; }
+case "$dtype" in float32|float16|bfloat16) ;; *) echo "user_path.sh: --dtype is float32, float16 or bfloat16, got '$dtype'" >&2; exit 2 ;; esac
 for t in "${transport_list[@]}"; do
   case "$t" in shm|tcp) ;; *) echo "user_path.sh: --transports takes shm and tcp, got '$t'" >&2; exit 2 ;; esac
 done
@@ -124,7 +132,7 @@ mkdir -p "$out" && rm -f "$out"/{user,user-shm,user-tcp,raw,gloo}_*_r*.json || e
 common=(--min-bytes "$min_bytes" --max-bytes "$max_bytes" --factor "$factor" --warmup "$warmup"
   --iters "$iters" --large-bytes "$large_bytes" --large-iters "$large_iters")
 
-echo "# consort user_path.sh  workers=$workers transports=$transports rounds=$rounds ops=$ops sizes=$min_bytes..$max_bytes x$factor warmup=$warmup iters=$iters (from $large_bytes: $large_iters)"
+echo "# consort user_path.sh  workers=$workers transports=$transports dtype=$dtype (user path; raw and gloo: float32) rounds=$rounds ops=$ops sizes=$min_bytes..$max_bytes x$factor warmup=$warmup iters=$iters (from $large_bytes: $large_iters)"
 echo "# machine: nproc=$(nproc) cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1) load=$(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# commit: $(git -C "$root" log -1 --format='%h %s' 2>/dev/null | cut -c1-90)"
 echo "# $gloo_note"
@@ -190,7 +198,7 @@ for ((r = 1; r <= rounds; r++)); do
       p=${programs[$(((i + r - 1 + o) % k))]}
       case $p in
         user-*) CONSORT_TRANSPORT=${p#user-} run_one "$p" "$op" "$r" "$user_bin" "${common[@]}" \
-          --step-barriers "$step_barriers" ;;
+          --step-barriers "$step_barriers" --dtype "$dtype" ;;
         raw)
           # The TCP limits (stream, ping-pong) once, on the first raw run.
           run_one raw "$op" "$r" "$raw_bin" "${common[@]}" --limits "$limits"

@@ -85,17 +85,32 @@ constexpr int64_t block_elements = 16384 / static_cast<int64_t>(sizeof(A));
 /// waking the pool costs more than it saves.
 constexpr size_t parallel_threshold_bytes = size_t{4} << 20;
 
-template <class Op, class T, class A>
-void reduce_blocks(const std::vector<const T*>& in, A* out, int64_t n, bool scaled, A scale) {
+/// Accumulates in `A` and stores in `O`: when they differ (float16 and bfloat16, accumulated in
+/// float), each block is reduced into a float block on the stack and rounded once into `out`.
+template <class Op, class T, class A, class O = A>
+void reduce_blocks(const std::vector<const T*>& in, O* out, int64_t n, bool scaled, A scale) {
+  constexpr bool direct = std::is_same_v<A, O>;
+  [[maybe_unused]] A staging[direct ? 1 : block_elements<A>];
   const size_t count = in.size();
   for (int64_t base = 0; base < n; base += block_elements<A>) {
     const int64_t len = std::min(block_elements<A>, n - base);
-    A* block = out + base;
+    A* block = nullptr;
+    if constexpr (direct)
+      block = out + base;
+    else
+      block = staging;
+    // Stores the block when it was staged (on every path out of this iteration).
+    auto store = [&] {
+      if constexpr (!direct)
+        for (int64_t j = 0; j < len; ++j)
+          out[base + j] = O(block[j]);
+    };
     if (count == 1) {
       if (scaled)
         pass_copy_scaled<T, A>(block, in[0] + base, len, scale);
       else
         pass_copy<T, A>(block, in[0] + base, len);
+      store();
       continue;
     }
     if (count == 2 && scaled)
@@ -108,6 +123,7 @@ void reduce_blocks(const std::vector<const T*>& in, A* out, int64_t n, bool scal
       else
         pass_next<Op, T, A>(block, in[i] + base, len);
     }
+    store();
   }
 }
 
@@ -155,6 +171,10 @@ void visit_numeric(dtype t, F&& fn) {
     return fn(type_tag<int64_t>{});
   case dtype::uint8:
     return fn(type_tag<uint8_t>{});
+  case dtype::float16:
+    return fn(type_tag<float16_t>{});
+  case dtype::bfloat16:
+    return fn(type_tag<bfloat16_t>{});
   case dtype::boolean:
     break;
   }
@@ -178,9 +198,42 @@ void visit_op(reduce_op op, F&& fn) {
   }
 }
 
-/// The accumulator (and output) type of reducing `T` with `op`: double for MEAN of integers.
+/// Whether `T` is float16_t or bfloat16_t, which are accumulated in float and stored as `T`.
 template <class T>
-using mean_acc_t = std::conditional_t<std::is_floating_point_v<T>, T, double>;
+inline constexpr bool is_half_v = std::is_same_v<T, float16_t> || std::is_same_v<T, bfloat16_t>;
+
+/// The accumulator (and output) type of MEAN over `T`: double for integers, float for the 16-bit
+/// floats (whose output is `T`), else `T`.
+template <class T>
+using mean_acc_t = std::conditional_t<std::is_floating_point_v<T>, T,
+                                      std::conditional_t<is_half_v<T>, float, double>>;
+
+/// `input` converted element by element to `type`, one of float32, float16 and bfloat16 (the
+/// 16-bit floats are reduced through float32 and rounded once at the end).
+tensor convert_floating(const tensor& input, dtype type) {
+  if (input.dtype() == type)
+    return input;
+  auto out = tensor::empty(type, input.shape(), input.device());
+  const int64_t n = input.num_elements();
+  visit_numeric(input.dtype(), [&](auto from) {
+    using F = typename decltype(from)::type;
+    visit_numeric(type, [&](auto to) {
+      using T = typename decltype(to)::type;
+      if constexpr ((std::is_same_v<F, float> && is_half_v<T>) ||
+                    (is_half_v<F> && std::is_same_v<T, float>)) {
+        const auto* in = static_cast<const F*>(input.raw_data());
+        auto* o = static_cast<T*>(out.raw_mutable_data());
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = T(static_cast<float>(in[i]));
+      } else {
+        throw_error(errc::dtype_mismatch, std::string{"internal: convert_floating from "} +
+                                              to_string(input.dtype()) + " to " + to_string(type) +
+                                              "; expected float32 to or from float16/bfloat16");
+      }
+    });
+  });
+  return out;
+}
 
 // -- placement ------------------------------------------------------------------------------------
 
@@ -285,6 +338,18 @@ void divide_in_place(tensor& t, double divisor) {
     auto d = static_cast<float>(divisor);
     for (int64_t i = 0; i < t.num_elements(); ++i)
       p[i] /= d;
+  } else if (is_half(t.dtype())) {
+    // Divided in float and rounded once (the reductions of this file divide half sums in float
+    // before rounding; this serves any caller that holds a rounded sum).
+    visit_numeric(t.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (is_half_v<T>) {
+        auto* p = static_cast<T*>(t.raw_mutable_data());
+        auto d = static_cast<float>(divisor);
+        for (int64_t i = 0; i < t.num_elements(); ++i)
+          p[i] = T(static_cast<float>(p[i]) / d);
+      }
+    });
   } else {
     auto* p = t.mutable_data<double>();
     for (int64_t i = 0; i < t.num_elements(); ++i)
@@ -302,6 +367,11 @@ tensor reduce_axis_impl(reduce_op op, const tensor& input, int64_t axis, bool di
   auto out_shape = without_axis(shape, axis);
   if (input.on_gpu() && !(k == 0 && (op == reduce_op::min || op == reduce_op::max)))
     return detail::gpu::reduce_axis(op, input, axis, divide);
+  if (is_half(input.dtype())) {
+    // Accumulated (and divided) in float32, rounded once to the input's dtype.
+    auto wide = reduce_axis_impl(op, convert_floating(input, dtype::float32), axis, divide);
+    return convert_floating(wide, input.dtype());
+  }
   if (k == 0) {
     switch (op) {
     case reduce_op::sum:
@@ -330,7 +400,9 @@ tensor reduce_axis_impl(reduce_op op, const tensor& input, int64_t axis, bool di
     const auto* in = static_cast<const T*>(input.raw_data());
     visit_op(op, [&](auto fn) {
       using Op = decltype(fn);
-      if (op == reduce_op::mean) {
+      if constexpr (is_half_v<T>) {
+        return; // converted to float32 above
+      } else if (op == reduce_op::mean) {
         using A = mean_acc_t<T>;
         reduce_middle_axis<Op, T, A>(in, static_cast<A*>(out.raw_mutable_data()), outer, k, inner);
       } else {
@@ -531,7 +603,20 @@ tensor reduce_elementwise(reduce_op op, const std::vector<tensor>& inputs,
           reduce_blocks<Op, T, A>(part, dst + begin, len, scaled, scale);
         });
       };
-      if (op == reduce_op::mean) {
+      if constexpr (is_half_v<T>) {
+        // Accumulated in float, rounded once to T (MEAN keeps the input's dtype, as for floats).
+        auto* dst = static_cast<T*>(out.raw_mutable_data());
+        const bool mean = op == reduce_op::mean;
+        const auto scale = mean ? static_cast<float>(1.0 / divisor) : 0.0f;
+        detail::parallel_for(chunks, [&](size_t c) {
+          const int64_t begin = static_cast<int64_t>(c) * chunk_elements;
+          const int64_t len = std::min(chunk_elements, n - begin);
+          std::vector<const T*> part(in.size());
+          for (size_t i = 0; i < in.size(); ++i)
+            part[i] = in[i] + begin;
+          reduce_blocks<Op, T, float, T>(part, dst + begin, len, mean, scale);
+        });
+      } else if (op == reduce_op::mean) {
         using A = mean_acc_t<T>;
         // The division is folded into the last input pass as a multiplication.
         run(static_cast<A*>(out.raw_mutable_data()), static_cast<A>(1.0 / divisor), true);
@@ -564,6 +649,20 @@ tensor reduce_components(reduce_op op, const std::vector<tensor>& components,
     // Checked here too, so that messages speak of replicas rather than inputs.
     check_same_shape_and_dtype(components, "reduce", "replica");
     return reduce_elementwise(op, components);
+  }
+  if (!components.empty() && components[0].valid() && is_half(components[0].dtype())) {
+    // Reduced along the axis and across replicas in float32, rounded once at the end (a replica
+    // of another dtype fails the checks below, with the dtypes in the message).
+    bool same = true;
+    for (const auto& t : components)
+      same = same && t.valid() && t.dtype() == components[0].dtype();
+    if (same) {
+      std::vector<tensor> wide;
+      wide.reserve(components.size());
+      for (const auto& t : components)
+        wide.push_back(convert_floating(t, dtype::float32));
+      return convert_floating(reduce_components(op, wide, axis), components[0].dtype());
+    }
   }
   if (components.empty())
     throw_error(errc::invalid_argument, "reduce needs at least one replica's value");

@@ -32,6 +32,10 @@ const char* to_string(dtype t) noexcept {
     return "uint8";
   case dtype::boolean:
     return "bool";
+  case dtype::float16:
+    return "float16";
+  case dtype::bfloat16:
+    return "bfloat16";
   }
   return "unknown_dtype";
 }
@@ -47,6 +51,9 @@ size_t size_of(dtype t) noexcept {
   case dtype::uint8:
   case dtype::boolean:
     return 1;
+  case dtype::float16:
+  case dtype::bfloat16:
+    return 2;
   }
   return 0;
 }
@@ -139,6 +146,10 @@ T read_as(const void* p, dtype type) {
     return static_cast<T>(*static_cast<const uint8_t*>(p));
   case dtype::boolean:
     return static_cast<T>(*static_cast<const uint8_t*>(p) != 0);
+  case dtype::float16:
+    return static_cast<T>(static_cast<float>(*static_cast<const float16_t*>(p)));
+  case dtype::bfloat16:
+    return static_cast<T>(static_cast<float>(*static_cast<const bfloat16_t*>(p)));
   }
   return T{};
 }
@@ -169,6 +180,12 @@ void append_element(std::string& out, const std::byte* p, dtype type) {
     break;
   case dtype::boolean:
     out += *reinterpret_cast<const uint8_t*>(p) != 0 ? "true" : "false";
+    break;
+  case dtype::float16:
+    append_number(out, static_cast<float>(*reinterpret_cast<const float16_t*>(p)));
+    break;
+  case dtype::bfloat16:
+    append_number(out, static_cast<float>(*reinterpret_cast<const bfloat16_t*>(p)));
     break;
   }
 }
@@ -244,6 +261,8 @@ template int32_t tensor::item<int32_t>() const;
 template int64_t tensor::item<int64_t>() const;
 template uint8_t tensor::item<uint8_t>() const;
 template bool tensor::item<bool>() const;
+template float16_t tensor::item<float16_t>() const;
+template bfloat16_t tensor::item<bfloat16_t>() const;
 
 tensor tensor::slice(int64_t begin, int64_t end) const {
   if (!valid() || rank() == 0)

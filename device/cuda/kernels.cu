@@ -17,6 +17,11 @@
 // stores when every pointer is 16-byte aligned (and the axis extent is a multiple of the vector);
 // the input pointers travel by value in the kernel's parameters (`input_array`, 8 at most: more
 // inputs are chained through `out`, which keeps the element order).
+//
+// float16 and bfloat16 (CUDA's __half and __nv_bfloat16, the same bits as consort::float16_t and
+// bfloat16_t) are accumulated in float and rounded once to their type when stored (the kernels
+// carry an accumulator type A and a stored type O), as the host kernels do; more than 8 of them
+// are chained through a float buffer, so the rounding still happens once.
 
 #include "device/cuda/kernels.hpp"
 
@@ -24,6 +29,9 @@
 #include "device/element_ops.hpp"
 
 #include <consort/error.hpp>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <atomic>
 #include <cmath>
@@ -81,9 +89,9 @@ struct concat_args {
 /// One pass of the element-wise reduction over `count` inputs: out[j] = (first ? A(in[0][j]) :
 /// out[j]) op A(in[i][j]) ..., times `scale` when `scaled`. Vectors of N elements, then a scalar
 /// tail.
-template <class Op, class T, class A, int N>
+template <class Op, class T, class A, class O, int N>
 __global__ void __launch_bounds__(threads_per_block)
-    reduce_kernel(input_array<T> in, int count, A* out, int64_t n, bool first, bool scaled,
+    reduce_kernel(input_array<T> in, int count, O* out, int64_t n, bool first, bool scaled,
                   A scale) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -98,7 +106,10 @@ __global__ void __launch_bounds__(threads_per_block)
         acc.v[e] = static_cast<A>(a.v[e]);
       i = 1;
     } else {
-      acc = reinterpret_cast<const vec<A, N>*>(out)[v];
+      const auto o = reinterpret_cast<const vec<O, N>*>(out)[v];
+#pragma unroll
+      for (int e = 0; e < N; ++e)
+        acc.v[e] = static_cast<A>(o.v[e]);
     }
     // Fully unrolled so that every in.p[i] is a constant index: the pointers are then read from
     // the parameter bank, where a dynamic index would copy the array to local memory first.
@@ -118,29 +129,35 @@ __global__ void __launch_bounds__(threads_per_block)
       for (int e = 0; e < N; ++e)
         acc.v[e] = acc.v[e] * scale;
     }
-    reinterpret_cast<vec<A, N>*>(out)[v] = acc;
+    vec<O, N> stored;
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      stored.v[e] = static_cast<O>(acc.v[e]);
+    reinterpret_cast<vec<O, N>*>(out)[v] = stored;
   }
   for (int64_t j = vectors * N + tid; j < n; j += stride) {
-    A acc = first ? static_cast<A>(in.p[0][j]) : out[j];
+    A acc = first ? static_cast<A>(in.p[0][j]) : static_cast<A>(out[j]);
 #pragma unroll
     for (int slot = first ? 1 : 0; slot < max_inputs; ++slot) {
       if (slot >= count)
         break;
       acc = Op::apply(acc, static_cast<A>(in.p[slot][j]));
     }
-    out[j] = scaled ? acc * scale : acc;
+    out[j] = static_cast<O>(scaled ? acc * scale : acc);
   }
 }
 
 /// Reduces [outer, k, inner] along k, one thread per N adjacent outputs (`inner` counted in
-/// vectors of N), folding i = 0..k-1 in order as the host does.
-template <class Op, class T, class A, int N>
+/// vectors of N), folding i = 0..k-1 in order as the host does; divides by `divisor` before
+/// storing when `divided` (for the 16-bit floats, whose MEAN is divided in float before rounding).
+template <class Op, class T, class A, class O, int N>
 __global__ void __launch_bounds__(threads_per_block)
-    axis_kernel(const T* in, A* out, int64_t outer, int64_t k, int64_t inner) {
+    axis_kernel(const T* in, O* out, int64_t outer, int64_t k, int64_t inner, bool divided,
+                A divisor) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t total = outer * inner;
   const auto* src = reinterpret_cast<const vec<T, N>*>(in);
-  auto* dst = reinterpret_cast<vec<A, N>*>(out);
+  auto* dst = reinterpret_cast<vec<O, N>*>(out);
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += stride) {
     const int64_t o = idx / inner;
@@ -156,7 +173,11 @@ __global__ void __launch_bounds__(threads_per_block)
       for (int e = 0; e < N; ++e)
         acc.v[e] = Op::apply(acc.v[e], static_cast<A>(c.v[e]));
     }
-    dst[idx] = acc;
+    vec<O, N> stored;
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      stored.v[e] = static_cast<O>(divided ? acc.v[e] / divisor : acc.v[e]);
+    dst[idx] = stored;
   }
 }
 
@@ -186,9 +207,10 @@ __global__ void __launch_bounds__(threads_per_block)
   }
 }
 
-/// data[j] = data[j] / divisor (IEEE division: -prec-div=true).
-template <class T, int N>
-__global__ void __launch_bounds__(threads_per_block) divide_kernel(T* data, int64_t n, T divisor) {
+/// data[j] = data[j] / divisor (IEEE division: -prec-div=true), computed in A (float for the
+/// 16-bit floats) and rounded once to T.
+template <class T, class A, int N>
+__global__ void __launch_bounds__(threads_per_block) divide_kernel(T* data, int64_t n, A divisor) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t vectors = n / N;
@@ -197,11 +219,11 @@ __global__ void __launch_bounds__(threads_per_block) divide_kernel(T* data, int6
     auto x = v[i];
 #pragma unroll
     for (int e = 0; e < N; ++e)
-      x.v[e] = x.v[e] / divisor;
+      x.v[e] = static_cast<T>(static_cast<A>(x.v[e]) / divisor);
     v[i] = x;
   }
   for (int64_t j = vectors * N + tid; j < n; j += stride)
-    data[j] = data[j] / divisor;
+    data[j] = static_cast<T>(static_cast<A>(data[j]) / divisor);
 }
 
 template <class T, int N>
@@ -218,6 +240,15 @@ __global__ void __launch_bounds__(threads_per_block) fill_kernel(T* data, int64_
     v[i] = x;
   for (int64_t j = vectors * N + tid; j < n; j += stride)
     data[j] = value;
+}
+
+/// out[j] = To(in[j]): rounds a float accumulator buffer once to a 16-bit float.
+template <class From, class To>
+__global__ void __launch_bounds__(threads_per_block)
+    convert_kernel(const From* in, To* out, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += stride)
+    out[j] = static_cast<To>(in[j]);
 }
 
 /// Copies columns [col0, col0 + width) of every output row (`row` units wide) from the inputs of
@@ -324,6 +355,10 @@ void visit_numeric(dtype t, const char* what, F&& fn) {
     return fn(type_tag<int64_t>{});
   case dtype::uint8:
     return fn(type_tag<uint8_t>{});
+  case dtype::float16:
+    return fn(type_tag<__half>{});
+  case dtype::bfloat16:
+    return fn(type_tag<__nv_bfloat16>{});
   case dtype::boolean:
     break;
   }
@@ -348,12 +383,22 @@ void visit_op(reduce_op op, F&& fn) {
   }
 }
 
-/// The accumulator (and output) type of MEAN over T: T for floats, double for integers.
+/// Whether T is one of the 16-bit floats, accumulated in float and stored as T.
 template <class T>
-using mean_acc_t = std::conditional_t<std::is_floating_point_v<T>, T, double>;
+constexpr bool is_half_v = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 
-template <class Op, class T, class A>
-void run_reduce(const launch_scope& scope, const void* const* inputs, int count, A* out, int64_t n,
+/// The accumulator type of MEAN over T: T for floats, float for the 16-bit floats, double for
+/// integers.
+template <class T>
+using mean_acc_t = std::conditional_t<std::is_floating_point_v<T>, T,
+                                      std::conditional_t<is_half_v<T>, float, double>>;
+
+/// The output type of MEAN over T: double for integers, else T.
+template <class T>
+using mean_out_t = std::conditional_t<std::is_integral_v<T>, double, T>;
+
+template <class Op, class T, class A, class O>
+void run_reduce(const launch_scope& scope, const void* const* inputs, int count, O* out, int64_t n,
                 bool scaled, A scale, cudaStream_t stream) {
   bool vectorised = aligned16(out);
   for (int i = 0; i < count; ++i)
@@ -368,19 +413,41 @@ void run_reduce(const launch_scope& scope, const void* const* inputs, int count,
     const bool first = base == 0;
     const bool last_scaled = scaled && base + m == count;
     if (vectorised)
-      reduce_kernel<Op, T, A, N>
+      reduce_kernel<Op, T, A, O, N>
           <<<blocks, threads_per_block, 0, stream>>>(in, m, out, n, first, last_scaled, scale);
     else
-      reduce_kernel<Op, T, A, 1>
+      reduce_kernel<Op, T, A, O, 1>
           <<<blocks, threads_per_block, 0, stream>>>(in, m, out, n, first, last_scaled, scale);
     scope.check_launch("reduce_elementwise's kernel");
   }
 }
 
-template <class Op, class T, class A>
-void run_axis(const launch_scope& scope, const T* in, A* out, int64_t outer, int64_t k,
-              int64_t inner, cudaStream_t stream) {
-  if constexpr (std::is_integral_v<A>) {
+/// Reduces 16-bit floats (T) through a float buffer when more than one pass is needed, so that
+/// they are rounded to T once: the passes accumulate in the buffer, one kernel rounds it to `out`.
+template <class Op, class T>
+void run_reduce_half(const launch_scope& scope, const void* const* inputs, int count, T* out,
+                     int64_t n, bool scaled, float scale, cudaStream_t stream) {
+  if (count <= max_inputs) {
+    run_reduce<Op, T, float, T>(scope, inputs, count, out, n, scaled, scale, stream);
+    return;
+  }
+  const auto bytes = static_cast<size_t>(n) * sizeof(float);
+  auto* acc = static_cast<float*>(allocate(scope.device(), bytes));
+  try {
+    run_reduce<Op, T, float, float>(scope, inputs, count, acc, n, scaled, scale, stream);
+    convert_kernel<float, T><<<scope.blocks(n), threads_per_block, 0, stream>>>(acc, out, n);
+    scope.check_launch("reduce_elementwise's rounding kernel");
+  } catch (...) {
+    release(scope.device(), acc, bytes, stream);
+    throw;
+  }
+  release(scope.device(), acc, bytes, stream);
+}
+
+template <class Op, class T, class A, class O>
+void run_axis(const launch_scope& scope, const T* in, O* out, int64_t outer, int64_t k,
+              int64_t inner, bool divided, A divisor, cudaStream_t stream) {
+  if constexpr (std::is_integral_v<A> && std::is_same_v<A, O>) {
     if (inner == 1 && k >= row_tree_min_extent) {
       const auto rows = static_cast<unsigned>(outer < 65535 * 16 ? outer : 65535 * 16);
       axis_rows_kernel<Op, T><<<rows, threads_per_block, 0, stream>>>(in, out, outer, k);
@@ -391,31 +458,36 @@ void run_axis(const launch_scope& scope, const T* in, A* out, int64_t outer, int
   constexpr int N = lanes<T>;
   if (inner % N == 0 && aligned16(in) && aligned16(out)) {
     const int64_t units = inner / N;
-    axis_kernel<Op, T, A, N>
-        <<<scope.blocks(outer * units), threads_per_block, 0, stream>>>(in, out, outer, k, units);
+    axis_kernel<Op, T, A, O, N><<<scope.blocks(outer * units), threads_per_block, 0, stream>>>(
+        in, out, outer, k, units, divided, divisor);
   } else {
-    axis_kernel<Op, T, A, 1>
-        <<<scope.blocks(outer * inner), threads_per_block, 0, stream>>>(in, out, outer, k, inner);
+    axis_kernel<Op, T, A, O, 1><<<scope.blocks(outer * inner), threads_per_block, 0, stream>>>(
+        in, out, outer, k, inner, divided, divisor);
   }
   scope.check_launch("reduce_axis's kernel");
 }
 
-template <class T>
-void run_divide(const launch_scope& scope, T* data, int64_t n, T divisor, cudaStream_t stream) {
+template <class T, class A>
+void run_divide(const launch_scope& scope, T* data, int64_t n, A divisor, cudaStream_t stream) {
   constexpr int N = lanes<T>;
   if (aligned16(data))
-    divide_kernel<T, N>
+    divide_kernel<T, A, N>
         <<<scope.blocks((n + N - 1) / N), threads_per_block, 0, stream>>>(data, n, divisor);
   else
-    divide_kernel<T, 1><<<scope.blocks(n), threads_per_block, 0, stream>>>(data, n, divisor);
+    divide_kernel<T, A, 1><<<scope.blocks(n), threads_per_block, 0, stream>>>(data, n, divisor);
   scope.check_launch("divide's kernel");
 }
 
 void divide_on(const launch_scope& scope, dtype type, void* data, int64_t n, double divisor,
                cudaStream_t stream) {
-  // As the host's divide_in_place: float32 divides by the divisor rounded to float.
+  // As the host's divide_in_place: float32 divides by the divisor rounded to float, and the
+  // 16-bit floats divide in float and round once.
   if (type == dtype::float32)
     run_divide(scope, static_cast<float*>(data), n, static_cast<float>(divisor), stream);
+  else if (type == dtype::float16)
+    run_divide(scope, static_cast<__half*>(data), n, static_cast<float>(divisor), stream);
+  else if (type == dtype::bfloat16)
+    run_divide(scope, static_cast<__nv_bfloat16*>(data), n, static_cast<float>(divisor), stream);
   else
     run_divide(scope, static_cast<double*>(data), n, divisor, stream);
 }
@@ -473,16 +545,29 @@ void reduce_elementwise(dtype type, reduce_op op, const void* const* inputs, int
     using T = typename decltype(tag)::type;
     visit_op(op, [&](auto fn) {
       using Op = decltype(fn);
-      if (op == reduce_op::mean) {
+      if constexpr (is_half_v<T>) {
+        if (op != reduce_op::mean && count == 1) {
+          if (out != inputs[0])
+            check(cudaMemcpyAsync(out, inputs[0], static_cast<size_t>(n) * sizeof(T),
+                                  cudaMemcpyDeviceToDevice, stream),
+                  "cudaMemcpyAsync (reduce_elementwise of one input)", scope.device());
+          return;
+        }
+        // As the host: accumulated in float, MEAN's reciprocal folded into the last pass.
+        const bool mean = op == reduce_op::mean;
+        run_reduce_half<Op, T>(scope, inputs, count, static_cast<T*>(out), n, mean,
+                               mean ? static_cast<float>(1.0 / mean_divisor) : 0.0f, stream);
+      } else if (op == reduce_op::mean) {
         using A = mean_acc_t<T>;
-        if (!std::is_same_v<A, T> && out == inputs[0])
+        using O = mean_out_t<T>;
+        if (!std::is_same_v<O, T> && out == inputs[0])
           throw_error(errc::invalid_argument,
                       "cuda::reduce_elementwise: MEAN of " + dtype_text(type) +
                           " writes float64, so the output may not alias input 0");
         // As the host: the division is folded into the last pass as a multiplication by the
         // reciprocal rounded to A.
-        run_reduce<Op, T, A>(scope, inputs, count, static_cast<A*>(out), n, true,
-                             static_cast<A>(1.0 / mean_divisor), stream);
+        run_reduce<Op, T, A, O>(scope, inputs, count, static_cast<O*>(out), n, true,
+                                static_cast<A>(1.0 / mean_divisor), stream);
       } else if (count == 1) {
         // One input reduced with anything but MEAN is itself.
         if (out != inputs[0])
@@ -490,7 +575,7 @@ void reduce_elementwise(dtype type, reduce_op op, const void* const* inputs, int
                                 cudaMemcpyDeviceToDevice, stream),
                 "cudaMemcpyAsync (reduce_elementwise of one input)", scope.device());
       } else {
-        run_reduce<Op, T, T>(scope, inputs, count, static_cast<T*>(out), n, false, T{}, stream);
+        run_reduce<Op, T, T, T>(scope, inputs, count, static_cast<T*>(out), n, false, T{}, stream);
       }
     });
   });
@@ -515,23 +600,32 @@ void reduce_axis(dtype type, reduce_op op, const void* in, void* out, int64_t ou
     visit_op(op, [&](auto fn) {
       using Op = decltype(fn);
       const auto* src = static_cast<const T*>(in);
-      if (op == reduce_op::mean) {
+      if constexpr (is_half_v<T>) {
+        // Accumulated and divided in float, rounded once (the host reduces them in float32).
+        const bool divided = op == reduce_op::mean && divisor > 0;
+        run_axis<Op, T, float, T>(scope, src, static_cast<T*>(out), outer, k, inner, divided,
+                                  static_cast<float>(divisor), stream);
+      } else if (op == reduce_op::mean) {
         using A = mean_acc_t<T>;
-        run_axis<Op, T, A>(scope, src, static_cast<A*>(out), outer, k, inner, stream);
+        using O = mean_out_t<T>;
+        run_axis<Op, T, A, O>(scope, src, static_cast<O*>(out), outer, k, inner, false, A{},
+                              stream);
       } else {
-        run_axis<Op, T, T>(scope, src, static_cast<T*>(out), outer, k, inner, stream);
+        run_axis<Op, T, T, T>(scope, src, static_cast<T*>(out), outer, k, inner, false, T{},
+                              stream);
       }
     });
   });
-  if (op == reduce_op::mean && divisor > 0)
+  if (op == reduce_op::mean && divisor > 0 && !is_half(type))
     divide_on(scope, is_floating(type) ? type : dtype::float64, out, outer * inner, divisor,
               stream);
 }
 
 void divide(dtype type, void* data, int64_t n, double divisor, cudaStream_t stream) {
-  if (type != dtype::float32 && type != dtype::float64)
+  if (!is_floating(type))
     throw_error(errc::dtype_mismatch, "cuda::divide of a " + dtype_text(type) +
-                                          " buffer: only float32 and float64 are divided");
+                                          " buffer: expected float32, float64, float16 or "
+                                          "bfloat16");
   if (n < 0)
     throw_error(errc::invalid_argument,
                 "cuda::divide: the element count is " + std::to_string(n) + "; expected >= 0");
@@ -555,8 +649,12 @@ void fill(dtype type, void* data, int64_t n, double value, cudaStream_t stream) 
   launch_scope scope{stream};
   visit_numeric(type, "cuda::fill", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // Converted on the host, as the host's `filled` converts.
-    const auto v = static_cast<T>(value);
+    // Converted on the host, as the host's `filled` converts (the 16-bit floats through float).
+    T v{};
+    if constexpr (is_half_v<T>)
+      v = static_cast<T>(static_cast<float>(value));
+    else
+      v = static_cast<T>(value);
     auto* p = static_cast<T*>(data);
     constexpr int N = lanes<T>;
     if (aligned16(p))

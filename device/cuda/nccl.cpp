@@ -163,12 +163,16 @@ ncclDataType_t to_nccl(dtype t) {
     return ncclInt64;
   case dtype::uint8:
     return ncclUint8;
+  case dtype::float16:
+    return ncclFloat16;
+  case dtype::bfloat16:
+    return ncclBfloat16;
   case dtype::boolean:
     break;
   }
   throw_error(errc::dtype_mismatch, std::string{"NCCL has no type for "} + consort::to_string(t) +
-                                        " tensors; expected float32, float64, int32, int64 or "
-                                        "uint8 (cast bool to uint8 first)");
+                                        " tensors; expected float32, float64, float16, bfloat16, "
+                                        "int32, int64 or uint8 (cast bool to uint8 first)");
 }
 
 ncclRedOp_t to_nccl(reduce_op op, dtype t) {
@@ -188,7 +192,8 @@ ncclRedOp_t to_nccl(reduce_op op, dtype t) {
     throw_error(errc::dtype_mismatch,
                 std::string{"MEAN of "} + consort::to_string(t) +
                     " tensors is not done by NCCL (ncclAvg would divide integers with its own "
-                    "rounding); expected float32 or float64, or all-reduce with SUM and divide "
+                    "rounding); expected float32, float64, float16 or bfloat16, or all-reduce with "
+                    "SUM and divide "
                     "as the runtime does for integer means");
   }
   throw_error(errc::unknown_reduce_op, "unknown reduce op " + std::to_string(static_cast<int>(op)) +

@@ -2,6 +2,7 @@
 
 #include <consort/error.hpp>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -12,19 +13,158 @@
 
 namespace consort {
 
-/// Element types of a tensor.
-enum class dtype : uint8_t { float32, float64, int32, int64, uint8, boolean };
+/// Element types of a tensor. New types are appended, so that the numbers of the others never
+/// change.
+enum class dtype : uint8_t { float32, float64, int32, int64, uint8, boolean, float16, bfloat16 };
 
-/// Returns "float32", "float64", "int32", "int64", "uint8" or "bool".
+/// Returns "float32", "float64", "int32", "int64", "uint8", "bool", "float16" or "bfloat16".
 const char* to_string(dtype t) noexcept;
 
 /// Size of one element of `t` in bytes.
 size_t size_of(dtype t) noexcept;
 
-/// True for float32 and float64.
+/// True for float32, float64, float16 and bfloat16.
 constexpr bool is_floating(dtype t) noexcept {
-  return t == dtype::float32 || t == dtype::float64;
+  return t == dtype::float32 || t == dtype::float64 || t == dtype::float16 || t == dtype::bfloat16;
 }
+
+/// True for the 16-bit floating types (float16, bfloat16), which reductions accumulate in float32.
+constexpr bool is_half(dtype t) noexcept {
+  return t == dtype::float16 || t == dtype::bfloat16;
+}
+
+namespace detail {
+
+/// `std::bit_cast`, also where this header is compiled as C++17 (nvcc compiles the CUDA kernels
+/// as C++17, and they include this header).
+template <class To, class From>
+constexpr To bit_cast(const From& from) noexcept {
+#if defined(__cpp_lib_bit_cast)
+  return std::bit_cast<To>(from);
+#else
+  return __builtin_bit_cast(To, from);
+#endif
+}
+
+/// The IEEE binary16 bits nearest to `f` (round to nearest, ties to even). Infinities stay
+/// infinite, magnitudes from 65520 up become infinite, NaNs stay NaN (sign and the top ten
+/// payload bits kept), and results below 2^-14 are subnormal.
+constexpr uint16_t float_to_half_bits(float f) noexcept {
+  const auto x = detail::bit_cast<uint32_t>(f);
+  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) { // NaN: keep the payload's top bits; never let it become infinity
+    auto payload = static_cast<uint16_t>((abs >> 13) & 0x3ffu);
+    return static_cast<uint16_t>(sign | 0x7c00u | (payload == 0 ? 0x200u : payload));
+  }
+  if (abs >= 0x47800000u) // 2^16 and up, infinity included
+    return static_cast<uint16_t>(sign | 0x7c00u);
+  if (abs >= 0x38800000u) { // a normal half: rebias the exponent, round off 13 mantissa bits
+    uint32_t h = (abs - 0x38000000u) >> 13;
+    const uint32_t rest = abs & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u) != 0))
+      ++h; // a carry into the exponent is still right (up to 0x7c00, infinity)
+    return static_cast<uint16_t>(sign | h);
+  }
+  // A subnormal half (or zero): the value in units of 2^-24 is m * 2^-shift.
+  const int shift = 126 - static_cast<int>(abs >> 23);
+  if (shift > 24)
+    return sign; // below 2^-25 (half the smallest subnormal): rounds to zero
+  const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+  uint32_t h = m >> shift;
+  const uint32_t rest = m & ((1u << shift) - 1u);
+  const uint32_t halfway = 1u << (shift - 1);
+  if (rest > halfway || (rest == halfway && (h & 1u) != 0))
+    ++h; // may become 0x400, the smallest normal: the encoding follows on
+  return static_cast<uint16_t>(sign | h);
+}
+
+/// The float of IEEE binary16 bits `h` (exact: every half is a float).
+constexpr float half_bits_to_float(uint16_t h) noexcept {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1f)
+    return detail::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0) {
+    const float v = static_cast<float>(mantissa) * 5.9604644775390625e-8f; // m * 2^-24, exact
+    return sign != 0 ? -v : v;
+  }
+  return detail::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+/// The bfloat16 bits nearest to `f` (round to nearest, ties to even); NaNs stay NaN.
+constexpr uint16_t float_to_bfloat16_bits(float f) noexcept {
+  const auto x = detail::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) {
+    auto top = static_cast<uint16_t>(x >> 16);
+    return (top & 0x7fu) == 0 ? static_cast<uint16_t>(top | 0x40u) : top;
+  }
+  const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+/// The float of bfloat16 bits `b` (exact).
+constexpr float bfloat16_bits_to_float(uint16_t b) noexcept {
+  return detail::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
+
+} // namespace detail
+
+/// An IEEE binary16 number (`dtype::float16`): 1 sign, 5 exponent and 10 mantissa bits, as
+/// torch.float16 and tf.float16. It only stores; arithmetic converts to float.
+class float16_t {
+public:
+  constexpr float16_t() noexcept = default;
+  /// The float16 nearest to `f` (ties to even).
+  constexpr explicit float16_t(float f) noexcept : bits_(detail::float_to_half_bits(f)) {}
+  /// The number whose bits are `bits`.
+  static constexpr float16_t from_bits(uint16_t bits) noexcept {
+    float16_t h;
+    h.bits_ = bits;
+    return h;
+  }
+  constexpr uint16_t bits() const noexcept { return bits_; }
+  /// The exact float value.
+  constexpr explicit operator float() const noexcept { return detail::half_bits_to_float(bits_); }
+  /// Compares the values, as floats do (NaN equals nothing, -0 equals +0).
+  friend constexpr bool operator==(float16_t a, float16_t b) noexcept {
+    return static_cast<float>(a) == static_cast<float>(b);
+  }
+
+private:
+  uint16_t bits_ = 0;
+};
+
+/// A bfloat16 number (`dtype::bfloat16`): float32's 8 exponent bits with 7 mantissa bits, as
+/// torch.bfloat16 and tf.bfloat16. It only stores; arithmetic converts to float.
+class bfloat16_t {
+public:
+  constexpr bfloat16_t() noexcept = default;
+  /// The bfloat16 nearest to `f` (ties to even).
+  constexpr explicit bfloat16_t(float f) noexcept : bits_(detail::float_to_bfloat16_bits(f)) {}
+  /// The number whose bits are `bits`.
+  static constexpr bfloat16_t from_bits(uint16_t bits) noexcept {
+    bfloat16_t h;
+    h.bits_ = bits;
+    return h;
+  }
+  constexpr uint16_t bits() const noexcept { return bits_; }
+  /// The exact float value.
+  constexpr explicit operator float() const noexcept {
+    return detail::bfloat16_bits_to_float(bits_);
+  }
+  /// Compares the values, as floats do (NaN equals nothing, -0 equals +0).
+  friend constexpr bool operator==(bfloat16_t a, bfloat16_t b) noexcept {
+    return static_cast<float>(a) == static_cast<float>(b);
+  }
+
+private:
+  uint16_t bits_ = 0;
+};
+
+static_assert(sizeof(float16_t) == 2 && std::is_trivially_copyable_v<float16_t>);
+static_assert(sizeof(bfloat16_t) == 2 && std::is_trivially_copyable_v<bfloat16_t>);
 
 /// Maps a C++ element type to its dtype (`dtype_of<float>` is float32).
 template <class T>
@@ -52,6 +192,14 @@ struct dtype_traits<uint8_t> {
 template <>
 struct dtype_traits<bool> {
   static constexpr dtype value = dtype::boolean;
+};
+template <>
+struct dtype_traits<float16_t> {
+  static constexpr dtype value = dtype::float16;
+};
+template <>
+struct dtype_traits<bfloat16_t> {
+  static constexpr dtype value = dtype::bfloat16;
 };
 template <class T>
 inline constexpr dtype dtype_of = dtype_traits<T>::value;
@@ -236,5 +384,7 @@ extern template int32_t tensor::item<int32_t>() const;
 extern template int64_t tensor::item<int64_t>() const;
 extern template uint8_t tensor::item<uint8_t>() const;
 extern template bool tensor::item<bool>() const;
+extern template float16_t tensor::item<float16_t>() const;
+extern template bfloat16_t tensor::item<bfloat16_t>() const;
 
 } // namespace consort

@@ -303,3 +303,90 @@ TEST(CollectiveTest, ManyCollectivesPerStepAndManyStepsStayMatched) {
 
 } // namespace
 } // namespace consort
+
+// -- float16 and bfloat16 -------------------------------------------------------------------------
+
+namespace consort {
+namespace {
+
+template <class H>
+tensor half_tensor(std::initializer_list<float> values) {
+  std::vector<H> v;
+  for (float x : values)
+    v.push_back(H(x));
+  return tensor::from<H>(v);
+}
+
+template <class H>
+std::vector<float> floats_of(const tensor& t) {
+  std::vector<float> out;
+  for (auto h : t.to_vector<H>())
+    out.push_back(static_cast<float>(h));
+  return out;
+}
+
+/// Replica 0 holds `base`, the others 1: with four replicas the float32 sum is base + 3, which a
+/// per-step accumulation in the 16-bit type loses entirely (base + 1 rounds back to base, ties to
+/// even), so the results below tell a float32 accumulator from a 16-bit one.
+template <class H>
+void expect_float32_accumulation(float base) {
+  SCOPED_TRACE(to_string(dtype_of<H>));
+  mirrored_strategy strategy(cpus(4));
+  const float want_sum = static_cast<float>(H(base + 3));
+  const float want_mean = static_cast<float>(H((base + 3) * 0.25f));
+  ASSERT_NE(want_sum, base); // the naive 16-bit fold would give `base`
+  auto out = strategy.run([base](replica_context& ctx) {
+    auto id = ctx.replica_id_in_sync_group();
+    auto x = half_tensor<H>({id == 0 ? base : 1.0f, static_cast<float>(id)});
+    return nest::list({ctx.all_reduce("SUM", x), ctx.all_reduce("MEAN", x),
+                       ctx.all_reduce("MAX", x), ctx.all_gather(x, 0), ctx.broadcast(x, 2)});
+  });
+  for (size_t r = 0; r < 4; ++r) {
+    const auto& results = out[r];
+    EXPECT_EQ(results[0].as_tensor().dtype(), dtype_of<H>);
+    EXPECT_EQ(floats_of<H>(results[0].as_tensor()), (std::vector<float>{want_sum, 6}));
+    EXPECT_EQ(results[1].as_tensor().dtype(), dtype_of<H>); // MEAN keeps the dtype
+    EXPECT_EQ(floats_of<H>(results[1].as_tensor()), (std::vector<float>{want_mean, 1.5f}));
+    EXPECT_EQ(floats_of<H>(results[2].as_tensor()), (std::vector<float>{base, 3}));
+    EXPECT_EQ(floats_of<H>(results[3].as_tensor()),
+              (std::vector<float>{base, 0, 1, 1, 1, 2, 1, 3}));
+    EXPECT_EQ(floats_of<H>(results[4].as_tensor()), (std::vector<float>{1, 2}));
+  }
+  // strategy.reduce, with and without an axis, accumulates in float32 too.
+  auto values = strategy.distribute_values(
+      [base](int id) { return half_tensor<H>({id == 0 ? base : 1.0f}); });
+  const tensor sum = strategy.reduce("SUM", values, std::nullopt);
+  EXPECT_EQ(sum.dtype(), dtype_of<H>);
+  EXPECT_EQ(floats_of<H>(sum), (std::vector<float>{want_sum}));
+  const tensor axis_sum = strategy.reduce("SUM", values, 0);
+  const tensor axis_mean = strategy.reduce("MEAN", values, 0);
+  const tensor axis_max = strategy.reduce("MAX", values, 0);
+  EXPECT_EQ(axis_sum.item<float>(), want_sum);
+  EXPECT_EQ(axis_mean.item<float>(), want_mean);
+  EXPECT_EQ(axis_max.item<float>(), base);
+}
+
+TEST(CollectiveTest, Float16CollectivesAccumulateInFloat32AndKeepTheirDtype) {
+  expect_float32_accumulation<float16_t>(2048.0f); // spacing 2 from 2048: 2051 -> 2052
+}
+
+TEST(CollectiveTest, Bfloat16CollectivesAccumulateInFloat32AndKeepTheirDtype) {
+  expect_float32_accumulation<bfloat16_t>(256.0f); // spacing 2 from 256: 259 -> 260
+}
+
+TEST(CollectiveTest, Float16AndBfloat16AtTheSamePositionAreAMismatchNamingBoth) {
+  mirrored_strategy strategy(cpus(2));
+  auto e = error_of([&] {
+    strategy.run([](replica_context& ctx) {
+      if (ctx.replica_id_in_sync_group() == 0)
+        return ctx.all_reduce("SUM", half_tensor<float16_t>({1}));
+      return ctx.all_reduce("SUM", half_tensor<bfloat16_t>({1}));
+    });
+  });
+  EXPECT_EQ(e.code(), errc::collective_mismatch);
+  EXPECT_TRUE(contains(e, "float16")) << e.what();
+  EXPECT_TRUE(contains(e, "bfloat16")) << e.what();
+}
+
+} // namespace
+} // namespace consort

@@ -457,6 +457,147 @@ TEST_F(CudaKernelsTest, DivideDividesExactlyAsTheHost) {
   }
 }
 
+// -- float16 and bfloat16 -------------------------------------------------------------------------
+
+/// Values of the 16-bit float `type`: floats of mixed magnitude rounded to it, with infinities,
+/// signed zeros and subnormals sprinkled in. No NaN inputs: CUDA's conversions write their own NaN
+/// encoding, so NaNs are compared as "any NaN" below.
+tensor random_half(dtype type, int64_t n, uint64_t seed) {
+  std::mt19937_64 rng{seed};
+  std::uniform_real_distribution<float> mantissa{-1.0f, 1.0f};
+  std::uniform_int_distribution<int> exponent{-8, 8};
+  const float specials[] = {std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            0.0f,
+                            -0.0f,
+                            std::ldexp(3.0f, -24),
+                            -std::ldexp(1.0f, -16)};
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  for (auto& b : bits) {
+    const float f =
+        rng() % 61 == 0 ? specials[rng() % 6] : std::ldexp(mantissa(rng), exponent(rng));
+    b = type == dtype::float16 ? consort::float16_t(f).bits() : consort::bfloat16_t(f).bits();
+  }
+  auto out = tensor::empty(type, {n});
+  if (n > 0)
+    std::memcpy(out.raw_mutable_data(), bits.data(), bits.size() * 2);
+  return out;
+}
+
+/// Bitwise equality of 16-bit floats, where any NaN matches any NaN.
+::testing::AssertionResult same_halves(const tensor& expected,
+                                       const std::vector<unsigned char>& actual) {
+  if (actual.size() != expected.num_bytes())
+    return ::testing::AssertionFailure()
+           << "size " << actual.size() << " bytes, expected " << expected.num_bytes();
+  auto value = [&](uint16_t b) {
+    return expected.dtype() == dtype::float16
+               ? static_cast<float>(consort::float16_t::from_bits(b))
+               : static_cast<float>(consort::bfloat16_t::from_bits(b));
+  };
+  const auto* e = static_cast<const unsigned char*>(expected.raw_data());
+  for (int64_t i = 0; i < expected.num_elements(); ++i) {
+    uint16_t a = 0, b = 0;
+    std::memcpy(&a, e + 2 * i, 2);
+    std::memcpy(&b, actual.data() + 2 * i, 2);
+    if (a == b || (std::isnan(value(a)) && std::isnan(value(b))))
+      continue;
+    return ::testing::AssertionFailure()
+           << "element " << i << ": expected " << value(a) << " (0x" << std::hex << a << "), got "
+           << value(b) << " (0x" << b << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(CudaKernelsTest, Float16AndBfloat16ReduceElementwiseMatchesTheHostBitwise) {
+  for (auto type : {dtype::float16, dtype::bfloat16}) {
+    std::vector<tensor> host_inputs;
+    std::vector<std::unique_ptr<device_buffer>> buffers;
+    for (int i = 0; i < 9; ++i) {
+      host_inputs.push_back(random_half(type, big, 7000 + 100 * static_cast<uint64_t>(type) + i));
+      buffers.push_back(upload(host_inputs.back()));
+    }
+    device_buffer out{static_cast<size_t>(big) * 2 + 16, stream_.get()};
+    for (auto op : all_ops)
+      for (int count : {1, 2, 3, 8, 9}) // 9: more than one pass, through a float buffer
+        for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1003}, big}) {
+          SCOPED_TRACE(std::string{to_string(type)} + ", " + to_string(op) + ", " +
+                       std::to_string(count) + " inputs, " + std::to_string(n) + " elements");
+          std::vector<tensor> column;
+          std::vector<const void*> pointers;
+          for (int i = 0; i < count; ++i) {
+            column.push_back(host_inputs[static_cast<size_t>(i)].slice(0, n));
+            pointers.push_back(buffers[static_cast<size_t>(i)]->get());
+          }
+          const auto expected = consort::reduce_elementwise(op, column);
+          ASSERT_EQ(expected.dtype(), type);
+          poison(out.get(), expected.num_bytes());
+          cuda::reduce_elementwise(type, op, pointers.data(), count, out.get(), n,
+                                   static_cast<double>(count), stream_.get());
+          ASSERT_TRUE(same_halves(expected, download(out.get(), expected.num_bytes())));
+        }
+  }
+}
+
+TEST_F(CudaKernelsTest, Float16ReduceElementwiseAccumulatesInFloat) {
+  // 2048 + 1 + 1 + 1: 2052 from a float accumulator (2051 rounded once), 2048 from a half one.
+  std::vector<tensor> column;
+  std::vector<std::unique_ptr<device_buffer>> buffers;
+  std::vector<const void*> pointers;
+  for (float v : {2048.0f, 1.0f, 1.0f, 1.0f}) {
+    column.push_back(tensor::from<consort::float16_t>({consort::float16_t(v)}));
+    buffers.push_back(upload(column.back()));
+    pointers.push_back(buffers.back()->get());
+  }
+  device_buffer out{16, stream_.get()};
+  cuda::reduce_elementwise(dtype::float16, reduce_op::sum, pointers.data(), 4, out.get(), 1, 4,
+                           stream_.get());
+  auto bytes = download(out.get(), 2);
+  uint16_t bits = 0;
+  std::memcpy(&bits, bytes.data(), 2);
+  EXPECT_EQ(static_cast<float>(consort::float16_t::from_bits(bits)), 2052.0f);
+}
+
+TEST_F(CudaKernelsTest, Float16AndBfloat16ReduceAxisAndDivideMatchTheHostBitwise) {
+  struct view {
+    int64_t outer, k, inner;
+  };
+  const view views[] = {{1, 1, 1}, {3, 5, 7}, {2, 3, 1}, {5, 2, 16}, {1, 3000, 1}, {2, 4, 125000}};
+  for (auto type : {dtype::float16, dtype::bfloat16}) {
+    const auto pool = random_half(type, big, 4343 + static_cast<uint64_t>(type));
+    const auto input_buffer = upload(pool);
+    for (auto op : all_ops)
+      for (const auto& v : views) {
+        SCOPED_TRACE(std::string{to_string(type)} + ", " + to_string(op) + ", [" +
+                     std::to_string(v.outer) + ", " + std::to_string(v.k) + ", " +
+                     std::to_string(v.inner) + "]");
+        const auto input = pool.slice(0, v.outer * v.k * v.inner).reshape({v.outer, v.k, v.inner});
+        const auto expected = consort::reduce_axis(op, input, 1);
+        ASSERT_EQ(expected.dtype(), type);
+        device_buffer out{expected.num_bytes() + 16, stream_.get()};
+        poison(out.get(), expected.num_bytes());
+        cuda::reduce_axis(type, op, input_buffer->get(), out.get(), v.outer, v.k, v.inner,
+                          static_cast<double>(v.k), stream_.get());
+        ASSERT_TRUE(same_halves(expected, download(out.get(), expected.num_bytes())));
+      }
+    // divide: in float, rounded once.
+    const auto values = pool.slice(0, 100003);
+    const auto buffer = upload(values);
+    cuda::divide(type, buffer->get(), 100003, 3.0, stream_.get());
+    auto expected = values.clone();
+    auto* p = static_cast<uint16_t*>(expected.raw_mutable_data());
+    for (int64_t i = 0; i < 100003; ++i) {
+      if (type == dtype::float16)
+        p[i] = consort::float16_t(static_cast<float>(consort::float16_t::from_bits(p[i])) / 3.0f)
+                   .bits();
+      else
+        p[i] = consort::bfloat16_t(static_cast<float>(consort::bfloat16_t::from_bits(p[i])) / 3.0f)
+                   .bits();
+    }
+    ASSERT_TRUE(same_halves(expected, download(buffer->get(), values.num_bytes())));
+  }
+}
+
 TEST_F(CudaKernelsTest, FillWritesTheValueConvertedToTheDtype) {
   for (auto type : all_dtypes) {
     for (int64_t n : {int64_t{1}, int64_t{33}, big}) {

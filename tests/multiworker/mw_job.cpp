@@ -3,6 +3,9 @@
 // single-process reference and exits 0 when every check passed.
 //
 //   mw_job collectives                       every collective and reduce vs. a mirrored reference
+//   mw_job half                              float16 and bfloat16: every collective and reduce of
+//                                            exact values vs. the reference, and sums that only a
+//                                            float32 accumulator gets right (3 replicas a worker)
 //   mw_job kill VICTIM_RANK                  VICTIM dies (SIGKILL) entering an all-reduce; the
 //                                            survivors must fail with peer_lost within the bound
 //   mw_job partition VICTIM_RANK             VICTIM takes its link down (in a network namespace):
@@ -254,6 +257,119 @@ int collectives() {
   return failures == 0 ? 0 : 1;
 }
 
+/// Replica r's [2, 3] value of the 16-bit float type H: (r % 4) * 4 + k, small enough that every
+/// sum of up to 6 replicas (12 rows along axis 0) stays an integer below 256, exact in bfloat16's
+/// 8 significant bits, so that the per-hop rounding across workers never shows.
+template <class H>
+tensor dense_half(int r) {
+  std::vector<H> v(6);
+  for (int k = 0; k < 6; ++k)
+    v[static_cast<size_t>(k)] = H(static_cast<float>((r % 4) * 4 + k));
+  return tensor::from<H>(v, {2, 3});
+}
+
+/// One 16-bit float type: exact values against the single-process reference, then values whose
+/// sum a 16-bit accumulator gets wrong. Each worker's local replica 0 holds `base`, its others 1:
+/// with 3 replicas a worker, each worker's partial is base + 2 (exact), which a 16-bit per-step
+/// fold would round back to base; the partials travel in H and are summed across workers in
+/// float32, each hop rounded once (exact here), so the result is the float32 sum rounded once.
+template <class H>
+void half_checks(multi_worker_mirrored_strategy& mw, strategy& ref, float base) {
+  const std::string type = to_string(dtype_of<H>);
+  auto W = mw.num_workers();
+  auto D = static_cast<int>(mw.num_local_replicas());
+  for (auto op : {"SUM", "MEAN", "MIN", "MAX"})
+    compare_run(mw, ref, type + " all_reduce " + op, [op](replica_context& ctx) {
+      return ctx.all_reduce(op, dense_half<H>(ctx.replica_id_in_sync_group() + 1));
+    });
+  compare_run(mw, ref, type + " all_gather axis 1", [](replica_context& ctx) {
+    return ctx.all_gather(dense_half<H>(ctx.replica_id_in_sync_group()), 1);
+  });
+  compare_run(mw, ref, type + " broadcast from the last replica", [](replica_context& ctx) {
+    return ctx.broadcast(dense_half<H>(ctx.replica_id_in_sync_group()),
+                         ctx.num_replicas_in_sync() - 1);
+  });
+  try {
+    auto mw_dense = mw.distribute_values([](int id) { return dense_half<H>(id); });
+    auto ref_dense = ref.distribute_values([](int id) { return dense_half<H>(id); });
+    for (auto op : {"SUM", "MEAN", "MAX"}) {
+      check_equal(mw.reduce(op, mw_dense, std::nullopt), ref.reduce(op, ref_dense, std::nullopt),
+                  type + " reduce " + op + " axis=None");
+      check_equal(mw.reduce(op, mw_dense, 0), ref.reduce(op, ref_dense, 0),
+                  type + " reduce " + op + " axis=0");
+    }
+  } catch (const std::exception& e) {
+    check(false, type + " reduce threw: " + e.what());
+  }
+  if (D != 3)
+    return;
+  // float32 accumulation: the float32 sum over every replica, rounded once to H.
+  const float total = static_cast<float>(W) * (base + static_cast<float>(D - 1));
+  const float want_sum = static_cast<float>(H(total));
+  const float want_mean = static_cast<float>(H(total * (1.0f / static_cast<float>(W * D))));
+  const float naive = static_cast<float>(H(base * static_cast<float>(W)));
+  check(want_sum != naive, type + ": the values tell float32 from 16-bit accumulation");
+  try {
+    auto got = mw.run([base](replica_context& ctx) {
+      auto local = ctx.replica_id_in_sync_group() % 3;
+      auto x = tensor::from<H>({H(local == 0 ? base : 1.0f)}, {1});
+      return nest::list(
+          {ctx.all_reduce("SUM", x), ctx.all_reduce("MEAN", x), ctx.all_reduce("MAX", x)});
+    });
+    for (int i = 0; i < D; ++i) {
+      const auto& out = got[static_cast<size_t>(i)];
+      const tensor sum = out[0].as_tensor();
+      const tensor mean = out[1].as_tensor();
+      check(sum.dtype() == dtype_of<H> && mean.dtype() == dtype_of<H>,
+            type + " SUM and MEAN keep the dtype");
+      check(sum.item<float>() == want_sum, type +
+                                               " all_reduce SUM is the float32 sum rounded "
+                                               "once: got " +
+                                               std::to_string(sum.item<float>()) + ", want " +
+                                               std::to_string(want_sum));
+      check(mean.item<float>() == want_mean, type + " all_reduce MEAN: got " +
+                                                 std::to_string(mean.item<float>()) + ", want " +
+                                                 std::to_string(want_mean));
+      const tensor max = out[2].as_tensor();
+      check(max.item<float>() == base, type + " all_reduce MAX");
+    }
+    auto values = mw.distribute_values(
+        [base](int id) { return tensor::from<H>({H(id % 3 == 0 ? base : 1.0f)}, {1}); });
+    const tensor sum = mw.reduce("SUM", values, std::nullopt);
+    check(sum.dtype() == dtype_of<H> && sum.item<float>() == want_sum,
+          type + " reduce SUM axis=None: got " + sum.to_string());
+    const tensor mean = mw.reduce("MEAN", values, 0);
+    check(mean.dtype() == dtype_of<H> && mean.item<float>() == want_mean,
+          type + " reduce MEAN axis=0: got " + mean.to_string());
+  } catch (const std::exception& e) {
+    check(false, type + " float32 accumulation threw: " + e.what());
+  }
+}
+
+int half() {
+  multi_worker_mirrored_strategy mw;
+  me = "worker " + std::to_string(mw.worker_rank());
+  mirrored_strategy ref(cpu_devices(mw.num_replicas_in_sync()));
+  half_checks<float16_t>(mw, ref, 2048.0f); // spacing 2 from 2048, 4 from 4096
+  half_checks<bfloat16_t>(mw, ref, 256.0f); // spacing 2 from 256, 4 from 512
+  // A worker whose replicas pass float16 where the others pass bfloat16 fails every worker.
+  bool mismatched = false;
+  try {
+    mw.run([&mw](replica_context& ctx) {
+      if (mw.worker_rank() == 0)
+        return ctx.all_reduce("SUM", tensor::from<float16_t>({float16_t(1.0f)}));
+      return ctx.all_reduce("SUM", tensor::from<bfloat16_t>({bfloat16_t(1.0f)}));
+    });
+  } catch (const error& e) {
+    mismatched = e.code() == errc::collective_mismatch || e.code() == errc::collective_aborted;
+    if (!mismatched)
+      std::cout << me << ": mismatch gave " << e.what() << std::endl;
+  }
+  check(mismatched, "float16 on one worker and bfloat16 on another fail every worker");
+  std::cout << me << ": " << checks - failures << " of " << checks << " checks passed" << std::endl;
+  return failures == 0 ? 0 : 1;
+}
+
 /// `kill`: the victim raises SIGKILL. `partition`: the victim (in a network namespace) takes its
 /// interface down and carries on; nobody sees a connection close, so heartbeats must find it.
 int loss_scenario(int victim, bool partition) {
@@ -397,6 +513,8 @@ int main(int argc, char** argv) {
   try {
     if (scenario == "collectives")
       return collectives();
+    if (scenario == "half")
+      return half();
     if (scenario == "kill" && argc > 2)
       return loss_scenario(std::atoi(argv[2]), false);
     if (scenario == "partition" && argc > 2)
@@ -411,7 +529,7 @@ int main(int argc, char** argv) {
     std::cout << me << ": " << e.what() << std::endl;
     return 1;
   }
-  std::cerr << "usage: mw_job collectives | kill VICTIM_RANK | partition VICTIM_RANK | "
+  std::cerr << "usage: mw_job collectives | half | kill VICTIM_RANK | partition VICTIM_RANK | "
                "join-fails TIMEOUT_MS TEXT | "
                "leave-early LEAVER | clean-end ITERS ELEMENTS"
             << std::endl;

@@ -165,6 +165,16 @@ TEST(NcclTypeMappingTest, MapsEveryDtype) {
     EXPECT_EQ(nccl::size_of(nccl::to_nccl(t)), consort::size_of(t)) << consort::to_string(t);
 }
 
+TEST(NcclTypeMappingTest, MapsFloat16AndBfloat16WithMeanAsAvg) {
+  EXPECT_EQ(nccl::to_nccl(dtype::float16), ncclFloat16);
+  EXPECT_EQ(nccl::to_nccl(dtype::bfloat16), ncclBfloat16);
+  for (auto t : {dtype::float16, dtype::bfloat16}) {
+    EXPECT_EQ(nccl::size_of(nccl::to_nccl(t)), 2u);
+    EXPECT_EQ(nccl::to_nccl(reduce_op::mean, t), ncclAvg);
+    EXPECT_EQ(nccl::to_nccl(reduce_op::sum, t), ncclSum);
+  }
+}
+
 TEST(NcclTypeMappingTest, RejectsBoolWithDtypeMismatch) {
   auto what = error_message(errc::dtype_mismatch, [] { nccl::to_nccl(dtype::boolean); });
   EXPECT_TRUE(contains(what, "bool")) << what;
@@ -353,6 +363,12 @@ TEST_F(CommunicatorTest, AllReduceOfOneRankIsTheIdentityForEveryDtypeAndOp) {
   check_all_reduce_identity<int32_t>(comm);
   check_all_reduce_identity<int64_t>(comm);
   check_all_reduce_identity<uint8_t>(comm);
+}
+
+TEST_F(CommunicatorTest, AllReduceOfOneRankIsTheIdentityForFloat16AndBfloat16) {
+  auto comm = one_rank();
+  check_all_reduce_identity<consort::float16_t>(comm);
+  check_all_reduce_identity<consort::bfloat16_t>(comm);
 }
 
 TEST_F(CommunicatorTest, AllGatherBroadcastAndReduceOfOneRankCopyTheInput) {

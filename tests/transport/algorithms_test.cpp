@@ -93,11 +93,17 @@ void abort_all(const std::vector<context_ptr>& group) {
     ctx->abort("test cleanup");
 }
 
+/// Whether T is one of the 16-bit floats, which the algorithms combine in float.
+template <class T>
+constexpr bool is_half_v = std::is_same_v<T, float16_t> || std::is_same_v<T, bfloat16_t>;
+
 /// An element as something GoogleTest prints as a number.
 template <class T>
 auto printable(T x) {
   if constexpr (std::is_same_v<T, std::byte>)
     return static_cast<int>(x);
+  else if constexpr (is_half_v<T>)
+    return static_cast<float>(x);
   else
     return +x;
 }
@@ -191,7 +197,19 @@ T input_value(reduce_op op, int rank, size_t i) {
   return static_cast<T>(v); // uint8 wraps, as intended
 }
 
-/// The reference fold, as tf.distribute defines it (integers wrap).
+/// The reference fold, as tf.distribute defines it (integers wrap; the 16-bit floats combine in
+/// float and round once).
+template <class T>
+T apply(reduce_op op, T a, T b);
+
+template <class T>
+T apply_in(reduce_op op, T a, T b) {
+  if constexpr (is_half_v<T>)
+    return T(apply<float>(op, static_cast<float>(a), static_cast<float>(b)));
+  else
+    return apply<T>(op, a, b);
+}
+
 template <class T>
 T apply(reduce_op op, T a, T b) {
   using W = typename std::conditional_t<std::is_integral_v<T>, std::make_unsigned<T>,
@@ -216,8 +234,14 @@ std::vector<T> reference(reduce_op op, const std::vector<std::vector<T>>& inputs
   std::vector<T> out = inputs.front();
   for (size_t r = 1; r < inputs.size(); ++r)
     for (size_t i = 0; i < out.size(); ++i)
-      out[i] = apply(op, out[i], inputs[r][i]);
-  if constexpr (std::is_floating_point_v<T>) {
+      out[i] = apply_in(op, out[i], inputs[r][i]);
+  if constexpr (is_half_v<T>) {
+    if (op == reduce_op::mean) {
+      const float s = 1.0f / static_cast<float>(inputs.size());
+      for (auto& x : out)
+        x = T(static_cast<float>(x) * s);
+    }
+  } else if constexpr (std::is_floating_point_v<T>) {
     if (op == reduce_op::mean) {
       const T s = T(1) / static_cast<T>(inputs.size());
       for (auto& x : out)
@@ -235,7 +259,7 @@ void expect_all_reduce(transport_kind kind, algo a, int n, size_t count, reduce_
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < count; ++i)
       data[static_cast<size_t>(r)][i] = input_value<T>(op, r, i);
-  const bool rejected = op == reduce_op::mean && !std::is_floating_point_v<T>;
+  const bool rejected = op == reduce_op::mean && !is_floating(dtype_of<T>);
   const auto expected = rejected ? std::vector<T>{} : reference(op, data);
   auto group = make_group_over(kind, n);
   auto errors = on_ranks(group, [&](int r) {
@@ -267,13 +291,17 @@ void expect_all_reduce(transport_kind kind, algo a, int n, size_t count, dtype t
     return expect_all_reduce<int64_t>(kind, a, n, count, op, opts);
   case dtype::uint8:
     return expect_all_reduce<uint8_t>(kind, a, n, count, op, opts);
+  case dtype::float16:
+    return expect_all_reduce<float16_t>(kind, a, n, count, op, opts);
+  case dtype::bfloat16:
+    return expect_all_reduce<bfloat16_t>(kind, a, n, count, op, opts);
   case dtype::boolean:
     break;
   }
 }
 
-constexpr dtype all_dtypes[] = {dtype::float32, dtype::float64, dtype::int32, dtype::int64,
-                                dtype::uint8};
+constexpr dtype all_dtypes[] = {dtype::float32, dtype::float64, dtype::int32,   dtype::int64,
+                                dtype::uint8,   dtype::float16, dtype::bfloat16};
 constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::mean, reduce_op::min, reduce_op::max,
                                  reduce_op::prod};
 constexpr size_t large_count = (size_t{1} << 20) + 3;

@@ -3,6 +3,10 @@
 // The loops are plain loops over typed restrict pointers, with no call and no branch on the
 // element, so that g++ vectorises them; signed integers are combined in their unsigned type (they
 // wrap as TensorFlow's do, without undefined behaviour), as in device/cpu_kernels.cpp.
+//
+// float16 and bfloat16 are combined in float and rounded once per combine: a partial that travels
+// between ranks is rounded to its dtype at every hop (as NCCL's ring does), while every combine
+// itself computes in float32.
 
 #include "transport/algorithms/common.hpp"
 
@@ -65,6 +69,51 @@ void combine_as(void* out, const void* a, const void* b, size_t n, T s) {
     fold3<T, Op, Scaled>(o, x, y, n, s);
 }
 
+/// out = T(float(a) op float(b) * s): a 16-bit float combined in float and rounded once. `out`
+/// may alias `a` or `b` (each element is read before it is written).
+template <class T, class Op, bool Scaled>
+void combine_half_as(void* out, const void* a, const void* b, size_t n, float s) {
+  auto* o = static_cast<T*>(out);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    float r = Op::apply(static_cast<float>(x[i]), static_cast<float>(y[i]));
+    if constexpr (Scaled)
+      r *= s;
+    o[i] = T(r);
+  }
+}
+
+template <class T>
+void combine_half(reduce_op op, void* out, const void* a, const void* b, size_t n, int divisor) {
+  if (divisor > 0) {
+    const float s = 1.0f / static_cast<float>(divisor);
+    switch (op) {
+    case reduce_op::sum:
+    case reduce_op::mean:
+      return combine_half_as<T, sum_fn, true>(out, a, b, n, s);
+    case reduce_op::prod:
+      return combine_half_as<T, prod_fn, true>(out, a, b, n, s);
+    case reduce_op::min:
+      return combine_half_as<T, min_fn, true>(out, a, b, n, s);
+    case reduce_op::max:
+      return combine_half_as<T, max_fn, true>(out, a, b, n, s);
+    }
+    return;
+  }
+  switch (op) {
+  case reduce_op::sum:
+  case reduce_op::mean:
+    return combine_half_as<T, sum_fn, false>(out, a, b, n, 0.0f);
+  case reduce_op::prod:
+    return combine_half_as<T, prod_fn, false>(out, a, b, n, 0.0f);
+  case reduce_op::min:
+    return combine_half_as<T, min_fn, false>(out, a, b, n, 0.0f);
+  case reduce_op::max:
+    return combine_half_as<T, max_fn, false>(out, a, b, n, 0.0f);
+  }
+}
+
 template <class T>
 void combine_typed(reduce_op op, void* out, const void* a, const void* b, size_t n, int divisor) {
   if constexpr (std::is_floating_point_v<T>) {
@@ -105,6 +154,14 @@ void scale_typed(void* data, size_t n, int divisor) {
     p[i] *= s;
 }
 
+template <class T>
+void scale_half(void* data, size_t n, int divisor) {
+  auto* p = static_cast<T*>(data);
+  const float s = 1.0f / static_cast<float>(divisor);
+  for (size_t i = 0; i < n; ++i)
+    p[i] = T(static_cast<float>(p[i]) * s);
+}
+
 } // namespace
 
 void combine(dtype type, reduce_op op, void* out, const void* a, const void* b, size_t n,
@@ -122,6 +179,10 @@ void combine(dtype type, reduce_op op, void* out, const void* a, const void* b, 
     return combine_typed<int64_t>(op, out, a, b, n, divisor);
   case dtype::uint8:
     return combine_typed<uint8_t>(op, out, a, b, n, divisor);
+  case dtype::float16:
+    return combine_half<float16_t>(op, out, a, b, n, divisor);
+  case dtype::bfloat16:
+    return combine_half<bfloat16_t>(op, out, a, b, n, divisor);
   case dtype::boolean:
     return; // rejected by check_reduction
   }
@@ -132,6 +193,10 @@ void scale(dtype type, void* data, size_t n, int divisor) {
     scale_typed<float>(data, n, divisor);
   else if (type == dtype::float64)
     scale_typed<double>(data, n, divisor);
+  else if (type == dtype::float16)
+    scale_half<float16_t>(data, n, divisor);
+  else if (type == dtype::bfloat16)
+    scale_half<bfloat16_t>(data, n, divisor);
 }
 
 } // namespace consort::transport::detail
