@@ -13,6 +13,7 @@
 #include <consort/ops.hpp>
 
 #include "device/element_ops.hpp"
+#include "device/half_convert.hpp"
 #include "device/parallel.hpp"
 
 #include <algorithm>
@@ -102,8 +103,7 @@ void reduce_blocks(const std::vector<const T*>& in, O* out, int64_t n, bool scal
     // Stores the block when it was staged (on every path out of this iteration).
     auto store = [&] {
       if constexpr (!direct)
-        for (int64_t j = 0; j < len; ++j)
-          out[base + j] = O(block[j]);
+        detail::from_float(block, out + base, static_cast<size_t>(len));
     };
     if (count == 1) {
       if (scaled)

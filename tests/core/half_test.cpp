@@ -4,6 +4,8 @@
 
 #include "support/expect_error.hpp"
 
+#include "device/half_convert.hpp"
+
 #include <consort/ops.hpp>
 #include <consort/tensor.hpp>
 
@@ -262,4 +264,112 @@ TEST(HalfTest, MixingAHalfTypeWithAnotherDtypeIsADtypeMismatchNamingBoth) {
                          errc::dtype_mismatch, {"float16", "float32"}));
   EXPECT_TRUE(fails_with([&] { (void)consort::concat(axis_in, 0); }, errc::dtype_mismatch,
                          {"float16", "float32"}));
+}
+
+// -- block conversions (device/half_convert.hpp)
+// ---------------------------------------------------
+
+namespace {
+
+/// Floats that probe every branch of the conversions: every value of both 16-bit types, the
+/// midpoints between neighbouring float16 values (ties), values around the subnormal and overflow
+/// edges, signalling and quiet NaNs, infinities, and a pseudo-random spread of magnitudes.
+std::vector<float> probe_floats() {
+  std::vector<float> v;
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    const float h = static_cast<float>(float16_t::from_bits(static_cast<uint16_t>(b)));
+    v.push_back(h);
+    v.push_back(static_cast<float>(bfloat16_t::from_bits(static_cast<uint16_t>(b))));
+    if (std::isfinite(h)) // a tie: halfway to the next float16 up
+      v.push_back(h +
+                  (static_cast<float>(float16_t::from_bits(static_cast<uint16_t>(b + 1))) - h) / 2);
+  }
+  for (uint32_t bits :
+       {0x7f800001u, 0x7fc00000u, 0xffa00000u, 0x7f800000u, 0xff800000u, 0x477fefffu, 0x477ff000u,
+        0x33000000u, 0x33000001u, 0x00000001u, 0x80000001u})
+    v.push_back(std::bit_cast<float>(bits));
+  uint32_t state = 1;
+  for (int i = 0; i < 100000; ++i) {
+    state = state * 1664525u + 1013904223u;
+    v.push_back(std::bit_cast<float>(state));
+  }
+  return v;
+}
+
+} // namespace
+
+TEST(HalfConvertTest, BlockConversionsGiveTheBitsOfTheElementwiseOnes) {
+  // Odd lengths and offsets, so that the vector loops' tails run as well as their bodies.
+  const auto floats = probe_floats();
+  std::vector<float16_t> h(floats.size());
+  std::vector<bfloat16_t> b(floats.size());
+  consort::detail::from_float(floats.data() + 1, h.data() + 1, floats.size() - 1);
+  consort::detail::from_float(floats.data() + 1, b.data() + 1, floats.size() - 1);
+  size_t wrong_h = 0, wrong_b = 0;
+  for (size_t i = 1; i < floats.size(); ++i) {
+    wrong_h += h[i].bits() != float16_t(floats[i]).bits();
+    wrong_b += b[i].bits() != bfloat16_t(floats[i]).bits();
+  }
+  EXPECT_EQ(wrong_h, 0u) << "float16, F16C: " << consort::detail::half_conversions_use_f16c();
+  EXPECT_EQ(wrong_b, 0u);
+
+  std::vector<float16_t> every_h(0x10003);
+  std::vector<bfloat16_t> every_b(0x10003);
+  for (uint32_t i = 0; i < every_h.size(); ++i) {
+    every_h[i] = float16_t::from_bits(static_cast<uint16_t>(i * 7u));
+    every_b[i] = bfloat16_t::from_bits(static_cast<uint16_t>(i * 7u));
+  }
+  std::vector<float> from_h(every_h.size()), from_b(every_b.size());
+  consort::detail::to_float(every_h.data(), from_h.data(), every_h.size());
+  consort::detail::to_float(every_b.data(), from_b.data(), every_b.size());
+  size_t wrong_to = 0;
+  for (size_t i = 0; i < every_h.size(); ++i) {
+    wrong_to += std::bit_cast<uint32_t>(from_h[i]) !=
+                std::bit_cast<uint32_t>(static_cast<float>(every_h[i]));
+    wrong_to += std::bit_cast<uint32_t>(from_b[i]) !=
+                std::bit_cast<uint32_t>(static_cast<float>(every_b[i]));
+  }
+  EXPECT_EQ(wrong_to, 0u);
+}
+
+TEST(HalfConvertTest, TheOnePassSumGivesTheBitsOfTheElementwiseOne) {
+  // Pairs from the probe values (ties, edges, NaNs, infinities among them), summed plain and
+  // scaled (MEAN's combine), at odd lengths so that the vector loops' tails run too.
+  const auto floats = probe_floats();
+  const size_t n = floats.size() / 2;
+  std::vector<float16_t> ha(n), hb(n), hout(n);
+  std::vector<bfloat16_t> ba(n), bb(n), bout(n);
+  for (size_t i = 0; i < n; ++i) {
+    ha[i] = float16_t(floats[i]);
+    hb[i] = float16_t(floats[n + i]);
+    ba[i] = bfloat16_t(floats[i]);
+    bb[i] = bfloat16_t(floats[n + i]);
+  }
+  for (bool scaled : {false, true}) {
+    const float s = 1.0f / 3.0f;
+    consort::detail::add(ha.data(), hb.data(), hout.data(), n - 1, scaled, s);
+    consort::detail::add(ba.data(), bb.data(), bout.data(), n - 1, scaled, s);
+    // A sum of two NaNs is a NaN whose payload depends on the order the compiler gave the
+    // operands (x86 keeps the first's), so a NaN sum is only checked to be NaN.
+    auto same = [](auto got, auto want) {
+      return std::isnan(static_cast<float>(want)) ? std::isnan(static_cast<float>(got))
+                                                  : got.bits() == want.bits();
+    };
+    size_t wrong_h = 0, wrong_b = 0;
+    for (size_t i = 0; i + 1 < n; ++i) {
+      const float rh = static_cast<float>(ha[i]) + static_cast<float>(hb[i]);
+      const float rb = static_cast<float>(ba[i]) + static_cast<float>(bb[i]);
+      wrong_h += !same(hout[i], float16_t(scaled ? rh * s : rh));
+      wrong_b += !same(bout[i], bfloat16_t(scaled ? rb * s : rb));
+    }
+    EXPECT_EQ(wrong_h, 0u) << "scaled " << scaled;
+    EXPECT_EQ(wrong_b, 0u) << "scaled " << scaled;
+  }
+  // In place (out aliasing an input), as the ring all-reduce combines.
+  auto expected = hout;
+  consort::detail::add(ha.data(), hb.data(), ha.data(), n - 1, true, 1.0f / 3.0f);
+  for (size_t i = 0; i + 1 < n; ++i)
+    ASSERT_TRUE(std::isnan(static_cast<float>(expected[i])) ? std::isnan(static_cast<float>(ha[i]))
+                                                            : ha[i].bits() == expected[i].bits())
+        << i;
 }

@@ -11,7 +11,9 @@
 #include "transport/algorithms/common.hpp"
 
 #include "device/element_ops.hpp"
+#include "device/half_convert.hpp"
 
+#include <algorithm>
 #include <type_traits>
 
 namespace consort::transport::detail {
@@ -76,11 +78,24 @@ void combine_half_as(void* out, const void* a, const void* b, size_t n, float s)
   auto* o = static_cast<T*>(out);
   auto* x = static_cast<const T*>(a);
   auto* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) {
-    float r = Op::apply(static_cast<float>(x[i]), static_cast<float>(y[i]));
-    if constexpr (Scaled)
-      r *= s;
-    o[i] = T(r);
+  if constexpr (std::is_same_v<Op, sum_fn>)
+    return consort::detail::add(x, y, o, n, Scaled, s); // one pass, the common case
+  // In blocks that stay in L1: both inputs widened to float (vectorised conversions), combined in
+  // float (a vectorised loop), rounded once into `out`. A block is read before it is written, so
+  // `out` may alias `a` or `b`.
+  constexpr size_t block = 512;
+  float fx[block], fy[block];
+  for (size_t begin = 0; begin < n; begin += block) {
+    const size_t count = std::min(block, n - begin);
+    consort::detail::to_float(x + begin, fx, count);
+    consort::detail::to_float(y + begin, fy, count);
+    for (size_t i = 0; i < count; ++i) {
+      float r = Op::apply(fx[i], fy[i]);
+      if constexpr (Scaled)
+        r *= s;
+      fx[i] = r;
+    }
+    consort::detail::from_float(fx, o + begin, count);
   }
 }
 
@@ -158,8 +173,15 @@ template <class T>
 void scale_half(void* data, size_t n, int divisor) {
   auto* p = static_cast<T*>(data);
   const float s = 1.0f / static_cast<float>(divisor);
-  for (size_t i = 0; i < n; ++i)
-    p[i] = T(static_cast<float>(p[i]) * s);
+  constexpr size_t block = 512;
+  float f[block];
+  for (size_t begin = 0; begin < n; begin += block) {
+    const size_t count = std::min(block, n - begin);
+    consort::detail::to_float(p + begin, f, count);
+    for (size_t i = 0; i < count; ++i)
+      f[i] *= s;
+    consort::detail::from_float(f, p + begin, count);
+  }
 }
 
 } // namespace
