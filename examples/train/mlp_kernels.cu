@@ -4,8 +4,8 @@
 // loaded at run time (dlopen of libcublas.so.<CUDA major>), not linked: cuBLAS 13's libcublasLt
 // alone is 541 MB, more than a build may carry to the GPU machines this project is lent, and a
 // binary linked to it would not start where it is missing. On an H100 our kernel reached
-// 0.32-0.67x of cuBLAS's speed on the demo's shapes (docs/train.md, "On GPUs"), so cuBLAS is the
-// default; CONSORT_CUBLAS=off keeps our kernel, whose every output is a sum in one fixed order
+// 0.29-0.54x of cuBLAS's speed on the demo's square GEMMs (docs/train.md, "On GPUs"), so cuBLAS is
+// the default for those; CONSORT_CUBLAS=off keeps our kernel, whose every output is a sum in one fixed order
 // (the same bytes on every run and for every split of the batch's rows).
 
 #include "mlp_kernels.hpp"
@@ -230,9 +230,9 @@ private:
 // -- cuBLAS, loaded at run time ------------------------------------------------------------------
 
 /// The smallest M, N and K that `gemm` hands to cuBLAS. The demo's input and output layers make
-/// thin GEMMs (16 features, 4 classes), where cuBLAS's per-call cost and the separate epilogue
-/// kernel outweigh its speed: on an H100 the default model (hidden 512) trained at 0.77x the
-/// examples/s of the tiled kernel with every GEMM on cuBLAS, and the 1024 x 3 model at 1.20x.
+/// thin GEMMs (16 features, 4 classes), where cuBLAS is slower than the tiled kernel on 4 of the
+/// 5 shapes an H100 measured (gemm_bench). With this threshold the demo trained 1.06-1.09x the
+/// tiled kernel's examples/s on the default model and 1.34-1.42x on 3 x 1024 (3000 steps).
 constexpr int64_t cublas_min_extent = 64;
 
 constexpr int cublas_op_n = 0; // CUBLAS_OP_N
