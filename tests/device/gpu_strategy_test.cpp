@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace consort;
@@ -134,6 +135,70 @@ TEST(GpuStrategy, ACpuAndAGpuReplicaAllReduceTogether) {
   });
   for (const auto& t : v.values())
     EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{3}));
+}
+
+// float16 and bfloat16 on GPU replicas: a lone GPU replica's collectives (NCCL's 16-bit types), and
+// a CPU and a GPU replica together (the host kernels), each result the float32 value rounded once.
+// `mixed_second` is the second replica beside CPU:0, `lone` the replica of a one-replica strategy.
+template <class T>
+void half_on_replicas(const std::string& mixed_second, const std::string& lone) {
+  // 2048 + 1 + 1 + 1 is 2051 in float32, which rounds to 2052 in float16; a float16 accumulator
+  // would stop at 2048. bfloat16: 256 + 1 + 1 + 1 is 259, which rounds to 260; bfloat16 alone
+  // would stop at 256.
+  const float big = std::is_same_v<T, float16_t> ? 2048.0f : 256.0f;
+  mirrored_strategy mixed({"CPU:0", mixed_second});
+  auto v = mixed.run([&](replica_context& ctx) {
+    const int id = ctx.replica_id_in_sync_group();
+    tensor mine = tensor::from<T>({T(id == 0 ? big : 1.0f), T(1.0f), T(-0.5f)}, {3}, ctx.device());
+    tensor sum = ctx.all_reduce(reduce_op::sum, mine);
+    tensor mean = ctx.all_reduce(reduce_op::mean, mine);
+    tensor max = ctx.all_reduce(reduce_op::max, mine);
+    EXPECT_EQ(sum.dtype(), dtype_of<T>);
+    EXPECT_EQ(mean.dtype(), dtype_of<T>);
+    EXPECT_EQ(sum.device(), ctx.device());
+    EXPECT_EQ(sum.template to_vector<T>(), (std::vector<T>{T(big + 1.0f), T(2.0f), T(-1.0f)}));
+    EXPECT_EQ(mean.template to_vector<T>(),
+              (std::vector<T>{T((big + 1.0f) / 2.0f), T(1.0f), T(-0.5f)}));
+    EXPECT_EQ(max.template to_vector<T>(), (std::vector<T>{T(big), T(1.0f), T(-0.5f)}));
+    return sum;
+  });
+  ASSERT_EQ(v.values().size(), 2u);
+  // Three ones onto `big` in one reduction: float32 accumulation, one rounding.
+  mirrored_strategy gpu({lone});
+  auto inputs = gpu.distribute_values([&](int) {
+    return tensor::from<T>({T(big), T(1.0f), T(1.0f), T(1.0f)}, {4});
+  });
+  auto total = gpu.run(
+      [&](replica_context& ctx, const tensor& x) -> tensor {
+        EXPECT_EQ(x.device(), lone);
+        tensor same = ctx.all_reduce(reduce_op::sum, x); // one replica: the identity, on NCCL
+        EXPECT_EQ(same.device(), lone);
+        EXPECT_EQ(same.template to_vector<T>(), x.template to_vector<T>());
+        tensor gathered = ctx.all_gather(x, 0);
+        EXPECT_EQ(gathered.template to_vector<T>(), x.template to_vector<T>());
+        return ctx.broadcast(x, 0);
+      },
+      inputs);
+  tensor reduced = gpu.reduce("SUM", total, 0);
+  EXPECT_EQ(reduced.dtype(), dtype_of<T>);
+  EXPECT_EQ(reduced.template to_vector<T>(), (std::vector<T>{T(big + 3.0f)}));
+  EXPECT_NE(T(big + 3.0f).bits(), T(big).bits()) << "the check must tell the accumulators apart";
+}
+
+TEST(GpuStrategy, Float16OnGpuReplicasAccumulatesInFloat32AndRoundsOnce) {
+  REQUIRE_GPU();
+  half_on_replicas<float16_t>("GPU:0", "GPU:0");
+}
+
+TEST(GpuStrategy, Bfloat16OnGpuReplicasAccumulatesInFloat32AndRoundsOnce) {
+  REQUIRE_GPU();
+  half_on_replicas<bfloat16_t>("GPU:0", "GPU:0");
+}
+
+// The same checks on CPU replicas (any machine): what the GPU tests above must agree with.
+TEST(GpuStrategy, TheHalfChecksHoldOnCpuReplicas) {
+  half_on_replicas<float16_t>("CPU:1", "CPU:0");
+  half_on_replicas<bfloat16_t>("CPU:1", "CPU:0");
 }
 
 TEST(GpuStrategy, TheDefaultMirroredStrategyUsesEveryGpu) {
