@@ -5,8 +5,8 @@
 // alone is 541 MB, more than a build may carry to the GPU machines this project is lent, and a
 // binary linked to it would not start where it is missing. On an H100 our kernel reached
 // 0.29-0.54x of cuBLAS's speed on the demo's square GEMMs (docs/train.md, "On GPUs"), so cuBLAS is
-// the default for those; CONSORT_CUBLAS=off keeps our kernel, whose every output is a sum in one fixed order
-// (the same bytes on every run and for every split of the batch's rows).
+// the default for those; CONSORT_CUBLAS=off keeps our kernel, whose every output is a sum in one
+// fixed order (the same bytes on every run and for every split of the batch's rows).
 
 #include "mlp_kernels.hpp"
 
