@@ -2,6 +2,7 @@
 
 #include <consort/consort.hpp>
 
+#include "support/half_helpers.hpp"
 #include "support/strategy_helpers.hpp"
 
 #include <gtest/gtest.h>
@@ -309,21 +310,8 @@ TEST(CollectiveTest, ManyCollectivesPerStepAndManyStepsStayMatched) {
 namespace consort {
 namespace {
 
-template <class H>
-tensor half_tensor(std::initializer_list<float> values) {
-  std::vector<H> v;
-  for (float x : values)
-    v.push_back(H(x));
-  return tensor::from<H>(v);
-}
-
-template <class H>
-std::vector<float> floats_of(const tensor& t) {
-  std::vector<float> out;
-  for (auto h : t.to_vector<H>())
-    out.push_back(static_cast<float>(h));
-  return out;
-}
+using consort::test::floats_of;
+using consort::test::half_tensor;
 
 /// Replica 0 holds `base`, the others 1: with four replicas the float32 sum is base + 3, which a
 /// per-step accumulation in the 16-bit type loses entirely (base + 1 rounds back to base, ties to

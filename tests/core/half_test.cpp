@@ -3,6 +3,7 @@
 // and the host kernels, which accumulate them in float32 and round once.
 
 #include "support/expect_error.hpp"
+#include "support/half_helpers.hpp"
 
 #include "device/half_convert.hpp"
 
@@ -24,6 +25,8 @@ using consort::float16_t;
 using consort::reduce_op;
 using consort::tensor;
 using consort::test::fails_with;
+using consort::test::floats_of;
+using consort::test::half_tensor;
 
 namespace {
 
@@ -41,22 +44,6 @@ float from_half_bits(uint16_t b) {
 
 float from_bf16_bits(uint16_t b) {
   return static_cast<float>(bfloat16_t::from_bits(b));
-}
-
-template <class H>
-tensor halves(const std::vector<float>& values) {
-  std::vector<H> v;
-  for (float x : values)
-    v.push_back(H(x));
-  return tensor::from<H>(v);
-}
-
-template <class H>
-std::vector<float> floats_of(const tensor& t) {
-  std::vector<float> out;
-  for (auto h : t.to_vector<H>())
-    out.push_back(static_cast<float>(h));
-  return out;
 }
 
 } // namespace
@@ -195,8 +182,8 @@ TEST(HalfTest, TensorsOfHalvesBehaveAsTensorsOfOtherTypes) {
 TEST(HalfTest, ReduceElementwiseAccumulatesInFloat32AndRoundsOnce) {
   // Adding 1 to 2048 in float16 rounds back to 2048 (ties to even) at every step, so a float16
   // accumulator gives 2048; float32 gives 2051, rounded once to 2052.
-  std::vector<tensor> in = {halves<float16_t>({2048, 1}), halves<float16_t>({1, 1}),
-                            halves<float16_t>({1, 1}), halves<float16_t>({1, 1})};
+  std::vector<tensor> in = {half_tensor<float16_t>({2048, 1}), half_tensor<float16_t>({1, 1}),
+                            half_tensor<float16_t>({1, 1}), half_tensor<float16_t>({1, 1})};
   auto sum = consort::reduce_elementwise(reduce_op::sum, in);
   EXPECT_EQ(sum.dtype(), dtype::float16);
   EXPECT_EQ(floats_of<float16_t>(sum), (std::vector<float>{2052, 4}));
@@ -211,8 +198,8 @@ TEST(HalfTest, ReduceElementwiseAccumulatesInFloat32AndRoundsOnce) {
 
   // bfloat16 (8 significant bits): 256 + 1 + 1 + 1 = 259 in float32, 260 once rounded; 256 with a
   // bfloat16 accumulator.
-  std::vector<tensor> bf = {halves<bfloat16_t>({256, 3}), halves<bfloat16_t>({1, 0.5f}),
-                            halves<bfloat16_t>({1, 0.5f}), halves<bfloat16_t>({1, 2})};
+  std::vector<tensor> bf = {half_tensor<bfloat16_t>({256, 3}), half_tensor<bfloat16_t>({1, 0.5f}),
+                            half_tensor<bfloat16_t>({1, 0.5f}), half_tensor<bfloat16_t>({1, 2})};
   auto bsum = consort::reduce_elementwise(reduce_op::sum, bf);
   EXPECT_EQ(bsum.dtype(), dtype::bfloat16);
   EXPECT_EQ(floats_of<bfloat16_t>(bsum), (std::vector<float>{260, 6}));
@@ -256,10 +243,10 @@ TEST(HalfTest, ReduceAlongAnAxisAccumulatesInFloat32) {
 }
 
 TEST(HalfTest, MixingAHalfTypeWithAnotherDtypeIsADtypeMismatchNamingBoth) {
-  std::vector<tensor> in = {halves<float16_t>({1}), halves<bfloat16_t>({1})};
+  std::vector<tensor> in = {half_tensor<float16_t>({1}), half_tensor<bfloat16_t>({1})};
   EXPECT_TRUE(fails_with([&] { (void)consort::reduce_elementwise(reduce_op::sum, in); },
                          errc::dtype_mismatch, {"float16", "bfloat16"}));
-  std::vector<tensor> axis_in = {halves<float16_t>({1}), tensor::from<float>({1.0f})};
+  std::vector<tensor> axis_in = {half_tensor<float16_t>({1}), tensor::from<float>({1.0f})};
   EXPECT_TRUE(fails_with([&] { (void)consort::reduce_components(reduce_op::sum, axis_in, 0); },
                          errc::dtype_mismatch, {"float16", "float32"}));
   EXPECT_TRUE(fails_with([&] { (void)consort::concat(axis_in, 0); }, errc::dtype_mismatch,
