@@ -1,5 +1,5 @@
 // The collective actor: matches the replicas' collective calls by (step, seq), validates that
-// they agree, computes each result once and answers every participant (DESIGN.md §3).
+// they agree, computes each result once and answers every participant (docs/architecture.md).
 //
 // Three parts: the matching itself (slots, the checks against the first arrival, step reports,
 // deadlines) is actors/call_matcher.cpp; the executors of a complete slot, one per path (the

@@ -1,5 +1,7 @@
 #include <consort/cross_device_ops.hpp>
 
+#include "actors/context_scope.hpp"
+#include "actors/runtime.hpp"
 #include "device/gpu.hpp"
 
 #include <consort/device.hpp>
@@ -65,6 +67,28 @@ std::vector<mirrored<tensor>> cross_device_ops::batch_reduce(
     }
   }
   return out;
+}
+
+mirrored<tensor> collective_all_reduce::reduce(op_arg op, const per_replica<tensor>& value,
+                                               const std::vector<std::string>& destinations) const {
+  detail::require_cross_replica_context("cross_device_ops::reduce");
+  auto targets = check_destinations(destinations, "cross_device_ops::reduce");
+  if (value.size() != rt_->devices().size())
+    throw_error(errc::invalid_argument,
+                "cross_device_ops::reduce: the value has " + std::to_string(value.size()) +
+                    " components, but this worker has " + std::to_string(rt_->devices().size()) +
+                    " local replicas; pass one component per local replica");
+  std::vector<nest> components;
+  components.reserve(value.size());
+  for (const auto& t : value)
+    components.emplace_back(t);
+  // Across every replica of every worker, as strategy.reduce does (the collective actor).
+  auto result = rt_->reduce(op.get(), std::move(components), std::nullopt).get().as_tensor();
+  std::vector<tensor> out;
+  out.reserve(targets.size());
+  for (const auto& device : targets)
+    out.push_back(result.to(device));
+  return mirrored<tensor>{std::move(out)};
 }
 
 mirrored<tensor> cross_device_ops::broadcast(const tensor& value,

@@ -1,8 +1,9 @@
 #pragma once
 
-// The cross-worker phase of collectives (DESIGN.md §3, §5): once the replicas of this worker have
-// all made a call (and the collective actor has combined them locally), every worker runs the same
-// transport algorithm over the mesh of workers. Private to the library and its tests.
+// The cross-worker phase of collectives (docs/architecture.md, docs/multi_worker.md): once the
+// replicas of this worker have all made a call (and the collective actor has combined them
+// locally), every worker runs the same transport algorithm over the mesh of workers. Private to the
+// library and its tests.
 //
 // Each call is two parts on the wire:
 //   1. a fixed-size descriptor (step, seq, kind, op, axis/root, a hash of structure, dtypes and

@@ -1,5 +1,6 @@
 // multi_worker_mirrored_strategy: joins the cluster (membership at the chief, then the mesh of
-// TCP connections between workers) and hands the runtime its cross-worker phase (DESIGN.md §5).
+// TCP connections between workers) and hands the runtime its cross-worker phase
+// (docs/multi_worker.md).
 
 #include <consort/caf_error.hpp>
 #include <consort/cluster.hpp>

@@ -8,7 +8,7 @@
 // structs are registered as unsafe message types rather than given serialising `inspect`
 // overloads.
 //
-// Who talks to whom (DESIGN.md §3):
+// Who talks to whom (docs/architecture.md):
 //
 //   caller ──run──▶ step_actor ──step──▶ replica_actor (one per device, own thread)
 //      ▲                 │ watchdog tick          │  collective (blocking, with deadline)
@@ -23,7 +23,7 @@
 //   3. each replica deposits its result (or error) in the join; the last one to deposit
 //      completes it: the caller's future directly, or, for a `run` request, a `done` message
 //      that lets the step actor answer. The step actor is not woken on the common path, which
-//      saves a thread hop per step (DESIGN.md §8);
+//      saves a thread hop per step;
 //   4. a replica tells the collective actor that it finished (`done` with a step_report) when a
 //      collective was used in the step, so peers waiting on a call it never made fail at once.
 //      Whether one was used is settled by a handshake on the join (see step_join).
@@ -296,7 +296,7 @@ using step_actor = caf::typed_actor<
 
 /// Numbers steps and sends them to every replica. The step actor launches the steps of
 /// `run` requests through it, and the public API launches its own directly, which saves the
-/// thread hop into the scheduler on every step (DESIGN.md §8). Either way a step's number is
+/// thread hop into the scheduler on every step. Either way a step's number is
 /// taken and its messages are sent under one lock, so every replica sees steps in the same order.
 ///
 /// Thread safety: thread-safe; `mtx_` guards the step counter and the watch list.

@@ -25,7 +25,7 @@ constexpr std::chrono::milliseconds reply_grace{2000};
 /// How long a replica that waits for its peers' collective calls keeps polling, yielding its core
 /// between polls, before it blocks. The replicas of a step start some tens of microseconds apart
 /// (each is woken for its step), and a blocked replica costs another wake-up (30-60 us on 2
-/// vCPUs, DESIGN.md §8) when the last one arrives; yielding leaves the core to a peer that needs
+/// vCPUs) when the last one arrives; yielding leaves the core to a peer that needs
 /// it. No busy spin comes first: a replica spinning for 20 us kept a peer that shares its core
 /// from arriving (bench/README.md, "a waiting replica polls").
 constexpr std::chrono::microseconds collective_spin{0};

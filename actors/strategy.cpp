@@ -112,6 +112,9 @@ strategy::strategy(std::vector<std::string> devices, strategy_options opts, kind
 strategy::strategy(std::unique_ptr<detail::runtime> rt, kind k)
     : kind_(k), rt_(std::move(rt)), cross_device_ops_(std::make_unique<reduction_to_one_device>()) {
   rt_->set_owner(this);
+  // Under MultiWorkerMirroredStrategy, TF's CrossDeviceOps is the collective all-reduce.
+  if (k == kind::multi_worker)
+    cross_device_ops_ = std::make_unique<collective_all_reduce>(*rt_);
 }
 
 strategy::~strategy() = default;
@@ -225,7 +228,7 @@ nest strategy::reduce(op_arg op, const per_replica<nest>& value,
 tensor strategy::reduce(op_arg op, const tensor& value, std::optional<int64_t> axis) const {
   detail::require_cross_replica_context("strategy.reduce");
   if (kind_ == kind::multi_worker) {
-    // One contribution per worker, reduced across workers (DESIGN.md §2).
+    // One contribution per worker, reduced across workers (docs/semantics.md).
     return rt_->reduce(op.get(), {nest(value)}, axis).get().as_tensor();
   }
   check_multi_replica_plain(op.get());

@@ -1,6 +1,6 @@
 // all_reduce_bench: in-process all-reduce (SUM) of float32 tensors between CPU replicas, through
 // the public API: one strategy.run per iteration whose step calls ctx.all_reduce("SUM", x), the
-// call timed inside the step on every replica. nccl-tests style output (STYLE.md §7).
+// call timed inside the step on every replica. nccl-tests style output.
 //
 // Usage:
 //   ./build/bench/all_reduce_bench [--replicas 2,4,8] [--min-bytes 4] [--max-bytes 64M]

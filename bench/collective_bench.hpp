@@ -1,6 +1,6 @@
 #pragma once
 
-// The generic driver of the in-process collective benchmarks (STYLE.md §7, after nccl-tests'
+// The generic driver of the in-process collective benchmarks (after nccl-tests'
 // `struct testColl`): each collective supplies a `collective_desc`; the driver sweeps replica
 // counts and sizes, times the collective call inside the step on every replica, checks the
 // results and prints nccl-tests style tables.

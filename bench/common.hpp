@@ -1,7 +1,7 @@
 #pragma once
 
 // Helpers shared by the benchmark programs: command-line parsing, statistics over samples,
-// machine description, memcpy bandwidth and a minimal JSON writer (STYLE.md §7).
+// machine description, memcpy bandwidth and a minimal JSON writer.
 
 #include <algorithm>
 #include <chrono>

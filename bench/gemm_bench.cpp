@@ -1,5 +1,5 @@
 // gemm_bench: the training demo's float32 GEMMs (examples/train/mlp_kernels.cu) on one GPU, on the
-// shapes one step of the demo runs, in nccl-tests style rows (STYLE.md §7): our tiled kernel and
+// shapes one step of the demo runs, in nccl-tests style rows: our tiled kernel and
 // cuBLAS (loaded as the demo loads it; absent rows say why), with the share of cuBLAS's speed our
 // kernel reaches and the normwise difference between the two outputs. Its outside peer is cuBLAS
 // through torch (bench/torch_gemm_bench.py), timed the same way on the same shapes.

@@ -6,7 +6,7 @@
 // direct time. For float32 a third row, `consort`, times the same call made by replicas of a
 // mirrored_strategy over the same GPUs (ctx.all_reduce / all_gather / broadcast inside one step),
 // with ratio = consort time / direct time: what the runtime adds per call (--strategy 0 skips
-// it). nccl-tests style output (STYLE.md §7), out-of-place only.
+// it). nccl-tests style output, out-of-place only.
 //
 // Timing: CUDA events recorded on every rank's stream around `--iters` back-to-back iterations
 // (after `--warmup` untimed ones); time = elapsed / iters, max over ranks. Sizes follow

@@ -3,7 +3,7 @@
 // concat, for sizes from 1 KiB to 1 GiB (bounded by the GPU's free memory). Each row is timed
 // with CUDA events around a batch of launches after a warm-up, and reports the bytes moved (read
 // plus written), the achieved GB/s (1e9 bytes) and its share of the memory's peak bandwidth
-// (cuda::properties). nccl-tests style output (STYLE.md §7); --json FILE writes the same fields.
+// (cuda::properties). nccl-tests style output; --json FILE writes the same fields.
 //
 // Usage:
 //   ./build/bench/reduce_kernel_bench [--min-bytes 1K] [--max-bytes 1G] [--factor 4]

@@ -3,7 +3,7 @@
 
 all_reduce (float32 SUM), all_gather (into a list) and broadcast (from rank 0) with
 torch.distributed's gloo backend between worker processes on this host, timed and printed the way
-the consort benchmarks print them (STYLE.md 7: nccl-tests columns, gloo's p50/p99), so that
+the consort benchmarks print them (nccl-tests columns, gloo's p50/p99), so that
 bench/user_path.sh can put the three side by side (issue 12).
 
 Usage:

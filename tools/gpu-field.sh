@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-field.sh: every check and benchmark that needs a GPU, in one call, for a machine that is
-# lent for minutes (DESIGN.md §9; issues 12 and 13). Build here, pack, then run it there:
+# lent for minutes (bench/README.md, "the H100 field run"; issues 12, 13 and 37). Build here, pack, then run it there:
 #
 #   tools/build.sh && ../shared/tools/gpu-pack build
 #   # device `run`, carry [".devcarry"], timeout_s 600:

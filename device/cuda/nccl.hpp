@@ -5,7 +5,7 @@
 // have a deadline. Private to consort (never installed, never included by a public header) and
 // compiled only when CONSORT_WITH_CUDA is 1.
 //
-// What each error means for the caller (STYLE.md §3):
+// What each error means for the caller:
 // - errc::collective_timeout: init or an operation did not finish before its deadline. The
 //   communicators involved were aborted; build new ones (init_group with a new unique_id).
 // - errc::peer_lost: NCCL reported ncclRemoteError (a peer process died or the network failed).

@@ -143,9 +143,9 @@ std::ostream& operator<<(std::ostream& out, const task_id& id);
 /// The abstract resolver, TF's `ClusterResolver`, plus what a multi-worker strategy needs
 /// (chief, rank and worker count, from TF's `multi_worker_util`).
 ///
-/// Ranks follow DESIGN.md §2: the chief (task chief:0, or worker:0 when there is no chief job) is
-/// worker 0, then the worker tasks in index order; ps and evaluator tasks are not workers.
-/// An empty cluster is *local*: one worker, which is the chief, with rank 0.
+/// Ranks follow docs/semantics.md: the chief (task chief:0, or worker:0 when there is no chief job)
+/// is worker 0, then the worker tasks in index order; ps and evaluator tasks are not workers. An
+/// empty cluster is *local*: one worker, which is the chief, with rank 0.
 ///
 /// Implementations in this header are immutable after construction (except
 /// `mpi_cluster_resolver::set_addresses`) and safe to read from many threads.

@@ -25,7 +25,8 @@ const cluster_spec workers_only = cluster_spec::dense({{"worker", {"w0:1", "w1:1
 
 } // namespace
 
-// -- ranks, chief, worker count (DESIGN.md §2) ----------------------------------------------------
+// -- ranks, chief, worker count (docs/semantics.md)
+// ----------------------------------------------------
 
 TEST(ClusterResolverTest, WorkerRankPutsTheChiefFirstThenWorkersInIndexOrder) {
   EXPECT_EQ(simple_cluster_resolver(chief_and_workers, "chief", 0).worker_rank(), 0);

@@ -506,6 +506,70 @@ int clean_end(int iters, long elements) {
   return failures == 0 ? 0 : 1;
 }
 
+/// cross_device_ops() under MultiWorkerMirroredStrategy is TF's CollectiveAllReduce: reduce and
+/// batch_reduce span every replica of every worker (issue 35, item 1), checked against
+/// mirrored_strategy over as many replicas in one process (whose reduce is TF's
+/// ReductionToOneDevice over the same values).
+int cross_device_ops_scenario() {
+  multi_worker_mirrored_strategy mw;
+  const int D = static_cast<int>(mw.num_local_replicas());
+  const int R = mw.num_replicas_in_sync();
+  const int first = mw.worker_rank() * D;
+  me = "worker " + std::to_string(mw.worker_rank());
+  mirrored_strategy ref(cpu_devices(R));
+  std::vector<tensor> mine, all;
+  for (int r = 0; r < R; ++r) {
+    all.push_back(dense(r));
+    if (r >= first && r < first + D)
+      mine.push_back(dense(r));
+  }
+  const per_replica<tensor> local(mine), global(all);
+  const std::vector<std::string> destinations{"CPU:0", "CPU:1"};
+  for (auto op : {"SUM", "MEAN", "MAX"}) {
+    auto got = mw.cross_device_ops().reduce(op, local, destinations);
+    auto want = ref.cross_device_ops().reduce(op, global, {"CPU:0"});
+    check(got.size() == 2, std::string{"reduce "} + op + ": one component per destination");
+    for (size_t i = 0; i < got.size(); ++i)
+      check_equal(got[i], want[0], std::string{"reduce "} + op + " at " + destinations[i]);
+  }
+  // TF's example: every replica passes 1.0; SUM is the number of replicas in sync, not of this
+  // worker's replicas.
+  std::vector<tensor> ones(static_cast<size_t>(D), tensor::scalar<float>(1.0f));
+  auto total = mw.cross_device_ops().reduce("SUM", per_replica<tensor>(ones), {"CPU:0"});
+  check_equal(total[0], tensor::scalar<float>(static_cast<float>(R)), "reduce SUM of 1.0 each");
+  // batch_reduce: each pair across the workers, in order.
+  std::vector<tensor> shifted, shifted_all;
+  for (const auto& t : mine)
+    shifted.push_back(reduce_elementwise(reduce_op::sum, {t, t}));
+  for (const auto& t : all)
+    shifted_all.push_back(reduce_elementwise(reduce_op::sum, {t, t}));
+  auto batch = mw.cross_device_ops().batch_reduce(
+      "SUM", {{local, {"CPU:0"}}, {per_replica<tensor>(shifted), {"CPU:1"}}});
+  check(batch.size() == 2, "batch_reduce: one result per pair");
+  check_equal(batch[0][0], ref.cross_device_ops().reduce("SUM", global, {"CPU:0"})[0],
+              "batch_reduce pair 0");
+  check_equal(batch[1][0],
+              ref.cross_device_ops().reduce("SUM", per_replica<tensor>(shifted_all), {"CPU:0"})[0],
+              "batch_reduce pair 1");
+  // A value without one component per local replica is refused before any worker waits.
+  bool refused = false;
+  try {
+    std::vector<tensor> extra(mine);
+    extra.push_back(dense(0));
+    mw.cross_device_ops().reduce("SUM", per_replica<tensor>(extra), {"CPU:0"});
+  } catch (const error& e) {
+    refused = e.code() == errc::invalid_argument &&
+              std::string{e.what()}.find("one component per local replica") != std::string::npos;
+  }
+  check(refused, "a value with too many components is refused");
+  // Still in step afterwards: one more reduce on every worker.
+  auto again = mw.cross_device_ops().reduce("SUM", local, {"CPU:0"});
+  check_equal(again[0], ref.cross_device_ops().reduce("SUM", global, {"CPU:0"})[0],
+              "reduce after a refused call");
+  std::cout << me << ": " << checks - failures << " of " << checks << " checks passed" << std::endl;
+  return failures == 0 ? 0 : 1;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -515,6 +579,8 @@ int main(int argc, char** argv) {
       return collectives();
     if (scenario == "half")
       return half();
+    if (scenario == "cross_device_ops")
+      return cross_device_ops_scenario();
     if (scenario == "kill" && argc > 2)
       return loss_scenario(std::atoi(argv[2]), false);
     if (scenario == "partition" && argc > 2)
@@ -529,7 +595,8 @@ int main(int argc, char** argv) {
     std::cout << me << ": " << e.what() << std::endl;
     return 1;
   }
-  std::cerr << "usage: mw_job collectives | half | kill VICTIM_RANK | partition VICTIM_RANK | "
+  std::cerr << "usage: mw_job collectives | half | cross_device_ops | kill VICTIM_RANK | partition "
+               "VICTIM_RANK | "
                "join-fails TIMEOUT_MS TEXT | "
                "leave-early LEAVER | clean-end ITERS ELEMENTS"
             << std::endl;

@@ -66,7 +66,7 @@ caf::error op_base::wait(deadline until) {
     const auto& env = pair_->env();
     auto spin_until = env.busy_poll ? until : std::min(until, clock::now() + env.spin);
     // Spin while driving the socket ourselves: when the peer is already on its way this returns
-    // without any thread wake-up (DESIGN.md §8). A busy poll spins the same way to the deadline
+    // without any thread wake-up. A busy poll spins the same way to the deadline
     // (sched_yield in the loop was tried: it did not help, and can give the core away for a time
     // slice).
     spinning(true);

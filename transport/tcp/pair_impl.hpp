@@ -4,7 +4,7 @@
 //
 // Who does the I/O. The socket is non-blocking and both directions are "pumped": a pump reads
 // (or writes) until the kernel says EAGAIN. Any thread may pump, one at a time per direction:
-// - a thread waiting on an operation pumps its pair while it spins (DESIGN.md §8: the waiting
+// - a thread waiting on an operation pumps its pair while it spins (the waiting
 //   thread reads its own message instead of being woken by the I/O thread, saving a hop);
 // - a thread calling `send` writes at once (small messages never leave the caller's thread);
 // - the context's poller thread (poller.hpp, an epoll set of its own, not Asio's reactor) pumps

@@ -14,7 +14,7 @@
 //   the message fails with `invalid_argument` and the message is dropped; its send completes (on a
 //   real wire the sender cannot tell either).
 // - `wait` spins for a few tens of microseconds (a peer that is already on its way hands over in
-//   well under a microsecond, DESIGN.md §8), then blocks on a condition variable until the
+//   well under a microsecond), then blocks on a condition variable until the
 //   deadline.
 // - `abort(why)` on a context fails its pending and later operations with `peer_lost`, and the
 //   peers' pending and later operations with it too (as a closed connection would). When it

@@ -1,9 +1,9 @@
 #pragma once
 
-// Cluster membership (DESIGN.md §5): the workers of a multi-worker job meet at the chief, agree on
-// one view of the group (ranks, collective addresses, devices, group id, NCCL id), then watch each
-// other with heartbeats until they leave. Boost.Asio and Cap'n Proto stay out of this header
-// (transport/membership).
+// Cluster membership (docs/multi_worker.md): the workers of a multi-worker job meet at the chief,
+// agree on one view of the group (ranks, collective addresses, devices, group id, NCCL id), then
+// watch each other with heartbeats until they leave. Boost.Asio and Cap'n Proto stay out of this
+// header (transport/membership).
 //
 // Topology: a star. The chief (rank 0) runs a server; every other worker has exactly one TCP
 // connection, to the chief. Messages are schemas/membership.capnp `MembershipMessage`s, framed as

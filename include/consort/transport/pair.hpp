@@ -121,7 +121,7 @@ public:
   /// default argument.
   virtual void abort(const std::string& why, errc code = errc::peer_lost) = 0;
 
-  /// Leaves the group cleanly, the end of a rank's life in the group (DESIGN.md §5):
+  /// Leaves the group cleanly, the end of a rank's life in the group (docs/multi_worker.md):
   /// 1. new operations are refused (`shutdown`), pending receives fail with `shutdown`;
   /// 2. every send already posted is finished: its bytes reach the peer;
   /// 3. each peer is told that this rank leaves (with `reason`), then the connection is
