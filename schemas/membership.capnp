@@ -1,4 +1,4 @@
-# Membership messages of a consort cluster (DESIGN.md §5): workers join at the chief, the chief
+# Membership messages of a consort cluster (docs/multi_worker.md): workers join at the chief, the chief
 # answers with the view, members exchange heartbeats, leave cleanly, and abort the group when a
 # member is lost. Every message on a membership connection is one `MembershipMessage`, framed like
 # collective traffic (see frame.capnp): a u32 little-endian length, then the Cap'n Proto message.
