@@ -92,9 +92,10 @@ template <class Op, class T, class A, class O = A>
 void reduce_blocks(const std::vector<const T*>& in, O* out, int64_t n, bool scaled, A scale) {
   constexpr bool direct = std::is_same_v<A, O>;
   // float16 inputs are widened a block at a time (F16C, device/half_convert.hpp) into float
-  // staging buffers, and the passes run on floats: 6-7x faster than converting in the passes,
-  // whose branchy float16 conversion g++ does not vectorise. bfloat16's conversion is a shift,
-  // which the passes vectorise themselves; staging it was slower (1.4 against 2.6 ms, 4 x 4 M).
+  // staging buffers, and the passes run on floats instead of converting element by element with
+  // the branchy float16 conversion, which g++ does not vectorise. bfloat16's conversion is a shift
+  // that the passes vectorise themselves, so it is not staged (a one-off timing found staging it
+  // slower; no benchmark in bench/ covers in-process 16-bit reductions yet).
   constexpr bool widen = std::is_same_v<T, float16_t>;
   using X = std::conditional_t<widen, float, T>;
   [[maybe_unused]] A staging[direct ? 1 : block_elements<A>];
@@ -609,30 +610,24 @@ tensor reduce_elementwise(reduce_op op, const std::vector<tensor>& inputs,
       in.push_back(static_cast<const T*>(t.raw_data()));
     visit_op(op, [&](auto fn) {
       using Op = decltype(fn);
+      // Accumulates in the type of `scale` and stores in the type `dst` points to.
       auto run = [&](auto* dst, auto scale, bool scaled) {
-        using A = std::remove_pointer_t<decltype(dst)>;
+        using O = std::remove_pointer_t<decltype(dst)>;
+        using A = decltype(scale);
         detail::parallel_for(chunks, [&](size_t c) {
           const int64_t begin = static_cast<int64_t>(c) * chunk_elements;
           const int64_t len = std::min(chunk_elements, n - begin);
           std::vector<const T*> part(in.size());
           for (size_t i = 0; i < in.size(); ++i)
             part[i] = in[i] + begin;
-          reduce_blocks<Op, T, A>(part, dst + begin, len, scaled, scale);
+          reduce_blocks<Op, T, A, O>(part, dst + begin, len, scaled, scale);
         });
       };
       if constexpr (is_half_v<T>) {
         // Accumulated in float, rounded once to T (MEAN keeps the input's dtype, as for floats).
-        auto* dst = static_cast<T*>(out.raw_mutable_data());
         const bool mean = op == reduce_op::mean;
-        const auto scale = mean ? static_cast<float>(1.0 / divisor) : 0.0f;
-        detail::parallel_for(chunks, [&](size_t c) {
-          const int64_t begin = static_cast<int64_t>(c) * chunk_elements;
-          const int64_t len = std::min(chunk_elements, n - begin);
-          std::vector<const T*> part(in.size());
-          for (size_t i = 0; i < in.size(); ++i)
-            part[i] = in[i] + begin;
-          reduce_blocks<Op, T, float, T>(part, dst + begin, len, mean, scale);
-        });
+        run(static_cast<T*>(out.raw_mutable_data()),
+            mean ? static_cast<float>(1.0 / divisor) : 0.0f, mean);
       } else if (op == reduce_op::mean) {
         using A = mean_acc_t<T>;
         // The division is folded into the last input pass as a multiplication.

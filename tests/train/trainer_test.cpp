@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -345,4 +346,27 @@ TEST(Plot, AnUnwritablePathIsAnErrorNamingIt) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string{e.what()}.find("/nonexistent-dir/loss.svg"), std::string::npos);
   }
+}
+
+TEST(TrainOn, LargestDifferenceNamesWhereAndMeasuresNormwise) {
+  // --verify's measures: elementwise relative (floor 1e-3) with its place, and normwise per leaf.
+  auto a = nest::dict(
+      {{"b", tensor::from<float>({1.0f, 2.0f, 0.0f})}, {"w", tensor::from<float>({3.0f, 4.0f})}});
+  auto b = nest::dict(
+      {{"b", tensor::from<float>({1.0f, 2.0f, 1e-4f})}, {"w", tensor::from<float>({3.0f, 4.5f})}});
+  auto d = largest_difference(a, b);
+  // b[2]: |0 - 1e-4| / 1e-3 = 0.1; w[1]: 0.5 / 4.5 = 0.111...
+  EXPECT_EQ(d.tensor, 1u);
+  EXPECT_EQ(d.element, 1u);
+  EXPECT_FLOAT_EQ(d.a, 4.0f);
+  EXPECT_FLOAT_EQ(d.b, 4.5f);
+  EXPECT_NEAR(d.relative, 0.5 / 4.5, 1e-9);
+  // Normwise: "b" differs by 1e-4 over a norm of sqrt(5), "w" by 0.5 over sqrt(3^2 + 4.5^2).
+  EXPECT_NEAR(d.normwise, 0.5 / std::sqrt(9.0 + 20.25), 1e-7);
+  EXPECT_EQ(d.normwise_tensor, 1u);
+  EXPECT_EQ(largest_difference(a, a).relative, 0.0);
+  EXPECT_EQ(largest_difference(a, a).normwise, 0.0);
+  // Different structures are refused, saying how.
+  EXPECT_THROW(largest_difference(a, nest::dict({{"b", tensor::from<float>({1.0f})}})),
+               std::invalid_argument);
 }
