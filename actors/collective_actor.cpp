@@ -18,8 +18,8 @@
 
 #include "actors/call_checks.hpp"
 #include "actors/collective_paths.hpp"
-#include "actors/cross_worker.hpp"
 #include "actors/protocol.hpp"
+#include "transport/communicator.hpp"
 
 #include <consort/ops.hpp>
 
@@ -127,7 +127,7 @@ void direct_collect(collective_board& board, caf::actor_system& sys, const colle
   // This call completed a slot that goes across workers: its phase runs here, on the lane's
   // turn (at once when nothing is queued on it before).
   if (d.deferred)
-    board.cfg.cross->run_or_post(detail::cross_worker::lane::step, std::move(d.deferred));
+    board.cfg.cross->run_or_post(transport::communicator::lane::step, std::move(d.deferred));
 }
 
 void direct_report(collective_board& board, caf::actor_system& sys, const collective_actor& coll,

@@ -4,8 +4,8 @@
 
 #include "actors/call_checks.hpp"
 #include "actors/cross_phase.hpp"
-#include "actors/cross_worker.hpp"
 #include "device/gpu.hpp"
+#include "transport/communicator.hpp"
 
 #include <consort/device.hpp>
 #include <consort/ops.hpp>
@@ -34,7 +34,7 @@ int num_in_sync(const collective_board& st) {
 
 // -- the cross-worker phase ----------------------------------------------------------------------
 
-cross_call cross_call_of(const slot& s) {
+transport::group_call cross_call_of(const slot& s) {
   return cross_call_for(s.sig, s.what, s.step, s.seq, s.timeout);
 }
 
@@ -132,9 +132,9 @@ bool hand_off_nccl(self_ptr self, slot& s) {
   for (const auto& q : queues)
     devices.push_back(q->device());
   cc.data_phase = [nccl = st.cross_nccl, kind = s.sig.kind, op = s.sig.op, root = s.sig.root,
-                   leaves = std::move(leaves), queues = std::move(queues), what = s.what,
-                   spec](const cross_call::share_fn& share, std::chrono::milliseconds left,
-                         uint8_t all_flags) mutable -> caf::expected<std::vector<tensor>> {
+                   leaves = std::move(leaves), queues = std::move(queues), what = s.what, spec](
+                      const transport::group_call::share_fn& share, std::chrono::milliseconds left,
+                      uint8_t all_flags) mutable -> caf::expected<std::vector<tensor>> {
     // A worker whose communicators failed (or were never made) asked for a rebuild in its
     // descriptor: every worker rebuilds, so that all ranks join the new communicator together.
     spec.rebuild = (all_flags & rebuild_flag) != 0;
@@ -160,7 +160,7 @@ bool hand_off_nccl(self_ptr self, slot& s) {
                                devices]() mutable {
     // Read on the lane, where the communicators are used (jobs run in order).
     cc.flags = nccl->needs_build(devices) ? rebuild_flag : 0;
-    auto out = cross->run(cross_worker::lane::step, cc);
+    auto out = cross->run(transport::communicator::lane::step, cc);
     const size_t per = flatten(structure).size();
     for (size_t r = 0; r < states.size(); ++r) {
       if (!out) {
@@ -181,7 +181,7 @@ bool hand_off_nccl(self_ptr self, slot& s) {
   if (self->direct)
     self->deferred = std::move(job);
   else
-    cross->post(cross_worker::lane::step, std::move(job));
+    cross->post(transport::communicator::lane::step, std::move(job));
   return true;
 }
 
@@ -214,7 +214,7 @@ void hand_off(self_ptr self, slot& s) {
           cc.leaves.clear();
           cc.local_failure = error_of(e);
         }
-        auto out = cross->run(cross_worker::lane::step, cc);
+        auto out = cross->run(transport::communicator::lane::step, cc);
         caf::expected<nest> result = caf::error{};
         if (out) {
           try {
@@ -232,7 +232,7 @@ void hand_off(self_ptr self, slot& s) {
   if (self->direct)
     self->deferred = std::move(job);
   else
-    cross->post(cross_worker::lane::step, std::move(job));
+    cross->post(transport::communicator::lane::step, std::move(job));
 }
 
 /// A slot that failed on this worker still meets the other workers on the step lane, so that
@@ -245,8 +245,8 @@ void hand_off_failure(self_ptr self, slot& s) {
   auto cc = cross_call_of(s);
   cc.local_failure = s.failure;
   auto* cross = st.cfg.cross.get();
-  cross->post(cross_worker::lane::step, [cross, cc = std::move(cc)]() mutable {
-    (void)cross->run(cross_worker::lane::step, cc);
+  cross->post(transport::communicator::lane::step, [cross, cc = std::move(cc)]() mutable {
+    (void)cross->run(transport::communicator::lane::step, cc);
   });
 }
 
@@ -304,7 +304,7 @@ void host_across_lane(self_ptr self, Request req, nest_state state) {
   auto index = st.host_ops++;
   auto* cross = st.cfg.cross.get();
   auto timeout = st.cfg.default_timeout;
-  cross->post(cross_worker::lane::host,
+  cross->post(transport::communicator::lane::host,
               [cross, timeout, req = std::move(req), index, state = std::move(state)]() {
                 caf::expected<nest> result = caf::error{};
                 if constexpr (std::is_same_v<Request, host_reduce>)

@@ -39,9 +39,9 @@ void divide_by(tensor& t, double count) {
 
 } // namespace
 
-cross_call cross_call_for(const call_signature& sig, std::string what, step_id step, uint32_t seq,
-                          std::chrono::milliseconds timeout) {
-  cross_call cc;
+transport::group_call cross_call_for(const call_signature& sig, std::string what, step_id step,
+                                     uint32_t seq, std::chrono::milliseconds timeout) {
+  transport::group_call cc;
   cc.kind = sig.kind;
   cc.op = sig.op;
   cc.axis = sig.axis;
@@ -54,7 +54,7 @@ cross_call cross_call_for(const call_signature& sig, std::string what, step_id s
   return cc;
 }
 
-void local_part(cross_call& cc, const call_signature& sig,
+void local_part(transport::group_call& cc, const call_signature& sig,
                 const std::vector<std::vector<tensor>>& leaves, std::optional<size_t> root_pos) {
   auto n = sig.dtypes.size();
   std::vector<tensor> inputs(leaves.size());
@@ -95,11 +95,11 @@ void local_part(cross_call& cc, const call_signature& sig,
 /// Strategy.reduce with several workers: this worker's partial on the host lane, then the
 /// cross-worker all-reduce (MEAN divides by the true count over every worker), leaf by leaf (each
 /// leaf of a MEAN along an axis has its own count).
-caf::expected<nest> cross_reduce(cross_worker& cross, std::chrono::milliseconds timeout,
+caf::expected<nest> cross_reduce(transport::communicator& cross, std::chrono::milliseconds timeout,
                                  const host_reduce& req, uint64_t index) {
   auto what =
       std::string{"reduce("} + to_string(req.op) + ") #" + std::to_string(index) + " on the host";
-  auto prepare = [&](detail::cross_call& cc, const std::vector<tensor>& components) {
+  auto prepare = [&](transport::group_call& cc, const std::vector<tensor>& components) {
     auto local = reduce_components(req.op == reduce_op::mean ? reduce_op::sum : req.op, components,
                                    req.axis);
     // The values this worker reduced: replicas, or elements along the axis.
@@ -141,20 +141,20 @@ caf::expected<nest> cross_reduce(cross_worker& cross, std::chrono::milliseconds 
   }
   // Every worker must run the same number of calls: a local failure still takes part once.
   if (failure || per_leaf.empty()) {
-    detail::cross_call cc;
+    transport::group_call cc;
     cc.what = what;
     cc.step = index;
     cc.timeout = timeout;
     cc.local_failure = failure;
     cc.signature = "reduce of no tensors";
-    auto out = cross.run(detail::cross_worker::lane::host, cc);
+    auto out = cross.run(transport::communicator::lane::host, cc);
     if (!out)
       return out.error();
     return structure;
   }
   std::vector<tensor> results;
   for (size_t i = 0; i < per_leaf.size(); ++i) {
-    detail::cross_call cc;
+    transport::group_call cc;
     cc.kind = collective_kind::all_reduce;
     cc.op = req.op;
     cc.what = per_leaf.size() == 1 ? what : what + ", leaf " + std::to_string(i);
@@ -169,7 +169,7 @@ caf::expected<nest> cross_reduce(cross_worker& cross, std::chrono::milliseconds 
     }
     // Along an axis, MEAN divides the total like a single worker's reduce does.
     cc.defer_mean = req.axis.has_value();
-    auto out = cross.run(detail::cross_worker::lane::host, cc);
+    auto out = cross.run(transport::communicator::lane::host, cc);
     if (!out)
       return out.error();
     auto result = std::move(out->front());
@@ -186,9 +186,9 @@ caf::expected<nest> cross_reduce(cross_worker& cross, std::chrono::milliseconds 
 
 /// Strategy.gather with several workers: this worker's concatenation, then the cross-worker
 /// ragged all-gather along the same axis (worker order = replica-id order).
-caf::expected<nest> cross_gather(cross_worker& cross, std::chrono::milliseconds timeout,
+caf::expected<nest> cross_gather(transport::communicator& cross, std::chrono::milliseconds timeout,
                                  const host_gather& req, uint64_t index) {
-  detail::cross_call cc;
+  transport::group_call cc;
   cc.kind = collective_kind::all_gather;
   cc.what = "gather #" + std::to_string(index) + " on the host";
   cc.step = index;
@@ -214,7 +214,7 @@ caf::expected<nest> cross_gather(cross_worker& cross, std::chrono::milliseconds 
   } catch (const std::exception& e) {
     cc.local_failure = error_of(e);
   }
-  auto out = cross.run(detail::cross_worker::lane::host, cc);
+  auto out = cross.run(transport::communicator::lane::host, cc);
   if (!out)
     return out.error();
   try {
@@ -226,7 +226,7 @@ caf::expected<nest> cross_gather(cross_worker& cross, std::chrono::milliseconds 
 
 } // namespace detail
 
-nest lone_cross_collective(detail::cross_worker& cross, const collective_call& call,
+nest lone_cross_collective(transport::communicator& cross, const collective_call& call,
                            int num_replicas_in_sync) {
   using namespace detail;
   auto leaves = flatten(call.request.value);
@@ -243,7 +243,7 @@ nest lone_cross_collective(detail::cross_worker& cross, const collective_call& c
   if (!problem.empty()) {
     // The other workers learn the reason in this call's descriptor, as from the actor's path.
     cc.local_failure = make_caf_error(errc::invalid_argument, problem);
-    (void)cross.run(cross_worker::lane::step, cc);
+    (void)cross.run(transport::communicator::lane::step, cc);
     throw error(errc::invalid_argument, problem);
   }
   std::optional<size_t> root_pos;
@@ -255,7 +255,7 @@ nest lone_cross_collective(detail::cross_worker& cross, const collective_call& c
     cc.leaves.clear();
     cc.local_failure = error_of(e);
   }
-  auto out = cross.run(cross_worker::lane::step, cc);
+  auto out = cross.run(transport::communicator::lane::step, cc);
   if (!out)
     throw to_consort_error(out.error(), "");
   return pack_as(call.request.value, *out);

@@ -4,11 +4,11 @@
 // descriptor (cross_call_for), Strategy.reduce/gather across workers (cross_reduce,
 // cross_gather, on the host lane), and the lone replica's whole call on its own thread
 // (lone_cross_collective, declared in protocol.hpp). The collective actor decides when each runs
-// (collective_actor.cpp); cross_worker.cpp moves the bytes.
+// (collective_actor.cpp); the communicator (transport/communicator.hpp) moves the bytes.
 
 #include "actors/call_checks.hpp"
-#include "actors/cross_worker.hpp"
 #include "actors/protocol.hpp"
+#include "transport/communicator.hpp"
 
 #include <caf/expected.hpp>
 
@@ -21,23 +21,23 @@
 namespace consort::detail {
 
 /// The descriptor of call `seq` of `step` with signature `sig`, for the cross-worker lane.
-cross_call cross_call_for(const call_signature& sig, std::string what, step_id step, uint32_t seq,
-                          std::chrono::milliseconds timeout);
+transport::group_call cross_call_for(const call_signature& sig, std::string what, step_id step,
+                                     uint32_t seq, std::chrono::milliseconds timeout);
 
 /// This worker's part of a complete call into `cc.leaves`: the local replicas' values combined
 /// (reduced, concatenated, or the root's), on the host; `leaves[r]` is local replica r's.
-void local_part(cross_call& cc, const call_signature& sig,
+void local_part(transport::group_call& cc, const call_signature& sig,
                 const std::vector<std::vector<tensor>>& leaves, std::optional<size_t> root_pos);
 
 /// Strategy.reduce with several workers: this worker's partial, then the cross-worker
 /// all-reduce (MEAN divides by the true count over every worker), leaf by leaf. Call `index` of
 /// the host lane.
-caf::expected<nest> cross_reduce(cross_worker& cross, std::chrono::milliseconds timeout,
+caf::expected<nest> cross_reduce(transport::communicator& cross, std::chrono::milliseconds timeout,
                                  const host_reduce& req, uint64_t index);
 
 /// Strategy.gather with several workers: this worker's concatenation, then the cross-worker
 /// ragged all-gather along the same axis (worker order = replica-id order).
-caf::expected<nest> cross_gather(cross_worker& cross, std::chrono::milliseconds timeout,
+caf::expected<nest> cross_gather(transport::communicator& cross, std::chrono::milliseconds timeout,
                                  const host_gather& req, uint64_t index);
 
 } // namespace consort::detail

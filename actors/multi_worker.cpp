@@ -10,10 +10,10 @@
 #include <consort/transport/shm.hpp>
 #include <consort/transport/tcp.hpp>
 
-#include "actors/cross_worker.hpp"
 #include "actors/gpu_collectives.hpp"
 #include "actors/runtime.hpp"
 #include "actors/strategy_access.hpp"
+#include "transport/communicator.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -204,7 +204,7 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   mesh.rank = rank;
   mesh.size = num_workers;
   mesh.listen_address = host_of(own_address) + ":0";
-  mesh.group_id = detail::fnv1a(chief_address + "/" + std::to_string(num_workers));
+  mesh.group_id = transport::fnv1a(chief_address + "/" + std::to_string(num_workers));
   mesh.epoch = 1;
   mesh.secret = secret;
   mesh.connect_timeout = mw.rendezvous_timeout;
@@ -250,7 +250,7 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   struct loss_target {
     std::mutex mtx;
     std::string cause;
-    std::weak_ptr<detail::cross_worker> cross;
+    std::weak_ptr<transport::communicator> cross;
     std::vector<transport::context_ptr> contexts;
   };
   auto target = std::make_shared<loss_target>();
@@ -322,8 +322,11 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
           std::string{to_consort_error(shm.error(), "").what()});
     }
   }
-  auto cross = std::make_shared<detail::cross_worker>(data, static_cast<int>(devices.size()),
-                                                      mw.close_timeout);
+  transport::group_members members{mesh.epoch, {}};
+  for (const auto& t : tasks)
+    members.names.push_back(to_string(t));
+  auto cross = std::make_shared<transport::communicator>(data, static_cast<int>(devices.size()),
+                                                         std::move(members), mw.close_timeout);
   {
     std::lock_guard<std::mutex> guard{target->mtx};
     target->cross = cross;
@@ -362,8 +365,11 @@ std::unique_ptr<multi_worker_mirrored_strategy> detail::strategy_access::simulat
   detail::multi_worker_setup setup;
   setup.worker_rank = rank;
   setup.num_workers = workers;
-  setup.cross = std::make_shared<detail::cross_worker>(
-      std::move(network), static_cast<int>(devices.size()), close_timeout);
+  transport::group_members members{1, {}};
+  for (int w = 0; w < workers; ++w)
+    members.names.push_back("worker:" + std::to_string(w));
+  setup.cross = std::make_shared<transport::communicator>(
+      std::move(network), static_cast<int>(devices.size()), std::move(members), close_timeout);
   joined->rt = std::make_unique<detail::runtime>(std::move(devices), opts, std::move(setup));
   return std::unique_ptr<multi_worker_mirrored_strategy>(
       new multi_worker_mirrored_strategy(std::move(joined)));

@@ -64,8 +64,11 @@
 
 namespace consort {
 
+namespace transport {
+class communicator;
+}
+
 namespace detail {
-class cross_worker;
 class replica_queue;
 struct collective_board;
 } // namespace detail
@@ -359,7 +362,7 @@ struct replica_config {
   /// Set when this replica is its worker's only one in a group of several workers: a CPU
   /// replica's collectives then run the cross-worker phase on its own thread
   /// (lone_cross_collective); a GPU replica's run it from the board (route_of). Null otherwise.
-  std::shared_ptr<detail::cross_worker> cross;
+  std::shared_ptr<transport::communicator> cross;
   /// The state of the replica's collective actor (make_collective_board): a replica makes its
   /// calls and step reports there on its own thread, and the last one to arrive computes the
   /// result (or queues its NCCL call). Null: every call goes to the actor as a message.
@@ -380,7 +383,7 @@ struct collective_config {
   std::chrono::milliseconds default_timeout{std::chrono::seconds(30)};
   /// With several workers: runs the cross-worker phase of every call and host reduction once
   /// the local replicas are combined. Null for a single worker.
-  std::shared_ptr<detail::cross_worker> cross;
+  std::shared_ptr<transport::communicator> cross;
   /// With several workers: the NCCL unique id from the membership view, for the first
   /// communicator over every worker's GPU replicas (empty: worker 0 makes one at the first call).
   std::vector<uint8_t> nccl_unique_id;
@@ -404,7 +407,7 @@ nest solo_collective(const collective_call& call);
 /// then the cross-worker phase, on the caller's thread, with no hop to the collective actor or a
 /// lane thread. An argument error still meets the other workers (they fail with its reason).
 /// @throws error with the code the collective actor would answer with.
-nest lone_cross_collective(detail::cross_worker& cross, const collective_call& call,
+nest lone_cross_collective(transport::communicator& cross, const collective_call& call,
                            int num_replicas_in_sync);
 
 /// Where a replica's collective call is matched and run, from the replica's layout.

@@ -83,18 +83,6 @@ std::vector<nest> merge_results(const nest& value, size_t replicas) {
 
 } // namespace detail
 
-const char* to_string(collective_kind kind) noexcept {
-  switch (kind) {
-  case collective_kind::all_reduce:
-    return "all_reduce";
-  case collective_kind::all_gather:
-    return "all_gather";
-  case collective_kind::broadcast:
-    return "broadcast";
-  }
-  return "unknown collective";
-}
-
 namespace {
 
 /// Whether every leaf of `value` is labelled `device` already (labels are canonical, so a

@@ -3,7 +3,7 @@
 #include "actors/runtime.hpp"
 
 #include "actors/collective_paths.hpp"
-#include "actors/cross_worker.hpp"
+#include "transport/communicator.hpp"
 
 #include "actors/protocol.hpp"
 

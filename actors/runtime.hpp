@@ -19,9 +19,11 @@
 #include <string>
 #include <vector>
 
-namespace consort::detail {
+namespace consort::transport {
+class communicator;
+}
 
-class cross_worker;
+namespace consort::detail {
 
 /// What a runtime needs to be one worker of several (multi_worker_mirrored_strategy).
 struct multi_worker_setup {
@@ -30,7 +32,7 @@ struct multi_worker_setup {
   int worker_rank = 0;
   int num_workers = 1;
   /// The cross-worker phase of collectives (null with one worker).
-  std::shared_ptr<cross_worker> cross;
+  std::shared_ptr<transport::communicator> cross;
   /// The NCCL unique id that the chief put in the membership view (empty when the chief has no
   /// GPU replicas): the id of the first communicator over every worker's GPU replicas.
   std::vector<uint8_t> nccl_unique_id;

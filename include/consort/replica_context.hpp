@@ -1,5 +1,6 @@
 #pragma once
 
+#include <consort/collective_kind.hpp>
 #include <consort/nest.hpp>
 #include <consort/per_replica.hpp>
 #include <consort/reduce_op.hpp>
@@ -38,12 +39,6 @@ struct collective_options {
   /// Overrides the strategy's `collective_timeout` for this call.
   std::optional<std::chrono::milliseconds> timeout;
 };
-
-/// The kinds of collective a replica can call.
-enum class collective_kind : uint8_t { all_reduce, all_gather, broadcast };
-
-/// "all_reduce", "all_gather" or "broadcast".
-const char* to_string(collective_kind kind) noexcept;
 
 class strategy;
 

@@ -2,7 +2,9 @@
 // meet over the in-memory transport (transport/local). The multi-process tests
 // (tests/multiworker) run the same code over TCP; these cover the error paths deterministically.
 
-#include "actors/cross_worker.hpp"
+#include "transport/communicator.hpp"
+
+#include <consort/caf_error.hpp>
 
 #include "actors/runtime.hpp"
 #include "support/time_scale.hpp"
@@ -24,7 +26,7 @@ namespace {
 
 /// W workers of D CPU replicas each, in one process.
 struct cluster {
-  std::vector<std::shared_ptr<detail::cross_worker>> cross;
+  std::vector<std::shared_ptr<transport::communicator>> cross;
   std::vector<std::unique_ptr<detail::runtime>> workers;
 
   cluster(int num_workers, int devices, std::chrono::milliseconds timeout = 10s) {
@@ -38,7 +40,8 @@ struct cluster {
       detail::multi_worker_setup setup;
       setup.worker_rank = w;
       setup.num_workers = num_workers;
-      setup.cross = std::make_shared<detail::cross_worker>(group[static_cast<size_t>(w)], devices);
+      setup.cross =
+          std::make_shared<transport::communicator>(group[static_cast<size_t>(w)], devices);
       cross.push_back(setup.cross);
       workers.push_back(std::make_unique<detail::runtime>(names, opts, std::move(setup)));
     }
@@ -512,8 +515,8 @@ TEST(CrossWorkerTest, ShutdownWhileAnotherWorkerWaitsFailsItsCallAndReturns) {
 // its order: a job queued before runs first, one posted meanwhile waits for it.
 TEST(CrossWorkerTest, RunOrPostRunsOnTheCallerWhenTheLaneIsIdleAndKeepsTheLanesOrder) {
   auto group = transport::local::make_group(2);
-  detail::cross_worker cross(group[0], 1);
-  const auto step = detail::cross_worker::lane::step;
+  transport::communicator cross(group[0], 1);
+  const auto step = transport::communicator::lane::step;
   std::mutex mu;
   std::vector<std::string> order;
   auto record = [&](std::string what) {
@@ -573,8 +576,8 @@ namespace {
 
 /// A call whose data phase is the caller's (as NCCL's is for GPU replicas): worker 0's bytes
 /// travel to every worker through `share`, and the result reports what the phase saw.
-detail::cross_call own_data_call(uint8_t flags, std::string signature) {
-  detail::cross_call call;
+transport::group_call own_data_call(uint8_t flags, std::string signature) {
+  transport::group_call call;
   call.what = "all_reduce(SUM) #0 of step 1";
   call.step = 1;
   call.seq = 0;
@@ -588,12 +591,13 @@ detail::cross_call own_data_call(uint8_t flags, std::string signature) {
 
 TEST(CrossWorkerTest, AnOwnDataPhaseSeesEveryWorkersFlagsAndWorkerZerosSharedBytes) {
   auto group = transport::local::make_group(2);
-  std::vector<std::shared_ptr<detail::cross_worker>> cross;
+  std::vector<std::shared_ptr<transport::communicator>> cross;
   for (int w = 0; w < 2; ++w)
-    cross.push_back(std::make_shared<detail::cross_worker>(group[static_cast<size_t>(w)], 1));
+    cross.push_back(std::make_shared<transport::communicator>(group[static_cast<size_t>(w)], 1));
   auto run_on = [&](int w) {
     auto call = own_data_call(w == 1 ? 1 : 0, "all_reduce(SUM) of [T] on NCCL");
-    call.data_phase = [w](const detail::cross_call::share_fn& share, std::chrono::milliseconds left,
+    call.data_phase = [w](const transport::group_call::share_fn& share,
+                          std::chrono::milliseconds left,
                           uint8_t all_flags) -> caf::expected<std::vector<tensor>> {
       EXPECT_GT(left.count(), 0);
       std::vector<uint8_t> bytes(16, 0);
@@ -604,7 +608,7 @@ TEST(CrossWorkerTest, AnOwnDataPhaseSeesEveryWorkersFlagsAndWorkerZerosSharedByt
         return err;
       return std::vector<tensor>{tensor::from<uint8_t>(bytes), tensor::scalar<int32_t>(all_flags)};
     };
-    return cross[static_cast<size_t>(w)]->run(detail::cross_worker::lane::step, call);
+    return cross[static_cast<size_t>(w)]->run(transport::communicator::lane::step, call);
   };
   auto other = std::async(std::launch::async, run_on, 1);
   auto mine = run_on(0);
@@ -625,21 +629,21 @@ TEST(CrossWorkerTest, AnOwnDataPhaseSeesEveryWorkersFlagsAndWorkerZerosSharedByt
 
 TEST(CrossWorkerTest, WorkersThatWouldMoveTheDataDifferentlyFailWithAMismatch) {
   auto group = transport::local::make_group(2);
-  std::vector<std::shared_ptr<detail::cross_worker>> cross;
+  std::vector<std::shared_ptr<transport::communicator>> cross;
   for (int w = 0; w < 2; ++w)
-    cross.push_back(std::make_shared<detail::cross_worker>(group[static_cast<size_t>(w)], 1));
+    cross.push_back(std::make_shared<transport::communicator>(group[static_cast<size_t>(w)], 1));
   bool phase_ran = false;
   auto run_on = [&](int w) {
     // Worker 0's replicas are on GPUs (NCCL), worker 1's are not (TCP): never a hang.
     auto call =
         own_data_call(0, w == 0 ? "all_reduce(SUM) of [T] on NCCL" : "all_reduce(SUM) of [T]");
     if (w == 0)
-      call.data_phase = [&](const detail::cross_call::share_fn&, std::chrono::milliseconds,
+      call.data_phase = [&](const transport::group_call::share_fn&, std::chrono::milliseconds,
                             uint8_t) -> caf::expected<std::vector<tensor>> {
         phase_ran = true;
         return std::vector<tensor>{};
       };
-    return cross[static_cast<size_t>(w)]->run(detail::cross_worker::lane::step, call);
+    return cross[static_cast<size_t>(w)]->run(transport::communicator::lane::step, call);
   };
   auto other = std::async(std::launch::async, run_on, 1);
   auto mine = run_on(0);

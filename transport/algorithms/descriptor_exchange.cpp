@@ -1,0 +1,281 @@
+// Part 1 of a group call: the descriptors, their checks, and a small call's data with them.
+
+#include "transport/algorithms/common.hpp"
+#include "transport/algorithms/group_call.hpp"
+
+#include <consort/caf_error.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+namespace consort::transport {
+
+namespace {
+
+std::string text_of(const call_descriptor& d) {
+  return std::string(d.text, strnlen(d.text, call_descriptor::text_bytes));
+}
+
+void set_text(call_descriptor& d, const std::string& s) {
+  auto n = std::min(s.size(), call_descriptor::text_bytes - 1);
+  std::memcpy(d.text, s.data(), n);
+}
+
+std::string describe(const call_descriptor& d) {
+  std::ostringstream out;
+  out << to_string(static_cast<collective_kind>(d.kind));
+  switch (static_cast<collective_kind>(d.kind)) {
+  case collective_kind::all_reduce:
+    out << '(' << to_string(static_cast<reduce_op>(d.op)) << ')';
+    break;
+  case collective_kind::all_gather:
+    out << "(axis=" << d.axis << ')';
+    break;
+  case collective_kind::broadcast:
+    out << "(root=" << d.root << ')';
+    break;
+  }
+  out << " #" << d.seq << " of step " << d.step;
+  return out.str();
+}
+
+/// Whether every leaf of an all-reduce can be reduced by the element-wise kernel (else the data
+/// phase reports why, as the algorithms do).
+bool reducible(const group_call& call, const context& ctx) {
+  auto wire_op = call.op == reduce_op::mean ? reduce_op::sum : call.op;
+  algorithm_options opts;
+  opts.tag = 1;
+  for (const auto& t : call.leaves)
+    if (detail::check_reduction("fused all-reduce", ctx, opts, t.dtype(), wire_op))
+      return false;
+  return true;
+}
+
+const_bytes bytes_of(const tensor& t) {
+  return {static_cast<const std::byte*>(t.raw_data()), t.num_bytes()};
+}
+
+} // namespace
+
+uint64_t fnv1a(const std::string& s) noexcept {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string worker_name(int rank) {
+  return rank == 0 ? "worker 0 (the chief)" : "worker " + std::to_string(rank);
+}
+
+caf::error failed_between_workers(const caf::error& err, const std::string& what) {
+  auto e = to_consort_error(err, "");
+  return make_caf_error(e.code(), what + " failed between workers: " + e.what());
+}
+
+algorithm_options call_clock::next() {
+  algorithm_options opts;
+  opts.tag = take();
+  opts.timeout = left();
+  return opts;
+}
+
+std::chrono::milliseconds call_clock::left() const {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until_ - clock::now());
+  return std::max(left, std::chrono::milliseconds{1});
+}
+
+descriptor_exchange::descriptor_exchange(const context_ptr& ctx, group_call& call,
+                                         int devices_per_worker, std::vector<std::byte>& scratch,
+                                         call_clock& clock)
+    : ctx_(ctx), call_(call), scratch_(scratch), clock_(clock), rank_(ctx->rank()),
+      size_(ctx->size()), root_worker_(call.root / std::max(devices_per_worker, 1)),
+      direct_(size_ <= direct_max_workers), all_(static_cast<size_t>(size_)),
+      got_(static_cast<size_t>(size_), 0) {
+  for (const auto& t : call_.leaves)
+    data_bytes_ += t.num_bytes();
+  describe_mine();
+  all_[static_cast<size_t>(rank_)] = mine_;
+}
+
+void descriptor_exchange::describe_mine() {
+  mine_.kind = static_cast<uint8_t>(call_.kind);
+  mine_.op = static_cast<uint8_t>(call_.op);
+  mine_.root = call_.root;
+  mine_.axis = call_.axis;
+  mine_.step = call_.step;
+  mine_.seq = call_.seq;
+  mine_.num_leaves = static_cast<uint32_t>(call_.leaves.size());
+  mine_.count = call_.count;
+  mine_.signature_hash = fnv1a(call_.signature);
+  mine_.flags = call_.flags;
+  if (call_.local_failure) {
+    mine_.failed = 1;
+    auto err = to_consort_error(call_.local_failure, "");
+    mine_.error_code = static_cast<uint8_t>(err.code());
+    set_text(mine_, err.what());
+    return;
+  }
+  set_text(mine_, call_.signature);
+  const bool small = !call_.data_phase && direct_ && data_bytes_ <= fused_max_bytes;
+  switch (call_.kind) {
+  case collective_kind::all_reduce:
+    mine_.fused = small && reducible(call_, *ctx_);
+    break;
+  case collective_kind::all_gather:
+    mine_.fused = small && call_.leaves.size() * 8 + data_bytes_ <= fused_max_bytes;
+    // The extents along the axis, leaf by leaf, travel with the descriptor: the data then needs
+    // no round of sizes first.
+    gather_extents_ = !call_.data_phase && direct_;
+    if (gather_extents_)
+      for (const auto& t : call_.leaves)
+        my_extents_.push_back(t.shape()[static_cast<size_t>(call_.axis)]);
+    break;
+  case collective_kind::broadcast:
+    // Only the root's worker has data to send; the others read from its descriptor whether it
+    // came with its data (every worker sees the same descriptor, so all decide alike).
+    mine_.fused = small && rank_ == root_worker_;
+    break;
+  }
+}
+
+std::byte* descriptor_exchange::slot(int p) const noexcept {
+  return const_cast<std::byte*>(scratch_.data()) +
+         static_cast<size_t>(p) * (sizeof(call_descriptor) + fused_max_bytes);
+}
+
+caf::error descriptor_exchange::run() {
+  auto err = direct_ ? exchange_direct() : exchange_ring();
+  if (call_.local_failure)
+    return call_.local_failure;
+  if (err)
+    return err;
+  if (auto failed = check_outcomes())
+    return failed;
+  if (auto problem = disagreement(); !problem.empty())
+    return make_caf_error(errc::collective_mismatch, problem);
+  call_.all_flags = 0;
+  call_.total_count = 0;
+  for (const auto& d : all_) {
+    call_.all_flags |= d.flags;
+    call_.total_count += d.count;
+  }
+  return {};
+}
+
+caf::error descriptor_exchange::failure(const caf::error& err) const {
+  return failed_between_workers(err, call_.what);
+}
+
+caf::error descriptor_exchange::exchange_direct() {
+  // Every worker receives up to a descriptor and a fused call's data from each peer, whatever its
+  // own call is: workers whose calls disagree still read each other's descriptors whole.
+  const size_t slot_bytes = sizeof(call_descriptor) + fused_max_bytes;
+  scratch_.resize(static_cast<size_t>(size_) * slot_bytes);
+  auto opts = clock_.next();
+  const auto tag = detail::message_tag(opts.tag, 0);
+  std::vector<operation_ptr> recvs(static_cast<size_t>(size_));
+  std::vector<operation_ptr> sends(static_cast<size_t>(size_));
+  std::vector<const_bytes> parts{
+      {reinterpret_cast<const std::byte*>(&mine_), sizeof(call_descriptor)}};
+  if (gather_extents_)
+    parts.push_back({reinterpret_cast<const std::byte*>(my_extents_.data()),
+                     my_extents_.size() * sizeof(int64_t)});
+  if (mine_.fused)
+    for (const auto& t : call_.leaves)
+      parts.push_back(bytes_of(t));
+  // This thread reads the peers' messages itself, also those that arrive while it is still
+  // sending (pair.hpp, reading_here): no other thread is woken for them.
+  reading_from_peers reading{*ctx_};
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_)
+      recvs[static_cast<size_t>(p)] = ctx_->to(p).recv_at_most(tag, {slot(p), slot_bytes});
+  for (int k = 1; k < size_; ++k) {
+    const int p = detail::ring_add(rank_, k, size_);
+    sends[static_cast<size_t>(p)] = ctx_->to(p).send(tag, parts);
+  }
+  for (int k = 1; k < size_; ++k) {
+    const int p = detail::ring_add(rank_, -k, size_);
+    auto& op = recvs[static_cast<size_t>(p)];
+    caf::error err = op->wait(clock_.until());
+    if (!err && op->message_bytes() < sizeof(call_descriptor))
+      err = make_caf_error(errc::invalid_argument,
+                           "its descriptor has " + std::to_string(op->message_bytes()) +
+                               " bytes, fewer than " + std::to_string(sizeof(call_descriptor)));
+    if (err)
+      return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",
+                                         "receive from", p, err));
+    got_[static_cast<size_t>(p)] = op->message_bytes();
+    std::memcpy(&all_[static_cast<size_t>(p)], slot(p), sizeof(call_descriptor));
+  }
+  reading.release();
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_)
+      if (auto err = sends[static_cast<size_t>(p)]->wait(clock_.until()))
+        return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",
+                                           "send to", p, err));
+  return {};
+}
+
+caf::error descriptor_exchange::exchange_ring() {
+  auto* base = reinterpret_cast<std::byte*>(all_.data());
+  mutable_bytes out{base, all_.size() * sizeof(call_descriptor)};
+  const_bytes in{base + static_cast<size_t>(rank_) * sizeof(call_descriptor),
+                 sizeof(call_descriptor)};
+  ring_all_gather gather(ctx_, in, out, std::vector<size_t>(all_.size(), sizeof(call_descriptor)),
+                         clock_.next());
+  if (auto err = gather.run())
+    return failure(err);
+  return {};
+}
+
+caf::error descriptor_exchange::check_outcomes() const {
+  for (int w = 0; w < size_; ++w) {
+    const auto& d = all_[static_cast<size_t>(w)];
+    if (!d.failed)
+      continue;
+    auto code = static_cast<errc>(d.error_code);
+    // A timeout or a lost peer elsewhere keeps its code; any other failure of a peer's replicas
+    // aborts the call here.
+    if (code != errc::collective_timeout && code != errc::peer_lost && code != errc::peer_left)
+      code = errc::collective_aborted;
+    return make_caf_error(code, call_.what + " failed on " + worker_name(w) + ": " + text_of(d));
+  }
+  return {};
+}
+
+std::string descriptor_exchange::disagreement() const {
+  const auto& a = all_.front();
+  for (size_t w = 1; w < all_.size(); ++w) {
+    const auto& b = all_[w];
+    if (a.step != b.step || a.seq != b.seq || a.kind != b.kind ||
+        (a.kind == static_cast<uint8_t>(collective_kind::all_reduce) && a.op != b.op) ||
+        (a.kind == static_cast<uint8_t>(collective_kind::all_gather) && a.axis != b.axis) ||
+        (a.kind == static_cast<uint8_t>(collective_kind::broadcast) && a.root != b.root)) {
+      std::ostringstream out;
+      out << "collective mismatch between workers at " << call_.what << ": " << worker_name(0)
+          << " is at " << describe(a) << " but " << worker_name(static_cast<int>(w)) << " is at "
+          << describe(b)
+          << "; every replica on every worker must make the same collective calls in the same "
+             "order";
+      return out.str();
+    }
+    // An all-gather's parts differ in size between workers (ragged), so some may travel with
+    // their descriptor and some not: only an all-reduce's workers must agree on it.
+    const bool fused_differs =
+        a.fused != b.fused && a.kind == static_cast<uint8_t>(collective_kind::all_reduce);
+    if (a.signature_hash != b.signature_hash || a.num_leaves != b.num_leaves || fused_differs) {
+      std::ostringstream out;
+      out << "collective mismatch between workers at " << call_.what << ": " << worker_name(0)
+          << " passed " << text_of(a) << " but " << worker_name(static_cast<int>(w)) << " passed "
+          << text_of(b) << "; structure, dtypes and shapes must agree on every worker";
+      return out.str();
+    }
+  }
+  return {};
+}
+
+} // namespace consort::transport

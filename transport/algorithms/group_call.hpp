@@ -1,0 +1,285 @@
+#pragma once
+
+// One collective of a group of workers, as a communicator runs it (transport/communicator.hpp):
+// the call as this worker contributes it (`group_call`) and the algorithms of its two parts, each
+// written as Gloo writes an algorithm (set up in the constructor, `run()` short):
+//   1. `descriptor_exchange`: a fixed-size descriptor (step, seq, kind, op, axis/root, a hash of
+//      structure, dtypes and shapes, this worker's local outcome, its element count) from every
+//      worker to every other (one message each up to 8 workers, a ring all-gather beyond), so that
+//      a call that disagrees between workers, or failed on one of them, fails on all of them with a
+//      clear error instead of exchanging mismatched bytes. A small call's data travels in the same
+//      message (it is fused), and so do an all-gather's extents;
+//   2. the data: `fused_all_reduce`, `fused_broadcast` and the fused case of `group_all_gather`
+//      read what came with the descriptors (the call took one round); `group_all_reduce`,
+//      `group_all_gather` and `group_broadcast` otherwise run the transport's algorithms leaf by
+//      leaf (transport/algorithms.hpp), or the call's own data phase (NCCL) runs instead.
+// docs/multi_worker.md, "One collective's hops", draws the rounds.
+
+#include <consort/collective_kind.hpp>
+#include <consort/reduce_op.hpp>
+#include <consort/tensor.hpp>
+#include <consort/transport/algorithms.hpp>
+#include <consort/transport/pair.hpp>
+
+#include <caf/error.hpp>
+#include <caf/expected.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace consort::transport {
+
+/// 64-bit FNV-1a of `s`: call signatures in descriptors, group ids of meshes.
+uint64_t fnv1a(const std::string& s) noexcept;
+
+/// "worker 0 (the chief)", "worker 3": how errors name a rank of a group of workers.
+std::string worker_name(int rank);
+
+/// One collective as this worker contributes it to a group call.
+struct group_call {
+  collective_kind kind = collective_kind::all_reduce;
+  reduce_op op = reduce_op::sum;
+  /// all_gather: the (normalised) axis; reduce: unused.
+  int64_t axis = 0;
+  /// broadcast: the root replica id in sync group.
+  int root = 0;
+  /// Identifies the call in errors: "all_reduce(SUM) #0 of step 3".
+  std::string what;
+  /// Position of the call: every worker must be at the same one.
+  uint64_t step = 0;
+  uint32_t seq = 0;
+  /// What every worker must agree on (structure, dtypes, shapes except a gather's axis).
+  std::string signature;
+  /// Set when the call failed on this worker already: the other workers learn it in the
+  /// descriptor and fail too.
+  caf::error local_failure;
+  /// This worker's part, one tensor per leaf: the local partial reduction (all_reduce; MEAN as a
+  /// SUM, integers widened to float64), the local concatenation (all_gather), the root's value or
+  /// an uninitialised tensor of the same dtype and shape (broadcast).
+  std::vector<tensor> leaves;
+  /// all_reduce: `leaves` are the caller's own tensors (a lone replica's inputs, not a partial
+  /// made for the call), so the reduction writes fresh outputs and only reads them.
+  bool leaves_are_inputs = false;
+  /// all_reduce MEAN: the number of values this worker summed (replicas, or elements along the
+  /// reduced axis); the result is divided by the sum over all workers.
+  double count = 0;
+  /// all_reduce MEAN: leave the result a SUM and only report `total_count` (the caller divides,
+  /// e.g. as a reduce along an axis does).
+  bool defer_mean = false;
+  /// Set by the descriptor exchange: the sum of `count` over every worker.
+  double total_count = 0;
+  /// Bounds the whole call.
+  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  /// Bits that travel in the descriptor; the exchange sets `all_flags` to their OR over every
+  /// worker before the data phase (e.g. "my NCCL communicator must be rebuilt", so all rebuild
+  /// together).
+  uint8_t flags = 0;
+  uint8_t all_flags = 0;
+  /// Broadcasts bytes from worker 0 to every worker over the group (for `data_phase`).
+  using share_fn = std::function<caf::error(std::vector<uint8_t>&)>;
+  /// When set, replaces the transport's data phase (NCCL for GPU replicas): called once every
+  /// worker's descriptor agreed, with `share` and the time left; its result is the call's. Every
+  /// worker must set it for the same calls (put it in `signature`, so a disagreement is a
+  /// collective_mismatch rather than a hang).
+  std::function<caf::expected<std::vector<tensor>>(
+      const share_fn& share, std::chrono::milliseconds left, uint8_t all_flags)>
+      data_phase;
+};
+
+/// Where a call's algorithms take their tags and how much time each has left: every algorithm
+/// run takes the next base tag of the call's lane, so that the tag sequence is the same on every
+/// worker (a leaf with nothing to send still takes one).
+class call_clock {
+public:
+  using clock = std::chrono::steady_clock;
+
+  /// `next_tag` is the lane's counter; the lane `lane` of `lanes` takes every `lanes`-th tag.
+  call_clock(uint64_t& next_tag, uint64_t lane, uint64_t lanes, clock::time_point until)
+      : next_tag_(&next_tag), lane_(lane), lanes_(lanes), until_(until) {}
+
+  /// Options for the next algorithm run: its tag, and the time left (at least 1 ms).
+  algorithm_options next();
+  /// Skips a tag (a leaf with nothing to exchange).
+  void skip() { (void)take(); }
+  clock::time_point until() const noexcept { return until_; }
+  /// The time left, at least 1 ms.
+  std::chrono::milliseconds left() const;
+
+private:
+  uint64_t take() { return 1 + lanes_ * (*next_tag_)++ + lane_; }
+
+  uint64_t* next_tag_;
+  uint64_t lane_;
+  uint64_t lanes_;
+  clock::time_point until_;
+};
+
+/// The descriptor every worker sends every other at the start of a call (fixed size; a fused
+/// call's data follows it in the same message).
+struct call_descriptor {
+  static constexpr size_t text_bytes = 198;
+  uint8_t failed = 0;
+  uint8_t kind = 0;
+  uint8_t op = 0;
+  uint8_t error_code = 0;
+  int32_t root = 0;
+  int64_t axis = 0;
+  uint64_t step = 0;
+  uint32_t seq = 0;
+  uint32_t num_leaves = 0;
+  double count = 0;
+  uint64_t signature_hash = 0;
+  /// The call's description (ok) or the local error (failed), truncated, NUL-padded.
+  char text[text_bytes] = {};
+  /// group_call::flags of the sender (OR-ed over every worker into all_flags).
+  uint8_t flags = 0;
+  /// 1: the sender's data follows this descriptor in its message (a fused all-reduce or
+  /// all-gather, or the root's worker of a fused broadcast).
+  uint8_t fused = 0;
+};
+static_assert(sizeof(call_descriptor) == 248);
+
+/// Part 1 of a group call: every worker's descriptor to every other, a small call's data with it.
+/// `run()` fails with the call's error (the same on every worker) when a worker's call failed
+/// locally, the workers disagree, or the exchange failed; the local failure wins on this worker.
+/// Afterwards the accessors say what came from each peer.
+class descriptor_exchange {
+public:
+  /// A fused call's data at most (algorithm_options::small_bytes' range).
+  static constexpr size_t fused_max_bytes = size_t{64} << 10;
+  /// Groups up to this many workers exchange descriptors (and fused data) directly, one message to
+  /// every other worker; larger ones by a ring all-gather (without data).
+  static constexpr int direct_max_workers = 8;
+
+  /// `scratch` is the lane's buffer where the peers' messages land (grown as needed; it must
+  /// outlive the call's data phase). `devices_per_worker` locates a broadcast's root worker.
+  descriptor_exchange(const context_ptr& ctx, group_call& call, int devices_per_worker,
+                      std::vector<std::byte>& scratch, call_clock& clock);
+
+  caf::error run();
+
+  /// Whether the peers' messages came one by one (up to 8 workers), with data when fused.
+  bool direct() const noexcept { return direct_; }
+  /// Whether this worker's data travelled with its descriptor.
+  bool sent_data() const noexcept { return mine_.fused != 0; }
+  /// Whether worker `p`'s data came with its descriptor.
+  bool fused(int p) const noexcept { return all_[static_cast<size_t>(p)].fused != 0; }
+  /// Bytes of worker `p`'s message (direct exchange only).
+  size_t received(int p) const noexcept { return got_[static_cast<size_t>(p)]; }
+  /// What came after worker `p`'s descriptor in its message (direct exchange only).
+  const std::byte* payload(int p) const noexcept { return slot(p) + sizeof(call_descriptor); }
+  /// Whether the all-gather extents travelled with the descriptors.
+  bool extents_sent() const noexcept { return gather_extents_; }
+  /// Bytes of this worker's data.
+  size_t data_bytes() const noexcept { return data_bytes_; }
+  /// The worker of a broadcast's root replica.
+  int root_worker() const noexcept { return root_worker_; }
+
+private:
+  std::byte* slot(int p) const noexcept;
+  void describe_mine();
+  caf::error exchange_direct();
+  caf::error exchange_ring();
+  caf::error check_outcomes() const;
+  std::string disagreement() const;
+  caf::error failure(const caf::error& err) const;
+
+  const context_ptr& ctx_;
+  group_call& call_;
+  std::vector<std::byte>& scratch_;
+  call_clock& clock_;
+  int rank_;
+  int size_;
+  int root_worker_;
+  bool direct_;
+  bool gather_extents_ = false;
+  size_t data_bytes_ = 0;
+  call_descriptor mine_;
+  std::vector<int64_t> my_extents_;
+  std::vector<call_descriptor> all_;
+  std::vector<size_t> got_;
+};
+
+/// Part 2 of a small all-reduce whose data came with the descriptors: every worker's leaves
+/// folded in rank order, the same order (and so the same bits) on every worker.
+class fused_all_reduce {
+public:
+  fused_all_reduce(const descriptor_exchange& exchange, const context& ctx, group_call& call);
+  caf::expected<std::vector<tensor>> run();
+
+private:
+  const descriptor_exchange& exchange_;
+  group_call& call_;
+  int rank_;
+  int size_;
+};
+
+/// Part 2 of an all-reduce over the transport's algorithms, leaf by leaf (MEAN divides by the
+/// count over every worker unless the call defers it).
+class group_all_reduce {
+public:
+  group_all_reduce(const context_ptr& ctx, group_call& call, call_clock& clock);
+  caf::expected<std::vector<tensor>> run();
+
+private:
+  const context_ptr& ctx_;
+  group_call& call_;
+  call_clock& clock_;
+};
+
+/// Part 2 of a ragged all-gather: every worker's extents (from the descriptors, or a ring round),
+/// then every worker's part (from the descriptors when every part came along, or a ring
+/// all-gather per leaf), concatenated along the axis in worker order.
+class group_all_gather {
+public:
+  group_all_gather(const context_ptr& ctx, const descriptor_exchange& exchange, group_call& call,
+                   call_clock& clock);
+  caf::expected<std::vector<tensor>> run();
+
+private:
+  caf::error gather_extents();
+  caf::expected<tensor> gather_leaf(size_t i);
+
+  const context_ptr& ctx_;
+  const descriptor_exchange& exchange_;
+  group_call& call_;
+  call_clock& clock_;
+  int rank_;
+  int size_;
+  size_t leaves_;
+  /// extents_[w * leaves_ + i]: worker w's extent of leaf i along the axis.
+  std::vector<int64_t> extents_;
+  /// Bytes per unit of the axis, leaf by leaf (the other extents agree on every worker).
+  std::vector<size_t> units_;
+  /// Whether every worker's part came with its descriptor.
+  bool all_fused_ = false;
+  /// Where worker w's part of the next leaf starts in its message (all_fused_ only).
+  std::vector<size_t> data_at_;
+};
+
+/// Part 2 of a broadcast: from the root's descriptor when its data came along (one round),
+/// otherwise the transport's broadcast leaf by leaf.
+class group_broadcast {
+public:
+  group_broadcast(const context_ptr& ctx, const descriptor_exchange& exchange, group_call& call,
+                  call_clock& clock);
+  caf::expected<std::vector<tensor>> run();
+
+private:
+  caf::expected<std::vector<tensor>> from_descriptor();
+
+  const context_ptr& ctx_;
+  const descriptor_exchange& exchange_;
+  group_call& call_;
+  call_clock& clock_;
+  int rank_;
+};
+
+/// An algorithm's error as the call reports it: "<what> failed between workers: <cause>".
+caf::error failed_between_workers(const caf::error& err, const std::string& what);
+
+} // namespace consort::transport

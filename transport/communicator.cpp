@@ -1,0 +1,182 @@
+// A group of workers for one epoch: its lanes, its calls, its abort and its clean end.
+
+#include "transport/communicator.hpp"
+
+#include <consort/caf_error.hpp>
+
+namespace consort::transport {
+
+namespace {
+using clock = std::chrono::steady_clock;
+constexpr uint64_t lane_count = 2;
+} // namespace
+
+communicator::communicator(context_ptr ctx, int devices_per_worker, group_members members,
+                           std::chrono::milliseconds close_timeout)
+    : ctx_(std::move(ctx)), rank_(ctx_->rank()), size_(ctx_->size()),
+      devices_per_worker_(devices_per_worker), members_(std::move(members)),
+      close_timeout_(close_timeout) {
+  for (auto& ls : lanes_)
+    ls.thread = std::thread([this, &ls] { serve(ls); });
+}
+
+communicator::~communicator() {
+  (void)stop();
+}
+
+caf::expected<std::vector<tensor>> communicator::run(lane l, group_call& call) {
+  auto& ls = lanes_[static_cast<size_t>(l)];
+  // Held for the whole call: a lane's calls never overlap, whether they come from its thread or
+  // straight from a replica's (run_or_post).
+  std::lock_guard<std::mutex> running{ls.run_mtx};
+  if (!lost_cause().empty())
+    return call.local_failure ? call.local_failure : lost_error(call.what);
+  call_clock clock{ls.next_tag, static_cast<uint64_t>(l), lane_count, clock::now() + call.timeout};
+  descriptor_exchange exchange{ctx_, call, devices_per_worker_, ls.scratch, clock};
+  if (auto err = exchange.run())
+    return err;
+  return data_phase(exchange, call, clock);
+}
+
+caf::expected<std::vector<tensor>> communicator::data_phase(const descriptor_exchange& exchange,
+                                                            group_call& call, call_clock& clock) {
+  if (exchange.sent_data() && call.kind == collective_kind::all_reduce)
+    return fused_all_reduce{exchange, *ctx_, call}.run();
+  if (call.data_phase) {
+    // The caller's own means (NCCL); `share` gives it worker 0's bytes (a unique id).
+    auto share = [&](std::vector<uint8_t>& bytes) -> caf::error {
+      return broadcast(ctx_, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}, 0,
+                       clock.next());
+    };
+    auto result = call.data_phase(share, clock.left(), call.all_flags);
+    if (!result)
+      return failed_between_workers(result.error(), call.what);
+    return result;
+  }
+  switch (call.kind) {
+  case collective_kind::all_reduce:
+    return group_all_reduce{ctx_, call, clock}.run();
+  case collective_kind::all_gather:
+    return group_all_gather{ctx_, exchange, call, clock}.run();
+  case collective_kind::broadcast:
+    return group_broadcast{ctx_, exchange, call, clock}.run();
+  }
+  return make_caf_error(errc::invalid_argument, call.what + ": unknown collective kind");
+}
+
+caf::error communicator::stop() {
+  caf::error closed;
+  bool whole;
+  {
+    std::lock_guard<std::mutex> guard{lost_mtx_};
+    whole = lost_.empty() && !stopped_;
+    stopped_ = true;
+  }
+  // A clean end first: the peers may still be reading this worker's part of the last call.
+  if (whole)
+    closed = ctx_->close(worker_name(rank_) + " left: its strategy was shut down",
+                         clock::now() + close_timeout_);
+  abort("the strategy was shut down");
+  for (auto& ls : lanes_) {
+    {
+      std::lock_guard<std::mutex> guard{ls.mtx};
+      ls.stopping = true;
+    }
+    ls.cv.notify_all();
+  }
+  for (auto& ls : lanes_)
+    if (ls.thread.joinable())
+      ls.thread.join();
+  return closed;
+}
+
+void communicator::serve(lane_state& ls) {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock{ls.mtx};
+      // An inline job (run_or_post) runs first to its end: the lane keeps its order.
+      ls.cv.wait(lock, [&] { return (ls.stopping || !ls.jobs.empty()) && !ls.busy; });
+      // Drains the queue before stopping: a queued job fails fast once aborted, and must still
+      // answer its callers.
+      if (ls.jobs.empty())
+        return;
+      job = std::move(ls.jobs.front());
+      ls.jobs.pop_front();
+      ls.busy = true;
+    }
+    job();
+    {
+      std::lock_guard<std::mutex> guard{ls.mtx};
+      ls.busy = false;
+    }
+  }
+}
+
+void communicator::post(lane l, std::function<void()> job) {
+  auto& ls = lanes_[static_cast<size_t>(l)];
+  {
+    std::lock_guard<std::mutex> guard{ls.mtx};
+    if (!ls.stopping) {
+      ls.jobs.push_back(std::move(job));
+      ls.cv.notify_one();
+      return;
+    }
+  }
+  // Stopped: the group is aborted, so the job fails at once, here.
+  job();
+}
+
+void communicator::run_or_post(lane l, std::function<void()> job) {
+  auto& ls = lanes_[static_cast<size_t>(l)];
+  bool inline_run = false;
+  {
+    std::lock_guard<std::mutex> guard{ls.mtx};
+    if (!ls.stopping) {
+      if (ls.busy || !ls.jobs.empty()) {
+        ls.jobs.push_back(std::move(job));
+        ls.cv.notify_one();
+        return;
+      }
+      ls.busy = true;
+      inline_run = true;
+    }
+  }
+  // Idle: it runs here, and the lane's thread waits for it, also if it throws. (Stopped: the
+  // job fails at once.)
+  struct release {
+    lane_state* ls;
+    ~release() {
+      if (!ls)
+        return;
+      {
+        std::lock_guard<std::mutex> guard{ls->mtx};
+        ls->busy = false;
+      }
+      ls->cv.notify_one();
+    }
+  } done{inline_run ? &ls : nullptr};
+  job();
+}
+
+void communicator::abort(const std::string& cause) {
+  {
+    std::lock_guard<std::mutex> guard{lost_mtx_};
+    if (!lost_.empty())
+      return;
+    lost_ = cause;
+  }
+  ctx_->abort(cause);
+}
+
+std::string communicator::lost_cause() const {
+  std::lock_guard<std::mutex> guard{lost_mtx_};
+  return lost_;
+}
+
+caf::error communicator::lost_error(const std::string& what) const {
+  return make_caf_error(errc::peer_lost,
+                        what + " cannot run: the group of workers is broken: " + lost_cause());
+}
+
+} // namespace consort::transport

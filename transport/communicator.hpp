@@ -1,0 +1,133 @@
+#pragma once
+
+// A communicator: one group of workers for one membership epoch, and the one way every
+// collective between workers goes (docs/architecture.md): the replicas of a worker combine their
+// values (actors/), then the communicator runs the call between the workers, descriptor exchange
+// then data (transport/algorithms/group_call.hpp), over the pairs of its transport context (TCP,
+// shared memory, in-process, or consort::testing's simulated network).
+//
+// It holds what belongs to the group and changes with it: the members, the transport context, and
+// the sequence of calls on each lane (their message tags). The step lane serves the replicas'
+// collectives, the host lane `Strategy.reduce` / `gather`; their tags are disjoint. Calls run one
+// at a time per lane, in the order they are made. Every worker makes the same calls in the same
+// order (steps are numbered alike on every worker and the calls of a step are ordered), so the
+// lanes of all workers meet in the same call.
+//
+// Its life: `abort` fails every pending and later call with the reason, at once (a lost member);
+// `stop` leaves the group cleanly (a strategy's shutdown). Its resources go with the last owner:
+// jobs queued on a lane hold the communicator they run on.
+
+#include "transport/algorithms/group_call.hpp"
+
+#include <consort/transport/pair.hpp>
+
+#include <caf/error.hpp>
+#include <caf/expected.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace consort::transport {
+
+/// Who is in a group and since when: the membership epoch that formed it and its members' names,
+/// in rank order (rank 0 the chief).
+struct group_members {
+  uint64_t epoch = 0;
+  /// Task names in rank order ("worker:0", ...); empty: "worker <rank>".
+  std::vector<std::string> names;
+};
+
+/// Thread safety: thread-safe; `run` is called on a lane thread (from jobs given to `post`) or on
+/// the thread of a worker's lone replica (`run_or_post`); a lane runs one call at a time.
+class communicator {
+public:
+  enum class lane : uint8_t { step = 0, host = 1 };
+
+  /// A group over `ctx` (whose ranks are the workers) whose workers each hold
+  /// `devices_per_worker` replicas (a broadcast's root replica names its worker).
+  /// @pre ctx->size() > 1
+  communicator(context_ptr ctx, int devices_per_worker, group_members members = {},
+               std::chrono::milliseconds close_timeout = std::chrono::seconds(10));
+
+  /// `stop()`.
+  ~communicator();
+
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  int devices_per_worker() const noexcept { return devices_per_worker_; }
+  const group_members& members() const noexcept { return members_; }
+
+  /// Runs `call` between the workers on the calling lane `l`: the descriptor exchange, then the
+  /// data (fused, by the transport's algorithms, or by the call's own data phase). Returns the
+  /// result leaves (the same on every worker) or the error every worker reports for the call.
+  caf::expected<std::vector<tensor>> run(lane l, group_call& call);
+
+  /// Queues `job` on `l`; jobs of one lane run one at a time in posting order. Jobs must not own
+  /// the communicator (they run on its threads).
+  void post(lane l, std::function<void()> job);
+  /// As `post`, but when the lane is idle (no job queued or running) runs `job` on the calling
+  /// thread at once, saving the hop to the lane's thread; the lane's order is kept (a job posted
+  /// meanwhile waits for this one). Must not be called from a lane thread.
+  void run_or_post(lane l, std::function<void()> job);
+
+  /// Aborts the group: every pending and later call fails with peer_lost carrying `cause` (a
+  /// member was lost, or the group must stop). The first cause is kept.
+  void abort(const std::string& cause);
+
+  /// The cause given to `abort`, empty while the group is whole.
+  std::string lost_cause() const;
+
+  /// Leaves the group: while it is whole, closes the context cleanly (every send started is
+  /// finished and every peer is told, so the last collective reaches every worker; at most
+  /// `close_timeout`), then aborts it (pending calls fail), runs the jobs still queued (they fail
+  /// at once) and joins the lane threads; later posts run inline and fail at once. Returns the
+  /// clean close's error, if any (a peer that did not close its side in time). Idempotent. Must
+  /// not be called from a lane thread.
+  caf::error stop();
+
+private:
+  struct lane_state {
+    std::mutex mtx;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> jobs;
+    bool stopping = false;
+    /// A job of this lane is running, on its thread or inline (run_or_post); the lane's thread
+    /// starts the next one only when it is done.
+    bool busy = false;
+    /// Held by `run` for a whole call, so that the lane's calls never overlap.
+    std::mutex run_mtx;
+    /// Next base tag of this lane's algorithm runs (guarded by run_mtx).
+    uint64_t next_tag = 0;
+    /// Where the peers' descriptors (and fused data) land (guarded by run_mtx).
+    std::vector<std::byte> scratch;
+    std::thread thread;
+  };
+
+  void serve(lane_state& ls);
+  caf::expected<std::vector<tensor>> data_phase(const descriptor_exchange& exchange,
+                                                group_call& call, call_clock& clock);
+  caf::error lost_error(const std::string& what) const;
+
+  context_ptr ctx_;
+  int rank_;
+  int size_;
+  int devices_per_worker_;
+  group_members members_;
+  std::chrono::milliseconds close_timeout_;
+  mutable std::mutex lost_mtx_;
+  std::string lost_;     // guarded by lost_mtx_
+  bool stopped_ = false; // guarded by lost_mtx_
+  lane_state lanes_[2];
+};
+
+} // namespace consort::transport
