@@ -14,11 +14,12 @@
 // PCT percent after the warm-up. The run ends with the strategy's destructor: the clean end of
 // every worker is part of the soak.
 //
-// Expected output (lines per worker, prefixed by the launcher):
+// Output (lines per worker, prefixed by the launcher; bench/README.md has measured figures, X and
+// N stand for them here):
 //   [worker:0] # consort soak  workers=4 replicas=4 seed=1 steps=1000 ... max_elements=16384
-//   [worker:0] soak worker 0: 1000 steps, 433 steps/s after the warm-up, 0 wrong, 0 errors;
-//              rss 14.1 MiB -> 14.1 MiB (+0.00 %), heap in use 1.02 MiB -> 1.05 MiB (+2.9 %),
-//              fds 23 -> 23
+//   [worker:0] soak worker 0: 1000 steps, X steps/s after the warm-up, 0 wrong, 0 errors;
+//              rss X MiB -> X MiB (+X %), heap in use X MiB -> X MiB (+X %),
+//              fds N -> N
 //   [worker:0] soak worker 0: second half: rss ... heap in use ...
 
 #include <consort/consort.hpp>

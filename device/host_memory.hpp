@@ -3,15 +3,15 @@
 // Host memory for buffers of 64 KiB and more: tensors, the collective algorithms' scratch and the
 // TCP transport's early messages, from one process-wide cache.
 //
-// Why a cache: on the VMs consort runs on, the kernel's first touch of a fresh page is expensive
-// (measured here: 192 ms to first-touch 64 MiB of 4 KiB pages, 5.5 ms with huge pages, 3.3 ms to
-// write the same memory again). glibc gives a freed block of more than 128 KiB-32 MiB back to the
-// kernel, so a collective that allocates its scratch on every call paid for fresh pages on every
-// call (bench/README.md, "Large collectives across workers"). Blocks here are rounded up to a
-// size class (four per power of two, at most 25 % more than asked), kept when freed (up to
-// `cache_limit_bytes()` in all), and reused by the next request of the same class; blocks of 2 MiB
-// and more are mapped 2 MiB-aligned and marked for transparent huge pages. PyTorch's CPU allocator
-// leaves this to the C library; its CUDA caching allocator is the same idea for device memory.
+// Why a cache: on the VMs consort runs on, the kernel's first touch of a fresh page is expensive,
+// far more than writing the same memory again, and much less so with huge pages (bench/README.md,
+// "Large collectives across workers", has the measurement). glibc gives a freed block of more than
+// 128 KiB-32 MiB back to the kernel, so a collective that allocates its scratch on every call paid
+// for fresh pages on every call. Blocks here are rounded up to a size class (four per power of two,
+// at most 25 % more than asked), kept when freed (up to `cache_limit_bytes()` in all), and reused
+// by the next request of the same class; blocks of 2 MiB and more are mapped 2 MiB-aligned and
+// marked for transparent huge pages. PyTorch's CPU allocator leaves this to the C library; its
+// CUDA caching allocator is the same idea for device memory.
 
 #include <cstddef>
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # gpu-field.sh: every check and benchmark that needs a GPU, in one call, for a machine that is
-# lent for minutes (bench/README.md, "the H100 field run"; issues 12, 13 and 37). Build here, pack, then run it there:
+# lent for minutes (bench/README.md, "the H100 field run"; issues 12, 13 and 37). Build here with
+# CUDA (tools/build.sh), copy the checkout with its build/ (and the shared libraries the binaries
+# load, where the GPU machine lacks them) to the GPU machine, and run it there from the root:
 #
-#   tools/build.sh && ../shared/tools/gpu-pack build
-#   # device `run`, carry [".devcarry"], timeout_s 600:
-#   bash .devcarry/run-on-gpu bash tools/gpu-field.sh
+#   bash tools/gpu-field.sh
 #
 # Writes one log per part under $OUT (the device tool's folder that comes back; ./gpu-field-logs
 # when $OUT is unset) and summary.txt with the lines that matter: the GPU tests' verdict, nccl_bench's

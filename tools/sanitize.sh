@@ -50,14 +50,14 @@ esac
 unit_binaries='^consort_(core|actors|transport|testing)_tests$'
 # The 1M-element all-reduce sweeps: most of the unit tests' time under ASan; the same code paths
 # run, chunked, at 1001 elements, and the 64 MiB all-reduce still runs. (Left out for CI's time
-# budget: the whole .ci/run took 27.8 minutes of its 30 with them at 2 to 3 ranks.)
+# budget: with them .ci/run came within minutes of its 30; docs/sanitizers.md, "Cost".)
 large_sweeps='^(Direct|OutOfPlace|Shm)?(RanksAndCounts|Large)/AllReduceSweepTest\..*Ranks1048579Elements|^Shm(RanksAndCounts|RanksAndSizes|Large)/'
 # The algorithm sweeps over shared memory (`Shm*/...SweepTest`) are left out of both tiers too:
 # they run the algorithms' code again over another transport, whose own tests
 # (tests/transport/shm_test.cpp: rings smaller than the messages, abort, close, processes) do run
-# under both sanitizers; with them the whole .ci/run took 31.6 minutes of its 30.
+# under both sanitizers; with them .ci/run overran its 30 minutes (docs/sanitizers.md, "Cost").
 # Under TSan (5-20x slower on memory-bound loops) also every 1M-element sweep and the two 64 MiB
-# transfers: 60 % of its time for no new interleavings (the chunked paths run at 1001 elements with
+# transfers: most of its time for no new interleavings (the chunked paths run at 1001 elements with
 # small chunks).
 tsan_slow='Ranks1048579Elements|^AllReduceTest\.RingAllReduceOf64MiBOfFloat32IsExact|^TcpTest\.Transfers64MiBEachWayAtOnce'
 # consort_actors_tests' suites that TSan can judge: under CAF's test_coordinator (one thread), or

@@ -3,10 +3,11 @@
 // The GEMMs run on cuBLAS where the process can load it, else on our own tiled kernel. cuBLAS is
 // loaded at run time (dlopen of libcublas.so.<CUDA major>), not linked: cuBLAS 13's libcublasLt
 // alone is 541 MB, more than a build may carry to the GPU machines this project is lent, and a
-// binary linked to it would not start where it is missing. On an H100 our kernel reached
-// 0.29-0.54x of cuBLAS's speed on the demo's square GEMMs (docs/train.md, "On GPUs"), so cuBLAS is
-// the default for those; CONSORT_CUBLAS=off keeps our kernel, whose every output is a sum in one
-// fixed order (the same bytes on every run and for every split of the batch's rows).
+// binary linked to it would not start where it is missing. On an H100 our kernel reached well
+// under half of cuBLAS's speed on most of the demo's square GEMMs (bench/README.md, "the H100 field
+// run"; docs/train.md, "On GPUs"), so cuBLAS is the default for those; CONSORT_CUBLAS=off keeps our
+// kernel, whose every output is a sum in one fixed order (the same bytes on every run and for every
+// split of the batch's rows).
 
 #include "mlp_kernels.hpp"
 
@@ -230,9 +231,10 @@ private:
 // -- cuBLAS, loaded at run time ------------------------------------------------------------------
 
 /// The smallest M, N and K that `gemm` hands to cuBLAS. The demo's input and output layers make
-/// thin GEMMs (16 features, 4 classes), where cuBLAS is slower than the tiled kernel on 4 of the
-/// 5 shapes an H100 measured (gemm_bench). With this threshold the demo trained 1.06-1.09x the
-/// tiled kernel's examples/s on the default model and 1.34-1.42x on 3 x 1024 (3000 steps).
+/// thin GEMMs (16 features, 4 classes), where cuBLAS was slower than the tiled kernel on most of
+/// the shapes an H100 measured (gemm_bench). With this threshold the demo trains faster than on the
+/// tiled kernel alone, on the default model and on 3 x 1024 (bench/README.md, "the H100 field
+/// run", has the figures).
 constexpr int64_t cublas_min_extent = 64;
 
 constexpr int cublas_op_n = 0; // CUBLAS_OP_N

@@ -213,7 +213,8 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   std::vector<std::vector<tensor>> replica_buckets(
       static_cast<size_t>(std::max(strategy.num_replicas_in_sync(), 1)));
   // With one bucket there is nothing to overlap: the backward pass runs on the replica's thread,
-  // without the helper thread's start and join (about 80 us a step on a small model).
+  // without the cost of the helper thread's start and join, which shows on a small model
+  // (bench/README.md, "The small model: where buckets matter").
   const bool overlap = o.overlap && buckets.size() > 1;
   // GPU replicas (docs/train.md, "On GPUs"): each keeps its own copy of the parameters in its GPU's
   // memory, computes with the kernels of forward_backward_gpu on its stream, all-reduces the

@@ -145,10 +145,10 @@ constexpr double verify_tolerance = 1e-4;
 /// the host model. (The data-parallel check of a GPU run is against one GPU replica, within
 /// `verify_tolerance`.) The GPU's GEMMs round the forward pass differently from the host's, so a
 /// pre-activation within rounding of zero can fall on the other side of its ReLU; each such flip
-/// moves whole gradient tensors by about 1e-4 normwise, and later steps compound it. Measured on
-/// an H100 after one step (seed 42, default data): 2.7e-4 (hidden 512 x 2) and 2.1e-4 (1024 x 3);
-/// after 10 steps up to 4.3e-3, after 40 steps 1.0e-2, so the check takes one step. The limit
-/// leaves a factor of 7 (docs/train.md, "What --verify checks").
+/// moves whole gradient tensors normwise, and later steps compound it, so the check takes one
+/// step. The limit leaves a factor of 7 over the differences measured on an H100 after one step
+/// (docs/train.md, "What --verify checks", has them over 1 to 300 steps; bench/README.md, "the
+/// H100 field run").
 constexpr double verify_tolerance_gpu = 2e-3;
 
 /// Writes the loss (red) and accuracy (blue) curves as an SVG line chart.

@@ -1,5 +1,6 @@
 # CTest layers.*: the include check that the build runs (cmake/ConsortLayerCheck.cmake) passes on
-# the real tree and rejects an upward include, in a tiny tree written here.
+# the real tree and rejects upward includes, direct or relative ("../actors/x.hpp"), in a tiny tree
+# written here.
 #
 #   cmake -DSOURCE_DIR=<consort source> -DWORK_DIR=<scratch dir> -P layer_check_test.cmake
 cmake_minimum_required(VERSION 3.25)
@@ -44,6 +45,12 @@ file(WRITE "${tree}/transport/pair.cpp"
      "#include \"device/gpu.hpp\"\n#include <consort/cluster.hpp>\n#include <caf/all.hpp>\n")
 file(WRITE "${tree}/actors/strategy.cpp"
      "#include \"transport/tcp/wire.hpp\"\n#include <consort/strategy.hpp>\n")
+# Relative includes that stay in their layer, or go down.
+file(WRITE "${tree}/device/cuda/kernels.cu"
+     "#include \"../gpu.hpp\"\n#include \"nccl.hpp\"\n#include \"../../core/error.hpp\"\n")
+file(WRITE "${tree}/transport/shm/shm_context.cpp" "#include \"../auth.hpp\"\n")
+file(WRITE "${tree}/include/consort/transport/tcp.hpp"
+     "#pragma once\n#include \"pair.hpp\"\n#include \"../error.hpp\"\n")
 run_check("${tree}" result output)
 if(NOT result EQUAL 0)
   message(FATAL_ERROR "the layer check rejects includes that go down:\n${output}")
@@ -64,17 +71,29 @@ file(WRITE "${tree}/device/gpu.cpp"
      "#include \"core/error.hpp\"\n#include <consort/strategy.hpp>\n#include <consort/new.hpp>\n")
 # Up a level that is not its own: cluster may not use transport.
 file(WRITE "${tree}/cluster/slurm.cpp" "#include <consort/transport/tcp.hpp>\n")
+# Relative includes up: one and two levels, through a layer's own directory, to a public header,
+# and a relative include that stays in its layer (quiet).
+file(WRITE "${tree}/cluster/resolver.cpp" "#include \"../actors/protocol.hpp\"\n")
+file(WRITE "${tree}/device/cuda/nccl.cu"
+     "#include \"../gpu.hpp\"\n#include \"../../transport/tcp/wire.hpp\"\n")
+file(WRITE "${tree}/device/ops.cpp" "#include \"core/../actors/protocol.hpp\"\n")
+file(WRITE "${tree}/include/consort/tensor.hpp" "#pragma once\n#include \"strategy.hpp\"\n")
 run_check("${tree}" result output)
 if(result EQUAL 0)
   message(FATAL_ERROR "the layer check accepted upward includes:\n${output}")
 endif()
-expect_contains("${output}" "5 include(s) against the layering")
+expect_contains("${output}" "9 include(s) against the layering")
 expect_contains("${output}" "include/consort/reduce_op.hpp:3: includes <consort/tensor.hpp> of layer 'device', but layer 'core' may include only core")
 expect_contains("${output}" "core/nest_paths.cpp:4: includes actors/protocol.hpp of layer 'actors', but layer 'core' may include only core")
 expect_contains("${output}" "device/gpu.cpp:2: includes <consort/strategy.hpp> of layer 'actors', but layer 'device' may include only device, core")
 expect_contains("${output}" "device/gpu.cpp:3: includes <consort/new.hpp>, a public header that cmake/ConsortLayerTable.cmake gives no layer")
 expect_contains("${output}" "cluster/slurm.cpp:1: includes <consort/transport/tcp.hpp> of layer 'transport', but layer 'cluster' may include only cluster, core, device")
+expect_contains("${output}" "cluster/resolver.cpp:1: includes \"../actors/protocol.hpp\" (actors/protocol.hpp) of layer 'actors', but layer 'cluster' may include only cluster, core, device")
+expect_contains("${output}" "device/cuda/nccl.cu:2: includes \"../../transport/tcp/wire.hpp\" (transport/tcp/wire.hpp) of layer 'transport', but layer 'device' may include only device, core")
+expect_contains("${output}" "device/ops.cpp:1: includes \"core/../actors/protocol.hpp\" (actors/protocol.hpp) of layer 'actors', but layer 'device' may include only device, core")
+expect_contains("${output}" "include/consort/tensor.hpp:2: includes \"strategy.hpp\" (<consort/strategy.hpp>) of layer 'actors', but layer 'device' may include only device, core")
 expect_lacks("${output}" "device/gpu.cpp:1")
+expect_lacks("${output}" "device/cuda/nccl.cu:1")
 
 # 4. A public header the table does not know fails even when nothing includes it.
 set(tree "${WORK_DIR}/layer_check_unlisted")
@@ -85,4 +104,4 @@ if(result EQUAL 0)
   message(FATAL_ERROR "the layer check accepted a public header without a layer:\n${output}")
 endif()
 expect_contains("${output}" "include/consort/detail/internal.hpp: a public header that cmake/ConsortLayerTable.cmake gives no layer")
-message(STATUS "layer check: accepts the tree and downward includes, rejects 5 upward ones")
+message(STATUS "layer check: accepts the tree and downward includes, rejects 9 upward ones")

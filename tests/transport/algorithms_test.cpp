@@ -352,8 +352,8 @@ INSTANTIATE_TEST_SUITE_P(
     sweep_name);
 // The direct exchange sends every rank's whole vector to every other rank, O(ranks^2) bytes: the
 // dispatcher uses it for small messages on few ranks only. Its 1 Mi-element sweep runs up to 4
-// ranks (at 5-8 ranks it took 72 of the suite's CPU seconds and tests no other code: 1001
-// elements in 24-byte chunks already cover its chunking at every rank count).
+// ranks (at 5-8 ranks it cost much of the suite's CPU time, docs/sanitizers.md "Cost", and tests
+// no other code: 1001 elements in 24-byte chunks already cover its chunking at every rank count).
 INSTANTIATE_TEST_SUITE_P(DirectRanksAndCounts, AllReduceSweepTest,
                          ::testing::Combine(::testing::Values(over_local),
                                             ::testing::Values(algo::direct), ::testing::Range(1, 9),
