@@ -2,22 +2,22 @@
 // they agree, computes each result once and answers every participant (docs/architecture.md).
 //
 // Three parts: the matching itself (slots, the checks against the first arrival, step reports,
-// deadlines) is actors/call_matcher.cpp; the executors of a complete slot, one per path (the
-// host kernels, in-process NCCL, the cross-worker phase over the transport, the cross-worker
-// phase over NCCL), are actors/collective_paths.cpp; neither knows an actor. This file is the
-// actor that wires them: it owns the board (the matcher and the NCCL communicators), arms the
-// deadline tick and answers the messages.
+// deadlines) is actors/call_matcher.cpp; the executors of a complete slot (the host kernels,
+// in-process NCCL, the communicator's call between workers, over the transport or NCCL) are
+// actors/collective_paths.cpp; neither knows an actor. This file wires them: the board's entry
+// points for the replicas (direct_collect, direct_report, collect_alone) and the actor, which
+// arms the deadline tick and runs the strategy's host reductions and gathers.
 //
-// Its state (collective_board) is shared with its CPU replicas, under a mutex: a replica makes
-// its call there on its own thread (direct_collect), and the call that completes a slot computes
-// the result on its caller's thread and answers the others, so an in-process collective costs
-// one wake-up per waiting replica and no hop through the actor. The actor runs the same code for
-// what still arrives as messages: a harness's requests, GPU replicas (whose NCCL communicators
-// it owns), the deadline tick and host reductions. Every answer completes the caller's future
-// state, on whichever thread made the result.
+// The board (collective_board) is shared by the actor and its replicas, under a mutex: a replica
+// makes its call there on its own thread, and the call that completes a slot computes the result
+// on its caller's thread and answers the others, so an in-process collective costs one wake-up
+// per waiting replica and no hop through the actor. A board of one CPU replica has nothing to
+// match: its call completes on arrival (collect_alone). Every answer completes the caller's
+// future state, on whichever thread made the result.
 
 #include "actors/call_checks.hpp"
 #include "actors/collective_paths.hpp"
+#include "actors/cross_phase.hpp"
 #include "actors/protocol.hpp"
 #include "transport/communicator.hpp"
 
@@ -85,7 +85,15 @@ void on_deadline_tick(detail::path_driver& d, caf::actor_system& sys) {
 
 } // namespace
 
-nest solo_collective(const collective_call& call) {
+bool detail::completes_on_arrival(const collective_board& board, bool gpu) {
+  // A lone GPU replica keeps its one-rank NCCL communicator (through a slot, on its own thread):
+  // that is the GPU path a single-GPU machine can test.
+  return board.cfg.replica_ids.size() == 1 && !gpu;
+}
+
+nest detail::collect_alone(collective_board& board, const collective_call& call) {
+  if (board.cfg.cross)
+    return alone_on_worker(*board.cfg.cross, call, board.cfg.num_replicas_in_sync);
   auto leaves = flatten(call.request.value);
   int64_t axis = call.request.axis;
   auto problem = check_arguments(call, leaves, 1, &axis);
@@ -94,17 +102,6 @@ nest solo_collective(const collective_call& call) {
   auto sig = detail::signature_from(call, leaves);
   sig.axis = axis;
   return detail::compute(sig, {std::move(leaves)}, call.request.value);
-}
-
-collective_route route_of(int num_replicas_in_sync, bool lone_across_workers, bool gpu,
-                          bool board) {
-  // A lone GPU replica keeps its one-rank NCCL communicator (on the board, on its own thread):
-  // that is the GPU path a single-GPU machine can test.
-  if (num_replicas_in_sync == 1 && !gpu)
-    return collective_route::solo;
-  if (lone_across_workers && !gpu)
-    return collective_route::lone_cross;
-  return board ? collective_route::board : collective_route::actor;
 }
 
 std::shared_ptr<detail::collective_board> make_collective_board(collective_config cfg) {
@@ -155,14 +152,6 @@ collective_actor spawn_collective(caf::actor_system& sys, collective_config cfg,
       return self->state.board->cfg.cross != nullptr;
     };
     return {
-        [as_actor, &sys](collect_atom, collective_call& call, nest_state& state) {
-          reply_to reply;
-          reply.state = std::move(state);
-          as_actor([&](detail::path_driver& d) { on_call(d, sys, call, std::move(reply)); });
-        },
-        [as_actor](step_done_atom, step_report& report) {
-          as_actor([&](detail::path_driver& d) { on_report(d, report); });
-        },
         [as_actor, &sys](deadline_atom, step_id, uint32_t) {
           as_actor([&](detail::path_driver& d) { on_deadline_tick(d, sys); });
         },

@@ -56,6 +56,16 @@ struct path_driver {
   std::function<void()> deferred;
 };
 
+/// Whether a call on `board` completes on arrival, with no slot to match it in: the board has
+/// one replica, and it is a CPU one (`gpu` false).
+bool completes_on_arrival(const collective_board& board, bool gpu);
+
+/// The call of a board's only replica (completes_on_arrival), on the caller's thread: the
+/// argument checks, then the host kernels (the only replica in sync) or the communicator's call
+/// between the workers (the worker's only replica), with no future and no hop.
+/// @throws error as a matched call would fail.
+nest collect_alone(collective_board& board, const collective_call& call);
+
 /// What the matcher does with slots when `self` drives it: complete (one of the paths) or
 /// failed (across workers, the others are told); arm the tick.
 call_matcher::executor executor_of(path_driver* self);

@@ -224,11 +224,8 @@ caf::expected<nest> cross_gather(transport::communicator& cross, std::chrono::mi
   }
 }
 
-} // namespace detail
-
-nest lone_cross_collective(transport::communicator& cross, const collective_call& call,
-                           int num_replicas_in_sync) {
-  using namespace detail;
+nest alone_on_worker(transport::communicator& cross, const collective_call& call,
+                     int num_replicas_in_sync) {
   auto leaves = flatten(call.request.value);
   auto sig = signature_from(call, leaves);
   auto timeout = call.request.timeout.value_or(std::chrono::seconds(30));
@@ -261,4 +258,5 @@ nest lone_cross_collective(transport::communicator& cross, const collective_call
   return pack_as(call.request.value, *out);
 }
 
+} // namespace detail
 } // namespace consort

@@ -3,7 +3,7 @@
 // The cross-worker executors on the host: this worker's part of a call (local_part), the call's
 // descriptor (cross_call_for), Strategy.reduce/gather across workers (cross_reduce,
 // cross_gather, on the host lane), and the lone replica's whole call on its own thread
-// (lone_cross_collective, declared in protocol.hpp). The collective actor decides when each runs
+// (alone_on_worker). The collective actor decides when each runs
 // (collective_actor.cpp); the communicator (transport/communicator.hpp) moves the bytes.
 
 #include "actors/call_checks.hpp"
@@ -28,6 +28,13 @@ transport::group_call cross_call_for(const call_signature& sig, std::string what
 /// (reduced, concatenated, or the root's), on the host; `leaves[r]` is local replica r's.
 void local_part(transport::group_call& cc, const call_signature& sig,
                 const std::vector<std::vector<tensor>>& leaves, std::optional<size_t> root_pos);
+
+/// The call of a worker's only (CPU) replica in a group of several workers, on its own thread:
+/// the argument checks, then the communicator's call, with no hop to the collective actor or a
+/// lane thread. An argument error still meets the other workers (they fail with its reason).
+/// @throws error with the code every worker reports.
+nest alone_on_worker(transport::communicator& cross, const collective_call& call,
+                     int num_replicas_in_sync);
 
 /// Strategy.reduce with several workers: this worker's partial, then the cross-worker
 /// all-reduce (MEAN divides by the true count over every worker), leaf by leaf. Call `index` of

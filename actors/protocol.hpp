@@ -212,8 +212,6 @@ private:
 } // namespace consort
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::step_message)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::step_report)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::collective_call)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::host_reduce)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::host_gather)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::nest)
@@ -223,8 +221,6 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(consort::nest_state)
 
 CAF_BEGIN_TYPE_ID_BLOCK(consort, caf::first_custom_type_id)
 CAF_ADD_TYPE_ID(consort, (consort::step_message))
-CAF_ADD_TYPE_ID(consort, (consort::step_report))
-CAF_ADD_TYPE_ID(consort, (consort::collective_call))
 CAF_ADD_TYPE_ID(consort, (consort::host_reduce))
 CAF_ADD_TYPE_ID(consort, (consort::host_gather))
 CAF_ADD_TYPE_ID(consort, (consort::nest))
@@ -233,9 +229,7 @@ CAF_ADD_TYPE_ID(consort, (consort::step_function_ptr))
 CAF_ADD_TYPE_ID(consort, (consort::nest_state))
 CAF_ADD_ATOM(consort, consort, run_atom, "run")
 CAF_ADD_ATOM(consort, consort, step_atom, "step")
-CAF_ADD_ATOM(consort, consort, step_done_atom, "stepdone")
 CAF_ADD_ATOM(consort, consort, joined_atom, "joined")
-CAF_ADD_ATOM(consort, consort, collect_atom, "collective")
 CAF_ADD_ATOM(consort, consort, deadline_atom, "deadline")
 CAF_ADD_ATOM(consort, consort, reduce_atom, "reduce")
 CAF_ADD_ATOM(consort, consort, gather_atom, "gather")
@@ -254,24 +248,15 @@ using replica_actor = caf::typed_actor<
     // collective actor first when the step used collectives (see step_join).
     caf::reacts_to<step_atom, step_message>>;
 
-/// Matches the replicas' collective calls by (step, seq), checks that they agree, computes the
-/// result once and answers every participant. Also runs host reductions for the strategy.
+/// The actor of a worker's collective board (actors/collective_paths.hpp): what changes over
+/// time rather than with each call. The replicas match their calls on the board by direct calls,
+/// on their own threads (direct_collect, direct_report, collect_alone); the actor keeps the
+/// board's deadlines and runs the strategy's host reductions and gathers.
 ///
 /// One protocol: every answer completes the future state that came with the message (the
 /// caller waits on it, or a harness reads it), never a response promise, so that a result made
-/// on a replica's or a lane's thread goes straight to its waiter, with no hop back through the
-/// actor.
+/// on a lane's thread goes straight to its waiter, with no hop back through the actor.
 using collective_actor = caf::typed_actor<
-    // A replica's (or a harness's) collective call. Answer, in `state`, to every participant once
-    // all arrived: the result. Errors: collective_mismatch (kind, op, axis, root, structure,
-    // dtype or shape disagree; every participant, including later arrivals, gets it),
-    // collective_timeout (deadline passed; names arrived and missing replicas),
-    // collective_aborted (a peer failed or finished its step without this call),
-    // invalid_argument (bad axis/root, rank-0 all_gather).
-    caf::reacts_to<collect_atom, collective_call, nest_state>,
-    // A replica finished `step` after `calls` collectives, successfully or not. Fails pending and
-    // future calls of that step that this replica will never make. No reply.
-    caf::reacts_to<step_done_atom, step_report>,
     // Internal: the earliest pending deadline of a call may have passed (one delayed tick is
     // armed at a time, for the earliest; the arguments are unused). No reply.
     caf::reacts_to<deadline_atom, step_id, uint32_t>,
@@ -359,13 +344,10 @@ struct replica_config {
   std::chrono::milliseconds collective_timeout{std::chrono::seconds(30)};
   /// Deadline of a step; a GPU replica waits at most this long for its stream at a step's end.
   std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
-  /// Set when this replica is its worker's only one in a group of several workers: a CPU
-  /// replica's collectives then run the cross-worker phase on its own thread
-  /// (lone_cross_collective); a GPU replica's run it from the board (route_of). Null otherwise.
-  std::shared_ptr<transport::communicator> cross;
-  /// The state of the replica's collective actor (make_collective_board): a replica makes its
-  /// calls and step reports there on its own thread, and the last one to arrive computes the
-  /// result (or queues its NCCL call). Null: every call goes to the actor as a message.
+  /// The state of the replica's collective actor (make_collective_board; required): a replica
+  /// makes its calls and step reports there on its own thread. A board of one CPU replica
+  /// completes each call on arrival (collect_alone); otherwise the last replica to arrive
+  /// computes the result (or queues its NCCL call, or runs the call between the workers).
   std::shared_ptr<detail::collective_board> board;
   /// The strategy that owns the runtime (kept current when the strategy object moves): what a
   /// merge_call's function gets. Null when no strategy owns it (a harness's runtime).
@@ -387,67 +369,31 @@ struct collective_config {
   /// With several workers: the NCCL unique id from the membership view, for the first
   /// communicator over every worker's GPU replicas (empty: worker 0 makes one at the first call).
   std::vector<uint8_t> nccl_unique_id;
-  /// The actor's state, when its replicas share it (make_collective_board); null: the actor
-  /// makes its own from this config.
+  /// The actor's state, shared with its replicas (make_collective_board); null: the actor makes
+  /// its own from this config (a harness that sends it only host reductions and gathers).
   std::shared_ptr<detail::collective_board> board;
 };
 
 /// Spawns a replica actor. `detached` gives it a thread of its own (always, outside tests: a
 /// step function may block and a GPU replica keeps its device current on that thread).
+/// @throws error(invalid_argument) when `cfg.board` is null.
 replica_actor spawn_replica(caf::actor_system& sys, replica_config cfg, collective_actor coll,
                             bool detached = true);
-
-/// The result of `call` when it is the only replica in sync (one worker, one replica): the same
-/// argument checks and kernels as the collective actor's, on the caller's thread, without the
-/// round trip. @throws error(invalid_argument) as the collective actor reports it.
-nest solo_collective(const collective_call& call);
-
-/// The result of `call` when its replica is its worker's only one in a group of several workers
-/// (one process per device, how multi-node jobs run): the collective actor's argument checks,
-/// then the cross-worker phase, on the caller's thread, with no hop to the collective actor or a
-/// lane thread. An argument error still meets the other workers (they fail with its reason).
-/// @throws error with the code the collective actor would answer with.
-nest lone_cross_collective(transport::communicator& cross, const collective_call& call,
-                           int num_replicas_in_sync);
-
-/// Where a replica's collective call is matched and run, from the replica's layout.
-enum class collective_route {
-  /// The only replica in sync (a CPU one): its own value, after the checks (solo_collective).
-  solo,
-  /// A CPU replica alone on its worker in a group of several workers: the cross-worker phase on
-  /// its own thread (lone_cross_collective).
-  lone_cross,
-  /// Matched on the board on the replica's own thread; the call that completes a slot runs it
-  /// there: the host kernels, NCCL between this process's GPUs (a lone GPU replica's one-rank
-  /// communicator too), or the cross-worker phase (over the transport or NCCL), with no hop
-  /// through the collective actor or a lane thread (direct_collect).
-  board,
-  /// A message to the collective actor: only when there is no board to share (a harness).
-  actor,
-};
-
-/// The route of a replica's calls. GPU replicas take the board like CPU ones (issue 12): the
-/// NCCL call is queued on the replicas' streams by the thread of the last one to arrive (its
-/// own, for a lone GPU replica), which restores its current device afterwards.
-/// `num_replicas_in_sync` counts every replica of every worker; `lone_across_workers` is
-/// whether the replica is its worker's only one in a group of several workers
-/// (replica_config::cross); `gpu` whether it is bound to a GPU; `board` whether it shares a
-/// board with its collective actor (replica_config::board).
-collective_route route_of(int num_replicas_in_sync, bool lone_across_workers, bool gpu, bool board);
 
 /// The state of a collective actor over `cfg`, to share between the actor (collective_config::
 /// board) and its replicas (replica_config::board). `cfg.board` is ignored.
 std::shared_ptr<detail::collective_board> make_collective_board(collective_config cfg);
 
-/// A replica's own collective call, on its own thread: matched on `board` as the actor would
-/// match the message `(collect_atom, call, state)`; `state` completes when the call does. The
-/// call that completes its slot computes the result here, on its caller's thread, and answers
-/// every participant, NCCL and the cross-worker phase included (the phase on the lane's turn:
-/// here at once when nothing is queued on the lane before it). `coll` arms the deadline tick.
+/// A replica's own collective call, on its own thread, matched on `board`; `state` completes
+/// when the call does. The call that completes its slot computes the result here, on its
+/// caller's thread, and answers every participant, NCCL and the cross-worker phase included (the
+/// phase on the lane's turn: here at once when nothing is queued on the lane before it). `coll`
+/// arms the deadline tick. (A board of one CPU replica needs no slot: collect_alone.)
 void direct_collect(detail::collective_board& board, caf::actor_system& sys,
                     const collective_actor& coll, collective_call call, nest_state state);
 
-/// A replica's step report, on its own thread, as the message `(step_done_atom, report)` would be.
+/// A replica's step report, on its own thread: fails the calls that its peers wait for and it
+/// never made.
 void direct_report(detail::collective_board& board, caf::actor_system& sys,
                    const collective_actor& coll, step_report report);
 

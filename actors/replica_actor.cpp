@@ -1,5 +1,6 @@
 // The replica actor: one per device, on a thread of its own, running step functions in order.
 
+#include "actors/collective_paths.hpp"
 #include "actors/context_scope.hpp"
 #include "actors/protocol.hpp"
 #include <consort/strategy.hpp>
@@ -60,23 +61,17 @@ struct replica_state : detail::replica_services {
     // No wait for this replica's stream: NCCL queues the call on it, after the work that made the
     // inputs; a call that takes another path waits for the stream where the tensors are read.
     collective_call call{current_step, seq, cfg.replica_id, std::move(request), {}, queue};
-    // (protocol.hpp, collective_route: a GPU replica's NCCL call is queued from the board too,
-    // by the thread of the last replica to arrive, with no hop through the collective actor.)
-    const auto route =
-        route_of(cfg.num_replicas, cfg.cross != nullptr, gpu != nullptr, cfg.board != nullptr);
-    if (route == collective_route::solo)
-      return solo_collective(call);
-    if (route == collective_route::lone_cross)
-      return lone_cross_collective(*cfg.cross, call, cfg.num_replicas);
+    // One way for every call: the board. A board of one CPU replica completes it on arrival; a
+    // GPU replica's NCCL call is queued from the board too, by the thread of the last replica to
+    // arrive.
+    if (detail::completes_on_arrival(*cfg.board, gpu != nullptr))
+      return detail::collect_alone(*cfg.board, call);
     if (join != nullptr)
       call.finished_peers = join->mark_collective_used();
     auto [state, fut] = make_future<nest>();
-    if (route == collective_route::board)
-      direct_collect(*cfg.board, *sys, coll, std::move(call), state);
-    else
-      caf::anon_send(coll, collect_atom_v, std::move(call), state);
-    // The collective actor answers by the collective's deadline (with the detailed error); the
-    // grace covers a collective actor that is gone.
+    direct_collect(*cfg.board, *sys, coll, std::move(call), state);
+    // The board answers by the collective's deadline (the actor's tick, with the detailed
+    // error); the grace covers a collective actor that is gone.
     if (!fut.wait_for_polling(timeout + reply_grace, collective_spin, collective_poll)) {
       std::ostringstream what;
       what << to_string(kind) << " #" << seq << " of step " << current_step << " on replica "
@@ -207,12 +202,9 @@ void run_step(self_ptr self, step_message& msg) {
   // now rather than at their deadline; steps without collectives skip it (see step_join).
   bool report = msg.join ? msg.join->mark_finished(index, st.next_seq, failure) : true;
   if (report) {
-    step_report done{msg.step, st.cfg.replica_id, st.next_seq, failure};
-    // On the board directly when the calls went there too, so that it sees them in order.
-    if (st.cfg.board && !st.gpu)
-      direct_report(*st.cfg.board, self->system(), st.coll, std::move(done));
-    else
-      self->send(st.coll, step_done_atom_v, std::move(done));
+    // On the board, where the calls went, so that it sees them in order.
+    direct_report(*st.cfg.board, self->system(), st.coll,
+                  step_report{msg.step, st.cfg.replica_id, st.next_seq, failure});
   }
   if (!msg.join)
     return;
@@ -226,6 +218,11 @@ void run_step(self_ptr self, step_message& msg) {
 
 replica_actor spawn_replica(caf::actor_system& sys, replica_config cfg, collective_actor coll,
                             bool detached) {
+  if (!cfg.board)
+    throw_error(errc::invalid_argument,
+                "replica " + std::to_string(cfg.replica_id) + " (" + cfg.device +
+                    ") has no collective board; expected the one its collective actor shares "
+                    "(make_collective_board, collective_config::board)");
   auto impl = [cfg = std::move(cfg), coll](self_ptr self) -> replica_actor::behavior_type {
     self->state.cfg = cfg;
     self->state.coll = coll;

@@ -112,8 +112,6 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
     rcfg.device = d.devices[static_cast<size_t>(i)];
     rcfg.collective_timeout = opts.collective_timeout;
     rcfg.step_timeout = opts.step_timeout;
-    if (n == 1)
-      rcfg.cross = d.mw.cross;
     rcfg.board = ccfg.board;
     rcfg.owner = &d.owner;
     d.replicas.push_back(spawn_replica(sys, rcfg, d.coll));

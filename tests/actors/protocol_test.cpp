@@ -2,6 +2,8 @@
 
 #include "support/test_coordinator_fixture.hpp"
 
+#include "actors/collective_paths.hpp"
+
 #include <consort/ops.hpp>
 
 #include <atomic>
@@ -31,12 +33,16 @@ collective_call all_reduce_call(step_id step, uint32_t seq, int replica, float v
                    tensor::from<float>({v, 2 * v}, {2}));
 }
 
+/// Three replicas' calls on a board shared with its collective actor, as the runtime makes it,
+/// and a harness's host reductions sent to the actor.
 class CollectiveActorTest : public test::test_coordinator_fixture {
 protected:
   CollectiveActorTest() {
     collective_config cfg;
     cfg.replica_ids = {0, 1, 2};
     cfg.default_timeout = 5s;
+    board_ = make_collective_board(cfg);
+    cfg.board = board_;
     coll_ = spawn_collective(sys(), cfg, /*detached=*/false);
     for (int i = 0; i < 3; ++i)
       clients_.push_back(std::make_unique<caf::scoped_actor>(sys()));
@@ -50,13 +56,16 @@ protected:
 
   caf::scoped_actor& client(int i) { return *clients_[static_cast<size_t>(i)]; }
 
-  /// Sends `call` from client `i` with the future state it is answered in (the actor's one
-  /// protocol); its answers are read in sending order by `take`.
+  /// Replica `i`'s call on the board with the future state it is answered in; its answers are
+  /// read in calling order by `take`.
   void send(int i, collective_call call) {
     auto [state, fut] = make_future<nest>();
-    client(i)->send(coll_, collect_atom_v, call, state);
+    direct_collect(*board_, sys(), coll_, std::move(call), state);
     answers_[static_cast<size_t>(i)].push_back(std::move(fut));
   }
+
+  /// Replica `report.replica`'s step report on the board.
+  void report(step_report r) { direct_report(*board_, sys(), coll_, std::move(r)); }
 
   /// The same for a host reduction or gather.
   template <class Request>
@@ -94,6 +103,7 @@ protected:
     return out;
   }
 
+  std::shared_ptr<detail::collective_board> board_;
   collective_actor coll_;
   std::vector<std::unique_ptr<caf::scoped_actor>> clients_;
   std::vector<std::deque<future<nest>>> answers_;
@@ -190,7 +200,7 @@ TEST_F(CollectiveActorTest, PeerThatFinishesWithoutTheCallFailsWaitersAtOnce) {
   send(0, all_reduce_call(3, 0, 0, 1));
   send(1, all_reduce_call(3, 0, 1, 1));
   run();
-  client(2)->send(coll_, step_done_atom_v, step_report{3, 2, 0, caf::error{}});
+  report(step_report{3, 2, 0, caf::error{}});
   run(); // no timeout fired: the report alone decides
   for (int i = 0; i < 2; ++i) {
     auto r = take(i);
@@ -203,8 +213,7 @@ TEST_F(CollectiveActorTest, PeerThatFinishesWithoutTheCallFailsWaitersAtOnce) {
 }
 
 TEST_F(CollectiveActorTest, PeerFailureIsForwardedWithItsReason) {
-  client(1)->send(coll_, step_done_atom_v,
-                  step_report{5, 1, 0, make_caf_error(errc::step_failed, "boom on replica 1")});
+  report(step_report{5, 1, 0, make_caf_error(errc::step_failed, "boom on replica 1")});
   run();
   send(0, all_reduce_call(5, 0, 0, 1));
   run();
@@ -264,20 +273,6 @@ TEST_F(CollectiveBoardTest, TheLastReplicaToArriveComputesOnItsOwnThreadWithoutT
   }
 }
 
-TEST_F(CollectiveBoardTest, DirectCallsAndMessagesMeetOnTheSameSlot) {
-  caf::scoped_actor harness{sys()};
-  auto f0 = direct(all_reduce_call(1, 0, 0, 1));
-  auto f2 = direct(all_reduce_call(1, 0, 2, 1));
-  auto [state, f1] = make_future<nest>();
-  harness->send(coll_, collect_atom_v, all_reduce_call(1, 0, 1, 1), state);
-  EXPECT_FALSE(f1.ready());
-  run(); // the actor's handler completes the slot for everyone
-  for (auto* f : {&f0, &f1, &f2}) {
-    ASSERT_TRUE(f->ready());
-    EXPECT_EQ(f->get().as_tensor().to_vector<float>(), (std::vector<float>{3, 6}));
-  }
-}
-
 TEST_F(CollectiveBoardTest, ADirectMismatchFailsEveryReplicaOnItsCallersThread) {
   auto f0 = direct(all_reduce_call(2, 0, 0, 1));
   auto f1 = direct(make_call(2, 0, 1, collective_kind::broadcast, tensor::scalar<float>(1)));
@@ -316,8 +311,8 @@ TEST_F(CollectiveBoardTest, ADirectReportFailsTheWaitersAtOnce) {
 }
 
 TEST_F(CollectiveBoardTest, ACallThatCompletesItsSlotAloneIsAnsweredBeforeDirectCollectReturns) {
-  // The lone GPU replica's route (route_of): a board of one replica, whose every call completes
-  // its slot on the caller's thread. On a GPU the NCCL call is queued there; here the same slot
+  // The lone GPU replica's way: a board of one replica, whose every call completes its slot on
+  // the caller's thread. On a GPU the NCCL call is queued there; here the same slot
   // runs the host kernels.
   collective_config cfg;
   cfg.replica_ids = {0};
@@ -329,23 +324,42 @@ TEST_F(CollectiveBoardTest, ACallThatCompletesItsSlotAloneIsAnsweredBeforeDirect
   EXPECT_EQ(fut.get().as_tensor().to_vector<float>(), (std::vector<float>{4, 8}));
 }
 
-TEST(CollectiveRouteTest, GpuReplicasMatchOnTheBoardInEveryLayoutWithoutTheActor) {
-  // CPU replicas keep their shortcuts: alone in sync, their own value; alone on their worker,
-  // the cross-worker phase on their thread.
-  EXPECT_EQ(route_of(1, false, false, true), collective_route::solo);
-  EXPECT_EQ(route_of(4, true, false, true), collective_route::lone_cross);
-  EXPECT_EQ(route_of(2, false, false, true), collective_route::board);
-  EXPECT_EQ(route_of(8, false, false, true), collective_route::board); // several per worker
-  // GPU replicas: the board, also alone (a one-rank NCCL communicator) and alone on a worker
-  // (NCCL across workers) -- never a message to the collective actor (issue 12).
-  EXPECT_EQ(route_of(1, false, true, true), collective_route::board);
-  EXPECT_EQ(route_of(2, false, true, true), collective_route::board);
-  EXPECT_EQ(route_of(4, true, true, true), collective_route::board);
-  EXPECT_EQ(route_of(8, false, true, true), collective_route::board);
-  // Only a replica without a board (a harness's) sends its calls to the actor.
-  EXPECT_EQ(route_of(2, false, true, false), collective_route::actor);
-  EXPECT_EQ(route_of(2, false, false, false), collective_route::actor);
-  EXPECT_EQ(route_of(1, false, false, false), collective_route::solo);
+TEST_F(CollectiveBoardTest, ABoardOfOneCpuReplicaCompletesItsCallsOnArrivalWithTheirChecks) {
+  // One slot: nothing to match, so the call is complete when it is made (no future, no
+  // message); a GPU replica's still goes through a slot (its one-rank NCCL communicator).
+  collective_config cfg;
+  cfg.replica_ids = {0};
+  auto board = make_collective_board(cfg);
+  EXPECT_TRUE(detail::completes_on_arrival(*board, false));
+  EXPECT_FALSE(detail::completes_on_arrival(*board, true));
+  EXPECT_FALSE(detail::completes_on_arrival(*board_, false)) << "three replicas match in slots";
+  auto out = detail::collect_alone(*board, all_reduce_call(0, 0, 0, 4));
+  EXPECT_EQ(out.as_tensor().to_vector<float>(), (std::vector<float>{4, 8}));
+  auto bad = make_call(0, 1, 0, collective_kind::broadcast, tensor::scalar<int32_t>(1));
+  bad.request.root = 3;
+  try {
+    (void)detail::collect_alone(*board, bad);
+    ADD_FAILURE() << "a root out of range must be refused";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+    EXPECT_NE(std::string{e.what()}.find("root replica 3 is out of range"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(CollectiveBoardTest, AReplicaWithoutABoardIsRefusedWithWhatItNeeds) {
+  replica_config rcfg;
+  rcfg.replica_id = 2;
+  rcfg.device = "CPU:2";
+  try {
+    (void)spawn_replica(sys(), rcfg, coll_, false);
+    ADD_FAILURE() << "a replica without a board must be refused";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+    EXPECT_NE(std::string{e.what()}.find("replica 2 (CPU:2) has no collective board"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(CollectiveActorTest, BroadcastRootOutOfRangeIsRejected) {
@@ -433,6 +447,7 @@ protected:
     collective_config ccfg;
     for (int i = 0; i < n; ++i)
       ccfg.replica_ids.push_back(i);
+    ccfg.board = make_collective_board(ccfg);
     coll_ = spawn_collective(sys(), ccfg, false);
     for (int i = 0; i < n; ++i) {
       replica_config rcfg;
@@ -440,6 +455,7 @@ protected:
       rcfg.num_replicas = n;
       rcfg.local_index = i;
       rcfg.device = "CPU:" + std::to_string(i);
+      rcfg.board = ccfg.board;
       replicas_.push_back(spawn_replica(sys(), rcfg, coll_, false));
     }
     strat_ = spawn_step_actor(sys(), replicas_, 1000ms);
@@ -520,9 +536,11 @@ TEST_F(StepActorTest, SilentReplicaFailsTheStepAtTheStepDeadline) {
   // A replica actor that never answers stands in for a step function that never returns.
   collective_config ccfg;
   ccfg.replica_ids = {0, 1};
+  ccfg.board = make_collective_board(ccfg);
   coll_ = spawn_collective(sys(), ccfg, false);
   replica_config rcfg;
   rcfg.device = "CPU:0";
+  rcfg.board = ccfg.board;
   replicas_.push_back(spawn_replica(sys(), rcfg, coll_, false));
   replicas_.push_back(
       caf::actor_cast<replica_actor>(sys().spawn([](caf::event_based_actor*) -> caf::behavior {
