@@ -72,7 +72,8 @@ struct replica_state : detail::replica_services {
     direct_collect(*cfg.board, *sys, coll, std::move(call), state);
     // The board answers by the collective's deadline (the actor's tick, with the detailed
     // error); the grace covers a collective actor that is gone.
-    if (!fut.wait_for_polling(timeout + reply_grace, collective_spin, collective_poll)) {
+    if (!state->wait_until(std::chrono::steady_clock::now() + timeout + reply_grace,
+                           collective_spin, collective_poll)) {
       std::ostringstream what;
       what << to_string(kind) << " #" << seq << " of step " << current_step << " on replica "
            << cfg.replica_id << ": no answer from the collective actor within "

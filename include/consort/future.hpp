@@ -169,14 +169,6 @@ public:
     return state_->wait_until(std::chrono::steady_clock::now() + timeout);
   }
 
-  /// As `wait_for`, but spins for `spin`, then polls for `yield_for` yielding the core between
-  /// polls, before it blocks: for a replica waiting on peers that are microseconds away.
-  template <class Rep, class Period>
-  bool wait_for_polling(std::chrono::duration<Rep, Period> timeout, std::chrono::microseconds spin,
-                        std::chrono::microseconds yield_for) const {
-    return state_->wait_until(std::chrono::steady_clock::now() + timeout, spin, yield_for);
-  }
-
   /// Waits without a deadline of its own: the engine's deadlines (collective and step timeouts)
   /// bound it.
   void wait() const {

@@ -231,10 +231,10 @@ public:
   /// error(shutdown). Called by the destructor.
   void shutdown();
 
-  /// The engine, for tests and tools that speak the actor protocol.
+protected:
+  /// The engine (its derived strategies and detail::strategy_access use it).
   detail::runtime& runtime() const noexcept { return *rt_; }
 
-protected:
   enum class kind : uint8_t { one_device, mirrored, default_strategy, multi_worker };
   strategy(std::vector<std::string> devices, strategy_options opts, kind k);
   strategy(std::unique_ptr<detail::runtime> rt, kind k);

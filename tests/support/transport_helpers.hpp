@@ -4,6 +4,8 @@
 // lines that tests wait on (with a deadline, never a sleep), and a plain TCP socket that plays a
 // broken, hostile or hand-made peer (every read has a deadline), and a TCP group in one process.
 
+#include "transport/tcp/test_hooks.hpp"
+
 #include <consort/error.hpp>
 #include <consort/transport/tcp.hpp>
 
@@ -196,11 +198,13 @@ private:
 
 /// Sets a rank's mesh options before it listens.
 using mesh_tweak = std::function<void(int rank, transport::tcp::mesh_options&)>;
+/// Sets a rank's test hooks (transport/tcp/test_hooks.hpp) before it listens.
+using hooks_tweak = std::function<void(int rank, transport::tcp::test_hooks&)>;
 
 /// A group of `n` connected TCP contexts on ephemeral loopback ports (listen, then connect in
 /// parallel); a failed rank is a test failure and leaves an empty vector.
 inline std::vector<std::shared_ptr<transport::tcp::context>>
-make_tcp_mesh(int n, const mesh_tweak& tweak = {}) {
+make_tcp_mesh(int n, const mesh_tweak& tweak = {}, const hooks_tweak& hook = {}) {
   using namespace std::chrono_literals;
   std::vector<std::shared_ptr<transport::tcp::context>> ctxs(static_cast<std::size_t>(n));
   std::vector<std::string> addresses(static_cast<std::size_t>(n));
@@ -213,7 +217,10 @@ make_tcp_mesh(int n, const mesh_tweak& tweak = {}) {
     opts.connect_timeout = 20s;
     if (tweak)
       tweak(r, opts);
-    auto ctx = transport::tcp::listen(opts);
+    transport::tcp::test_hooks hooks;
+    if (hook)
+      hook(r, hooks);
+    auto ctx = transport::tcp::listen(opts, std::move(hooks));
     if (!ctx) {
       ADD_FAILURE() << "listen of rank " << r << ": " << text_of(ctx.error());
       return {};

@@ -53,8 +53,9 @@ bytes pattern(std::size_t size, unsigned seed) {
   return out;
 }
 
-std::vector<context_ptr> make_mesh(int n, const tweak_fn& tweak = {}) {
-  return consort::test::make_tcp_mesh(n, tweak);
+std::vector<context_ptr> make_mesh(int n, const tweak_fn& tweak = {},
+                                   const consort::test::hooks_tweak& hooks = {}) {
+  return consort::test::make_tcp_mesh(n, tweak, hooks);
 }
 
 /// A gate that a hook waits at until the test opens it (or a deadline passes, so that a broken
@@ -88,19 +89,23 @@ private:
 TEST(TcpCloseTest, ASlowReceiverGetsEverySendOfARankThatLeftBeforeItRead) {
   auto slow = std::make_shared<gate>();
   std::atomic<bool> armed{false};
-  auto ctxs = make_mesh(2, [&](int rank, tcp::mesh_options& opts) {
-    // Room in the kernel for the sends below, whether or not rank 0 reads.
-    opts.send_buffer_bytes = opts.recv_buffer_bytes = 1 << 20;
-    if (rank == 0)
-      opts.hooks.before_read = [&armed, slow](int) {
-        if (armed.load())
-          slow->pass();
-      };
-    else
-      opts.hooks.after_goodbye = [slow] {
-        slow->open();
-      };
-  });
+  auto ctxs = make_mesh(
+      2,
+      [&](int, tcp::mesh_options& opts) {
+        // Room in the kernel for the sends below, whether or not rank 0 reads.
+        opts.send_buffer_bytes = opts.recv_buffer_bytes = 1 << 20;
+      },
+      [&](int rank, tcp::test_hooks& hooks) {
+        if (rank == 0)
+          hooks.before_read = [&armed, slow](int) {
+            if (armed.load())
+              slow->pass();
+          };
+        else
+          hooks.after_goodbye = [slow] {
+            slow->open();
+          };
+      });
   ASSERT_EQ(ctxs.size(), 2u);
   armed = true;
   // Within what the kernel buffers on loopback, so the sends complete with rank 0 not reading.
@@ -181,9 +186,9 @@ TEST(TcpCloseTest, AllRanksLeavingAtOnceReturnWithoutError) {
 TEST(TcpCloseTest, CloseGivesUpAtItsDeadlineWhenAPeerNeverClosesItsSide) {
   auto stuck = std::make_shared<gate>();
   std::atomic<bool> armed{false};
-  auto ctxs = make_mesh(2, [&](int rank, tcp::mesh_options& opts) {
+  auto ctxs = make_mesh(2, {}, [&](int rank, tcp::test_hooks& hooks) {
     if (rank == 0)
-      opts.hooks.before_read = [&armed, stuck](int) {
+      hooks.before_read = [&armed, stuck](int) {
         if (armed.load())
           stuck->pass();
       };

@@ -3,6 +3,7 @@
 // wait is on a future, a loss event or a log line, with a deadline.
 
 #include "transport/membership/codec.hpp" // to craft messages for the raw peers
+#include "transport/membership/test_access.hpp"
 
 #include "support/time_scale.hpp"
 #include "support/transport_helpers.hpp"
@@ -185,7 +186,7 @@ public:
       ticks_ += clock_type::duration(std::min(step, by - done)).count();
       for (auto* s : services)
         if (s)
-          s->check_deadlines();
+          membership::service_test_access::check_deadlines(*s);
     }
   }
 
@@ -813,7 +814,7 @@ TEST(MembershipTest, ACrashedWorkerIsReportedAtOnceByTheChiefAndTheOtherWorkers)
   cluster c(3, [](membership::options& o) { o.peer_timeout = 10s; });
   ASSERT_TRUE(c.form());
   auto crashed_at = clock_type::now();
-  c.services[2]->crash();
+  membership::service_test_access::crash(*c.services[2]);
   auto at_chief = c.lost[0]->wait_for(2, 5s);
   ASSERT_TRUE(at_chief) << c.logs.all();
   EXPECT_EQ(at_chief->ranks, std::vector<int>{2});
@@ -833,7 +834,7 @@ TEST(MembershipTest, ACrashedWorkerIsReportedAtOnceByTheChiefAndTheOtherWorkers)
 TEST(MembershipTest, ASuspendedWorkerIsLostAfterThePeerTimeout) {
   cluster c(3, {}, timing::manual);
   ASSERT_TRUE(c.form());
-  c.services[2]->suspend();
+  membership::service_test_access::suspend(*c.services[2]);
   // On the manual clock: nobody is lost before the 500 ms peer timeout (the last heartbeats
   // left when the view formed, and the clock stood still since), and the chief reports worker 2
   // in the step that reaches it, while the others' heartbeats keep them alive.
@@ -852,13 +853,13 @@ TEST(MembershipTest, ASuspendedWorkerIsLostAfterThePeerTimeout) {
   EXPECT_EQ(c.lost[0]->events().size(), 1u) << describe(c.lost[0]->events());
   EXPECT_EQ(c.lost[1]->events().size(), 1u) << describe(c.lost[1]->events());
   // Gone at once, rather than a leave whose linger waits on the standing clock.
-  c.services[2]->crash();
+  membership::service_test_access::crash(*c.services[2]);
 }
 
 TEST(MembershipTest, ACrashedChiefIsReportedAsRankZeroByEveryWorker) {
   cluster c(3, [](membership::options& o) { o.peer_timeout = 10s; });
   ASSERT_TRUE(c.form());
-  c.services[0]->crash();
+  membership::service_test_access::crash(*c.services[0]);
   for (int r = 1; r < 3; ++r) {
     auto e = c.lost[r]->wait_for(0, 5s);
     ASSERT_TRUE(e) << "rank " << r << "\n" << c.logs.all();
@@ -872,14 +873,14 @@ TEST(MembershipTest, ACrashedChiefIsReportedAsRankZeroByEveryWorker) {
 TEST(MembershipTest, ASuspendedChiefIsReportedAsRankZeroAfterThePeerTimeout) {
   cluster c(2, {}, timing::manual);
   ASSERT_TRUE(c.form());
-  c.services[0]->suspend();
+  membership::service_test_access::suspend(*c.services[0]);
   c.advance(450ms);
   EXPECT_TRUE(c.lost[1]->events().empty()) << describe(c.lost[1]->events()) << c.logs.all();
   c.advance(50ms);
   auto e = c.lost[1]->wait_for(0, 0ms);
   ASSERT_TRUE(e) << c.logs.all();
   EXPECT_EQ(e->cause, "worker:0 (rank 0) sent no heartbeat for 500 ms");
-  c.services[0]->crash(); // as above
+  membership::service_test_access::crash(*c.services[0]); // as above
 }
 
 TEST(MembershipTest, AMemberThatLeavesIsNotReportedLost) {
@@ -889,7 +890,7 @@ TEST(MembershipTest, AMemberThatLeavesIsNotReportedLost) {
   c.services[1]->leave("again"); // idempotent
   EXPECT_TRUE(c.logs.wait_for({"worker:0 (rank 0): worker:1 (rank 1) left: finished"}));
   // A later crash is then the only loss anyone reports.
-  c.services[3]->crash();
+  membership::service_test_access::crash(*c.services[3]);
   for (int r : {0, 2}) {
     ASSERT_TRUE(c.lost[r]->wait_for(3, 5s)) << "rank " << r << "\n" << c.logs.all();
     auto events = c.lost[r]->events();
@@ -906,7 +907,8 @@ TEST(MembershipTest, AMemberThatLeavesIsNotReportedLost) {
 TEST(MembershipTest, DestroyingAMemberWhosePeerIsSuspendedEndsAtItsLinger) {
   cluster c(2, {}, timing::manual);
   ASSERT_TRUE(c.form());
-  c.services[0]->suspend(); // takes no Leave and never closes its side
+  membership::service_test_access::suspend(
+      *c.services[0]); // takes no Leave and never closes its side
   auto started = clock_type::now();
   auto gone = std::async(std::launch::async, [&] { c.services[1].reset(); });
   EXPECT_FALSE(gone.wait_for(30ms) == std::future_status::ready) << "ended before its linger";

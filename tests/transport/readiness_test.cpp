@@ -182,7 +182,7 @@ TEST(ReadinessPoller, StopEndsTheThreadAndIsIdempotent) {
 
 using context_ptr = std::shared_ptr<tcp::context>;
 
-/// Which threads read from which peer's socket, per rank (mesh_options::hooks::before_read).
+/// Which threads read from which peer's socket, per rank (test_hooks::before_read).
 struct read_log {
   std::mutex mu;
   std::condition_variable cv;
@@ -231,17 +231,18 @@ struct read_log {
 
 /// A group of `n` TCP contexts on loopback; rank 0's reads and poller events are logged in `log`.
 std::vector<context_ptr> make_group(int n, read_log& log, std::chrono::microseconds spin = 50us) {
-  auto ctxs = consort::test::make_tcp_mesh(n, [&](int rank, tcp::mesh_options& opts) {
-    opts.spin = spin;
-    if (rank == 0) {
-      opts.hooks.before_read = [&log](int peer) {
-        log.add(peer);
-      };
-      opts.hooks.on_readiness = [&log](int peer) {
-        log.wake(peer);
-      };
-    }
-  });
+  auto ctxs = consort::test::make_tcp_mesh(
+      n, [&](int, tcp::mesh_options& opts) { opts.spin = spin; },
+      [&](int rank, tcp::test_hooks& hooks) {
+        if (rank == 0) {
+          hooks.before_read = [&log](int peer) {
+            log.add(peer);
+          };
+          hooks.on_readiness = [&log](int peer) {
+            log.wake(peer);
+          };
+        }
+      });
   log.clear();
   return ctxs;
 }

@@ -3,6 +3,7 @@
 // `service::impl` is in core.cpp, chief.cpp and worker.cpp (see service_impl.hpp).
 
 #include "transport/membership/service_impl.hpp"
+#include "transport/membership/test_access.hpp"
 
 #include <consort/caf_error.hpp>
 #include <consort/error.hpp>
@@ -295,16 +296,16 @@ void service::leave(const std::string& reason) {
   impl_->leave(reason);
 }
 
-void service::suspend() {
-  impl_->suspend();
+void service_test_access::suspend(service& s) {
+  s.impl_->suspend();
 }
 
-void service::check_deadlines() {
-  impl_->check_deadlines();
+void service_test_access::check_deadlines(service& s) {
+  s.impl_->check_deadlines();
 }
 
-void service::crash() {
-  impl_->crash();
+void service_test_access::crash(service& s) {
+  s.impl_->crash();
 }
 
 } // namespace consort::transport::membership

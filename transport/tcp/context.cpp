@@ -27,6 +27,7 @@
 #include "transport/address.hpp"
 #include "transport/auth.hpp"
 #include "transport/tcp/pair_impl.hpp"
+#include "transport/tcp/test_hooks.hpp"
 #include "transport/tcp/wire.hpp"
 
 #include <consort/transport/tcp.hpp>
@@ -82,7 +83,7 @@ using transport::split_address;
 /// mesh_mu_; everything Asio (acceptor, handshakes, timers) belongs to the I/O thread.
 class context_impl final : public context {
 public:
-  explicit context_impl(const mesh_options& opts);
+  context_impl(const mesh_options& opts, test_hooks hooks);
   ~context_impl() override;
 
   context_impl(const context_impl&) = delete;
@@ -161,6 +162,7 @@ private:
   wire::hello my_hello() const;
 
   mesh_options opts_;
+  test_hooks hooks_;
   std::shared_ptr<pair_env> env_;
   std::string listen_address_;
   uint16_t port_ = 0;
@@ -200,8 +202,8 @@ private:
 
 // -- construction and destruction ----------------------------------------------------------------
 
-context_impl::context_impl(const mesh_options& opts)
-    : opts_(opts), env_(std::make_shared<pair_env>()), acceptor_(io_) {
+context_impl::context_impl(const mesh_options& opts, test_hooks hooks)
+    : opts_(opts), hooks_(std::move(hooks)), env_(std::make_shared<pair_env>()), acceptor_(io_) {
   env_->rank = opts.rank;
   env_->size = opts.size;
   env_->spin = opts.spin;
@@ -209,8 +211,8 @@ context_impl::context_impl(const mesh_options& opts)
   env_->max_payload_bytes = opts.max_payload_bytes;
   env_->max_stash_bytes = opts.max_stash_bytes;
   env_->log = opts.log;
-  env_->before_read = opts.hooks.before_read;
-  env_->on_readiness = opts.hooks.on_readiness;
+  env_->before_read = hooks_.before_read;
+  env_->on_readiness = hooks_.on_readiness;
   pairs_.resize(static_cast<std::size_t>(opts.size));
   for (int peer = 0; peer < opts.size; ++peer)
     if (peer != opts.rank)
@@ -388,8 +390,8 @@ caf::error context_impl::close(const std::string& reason, deadline until) {
   for (std::size_t peer = 0; peer < n; ++peer)
     if (goodbyes[peer] && !goodbyes[peer]->wait(until))
       pairs_[peer]->shut_write();
-  if (opts_.hooks.after_goodbye)
-    opts_.hooks.after_goodbye();
+  if (hooks_.after_goodbye)
+    hooks_.after_goodbye();
   // 4. Read on until each peer closed its side: then it has read everything we sent. Closing
   // earlier, with bytes unread on either side, can make the kernel reset the connection and
   // drop what is still queued for the peer.
@@ -964,6 +966,10 @@ void context_impl::connected(const handshake_ptr& hs) {
 // -- factories -----------------------------------------------------------------------------------
 
 caf::expected<std::shared_ptr<context>> listen(const mesh_options& opts) {
+  return listen(opts, test_hooks{});
+}
+
+caf::expected<std::shared_ptr<context>> listen(const mesh_options& opts, test_hooks hooks) {
   auto bad = [](const std::string& why) {
     return make_caf_error(errc::invalid_argument, "tcp::listen: " + why);
   };
@@ -981,7 +987,7 @@ caf::expected<std::shared_ptr<context>> listen(const mesh_options& opts) {
     return bad("max_payload_bytes is 0");
   if (opts.connect_timeout.count() <= 0 || opts.handshake_timeout.count() <= 0)
     return bad("connect_timeout and handshake_timeout must be positive");
-  auto ctx = std::make_shared<context_impl>(opts);
+  auto ctx = std::make_shared<context_impl>(opts, std::move(hooks));
   if (auto err = ctx->start())
     return err;
   return std::shared_ptr<context>(std::move(ctx));

@@ -76,9 +76,9 @@ struct pair_env {
   std::size_t max_payload_bytes = 0;
   std::size_t max_stash_bytes = 0;
   std::function<void(const std::string&)> log;
-  /// Test hook (mesh_options::before_read): called before each read from a peer's socket.
+  /// Test hook (test_hooks::before_read, transport/tcp/test_hooks.hpp): called before each read from a peer's socket.
   std::function<void(int peer)> before_read;
-  /// Test hook (mesh_options::on_readiness): called on the poller's thread for each event.
+  /// Test hook (test_hooks::on_readiness): called on the poller's thread for each event.
   std::function<void(int peer)> on_readiness;
   /// The context's poller (set before any pair opens; stopped before any pair is torn down).
   readiness_poller* poller = nullptr;

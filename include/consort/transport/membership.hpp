@@ -159,10 +159,11 @@ struct options {
 
   /// The clock the service's deadlines run on: handshakes, the rendezvous, heartbeats, peer
   /// timeouts, stuck writes and the linger of a leave. Empty: `std::chrono::steady_clock::now`.
-  /// A test may pass a clock it moves itself and call
-  /// `check_deadlines` after each move; retries of refused connections and the service's own
-  /// checks (at most 50 ms apart) still pace on real time, and the bounds of the callers' waits
-  /// (the rendezvous' deadline plus 2 s, a leave's, a crash's) are real time too.
+  /// A test may pass a clock it moves itself and run the deadline checks after each move
+  /// (`service_test_access::check_deadlines`, a private header of the library); retries of refused
+  /// connections and the service's own checks (at most 50 ms apart) still pace on real time, and
+  /// the bounds of the callers' waits (the rendezvous' deadline plus 2 s, a leave's, a crash's) are
+  /// real time too.
   std::function<std::chrono::steady_clock::time_point()> clock;
 
   /// Receives one line per notable event (a refused or broken connection and why, missing tasks,
@@ -230,25 +231,10 @@ public:
   /// A pending `rendezvous` fails with `shutdown`. Idempotent.
   void leave(const std::string& reason);
 
-  // -- test hooks --------------------------------------------------------------------------------
-
-  /// Simulates a partition: from now on this service sends nothing (no heartbeats), ignores every
-  /// message it receives, and reports nothing, without closing its sockets. A suspended service
-  /// cannot leave: `leave` and the destructor send no Leave and wait for nothing (its sockets
-  /// close as a stopped process's do when it is killed).
-  void suspend();
-
-  /// Runs the deadline checks now on the I/O thread (sending the heartbeats that are due) and
-  /// returns once they ran, or at once when the service is stopped. The service runs them itself
-  /// at least every 50 ms; a test that moves `options::clock` calls this after each move so that
-  /// what the move made due happens before it goes on.
-  void check_deadlines();
-
-  /// Simulates `kill -9`: closes every socket at once without Leave. The service reports nothing
-  /// afterwards; a pending `rendezvous` fails with `shutdown`.
-  void crash();
-
 private:
+  /// Faults and clock steps for tests (transport/membership/test_access.hpp, not installed).
+  friend class service_test_access;
+
   std::shared_ptr<impl> impl_;
 };
 

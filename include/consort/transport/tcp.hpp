@@ -93,19 +93,6 @@ struct mesh_options {
 
   /// Receives one line per notable event (a refused or broken connection and why). Empty: stderr.
   std::function<void(const std::string&)> log;
-
-  /// Hooks for tests that make a race of the transport deterministic; empty in production.
-  struct test_hooks {
-    /// Called before each read from the socket of `peer` (on whichever thread reads it; it may
-    /// block, e.g. to play a slow receiver, which holds up that thread).
-    std::function<void(int peer)> before_read;
-    /// Called by `close` once every goodbye is written and this side is half-closed.
-    std::function<void()> after_goodbye;
-    /// Called on the context's poller thread for each readiness event of `peer`'s socket (the
-    /// poller was woken for it; see pair.hpp `reading_here`).
-    std::function<void(int peer)> on_readiness;
-  };
-  test_hooks hooks;
 };
 
 /// A rank's TCP view of its group: one connection (pair) to every other rank.
