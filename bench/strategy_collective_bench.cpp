@@ -42,11 +42,40 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
+
+// -- a counting allocator
+// -------------------------------------------------------------------------- The `allocs` column:
+// the heap allocations that the timed collective call makes on its caller's thread (a lone
+// replica's call runs whole there, the exchange with the other workers included). Every operator
+// new of the program comes here; the aligned forms keep the library's own.
+
+namespace {
+thread_local uint64_t thread_allocations = 0;
+} // namespace
+
+void* operator new(std::size_t bytes) {
+  ++thread_allocations;
+  if (void* p = std::malloc(bytes > 0 ? bytes : 1))
+    return p;
+  throw std::bad_alloc();
+}
+// g++ sees free() of what it takes for a new-expression's pointer; here operator new is malloc.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+#pragma GCC diagnostic pop
 
 namespace {
 
@@ -159,6 +188,9 @@ struct row_result {
   double algbw = 0;
   double busbw = 0;
   int64_t wrong = 0; // over every replica of every worker
+  /// The heap allocations of the timed call on its caller's thread (max over local replicas,
+  /// mean over the iterations).
+  double allocations = 0;
   std::vector<double> call_samples;
   std::vector<double> run_samples;
 };
@@ -271,11 +303,12 @@ int run(int argc, char** argv) {
   int64_t total_wrong = 0;
   for (const auto& op : ops) {
     if (rank == 0) {
-      std::printf("# %s\n#%12s %12s %6s %6s %10s %7s %7s %7s %10s %10s %10s %10s\n",
+      std::printf("# %s\n#%12s %12s %6s %6s %10s %7s %7s %7s %10s %10s %10s %10s %7s\n",
                   op.name.c_str(), "size", "count", "type", "redop", "time", "algbw", "busbw",
-                  "#wrong", "p50", "p99", "run p50", "run p99");
-      std::printf("#%12s %12s %6s %6s %10s %7s %7s %7s %10s %10s %10s %10s\n", "(B)", "(elements)",
-                  "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)", "(us)");
+                  "#wrong", "p50", "p99", "run p50", "run p99", "allocs");
+      std::printf("#%12s %12s %6s %6s %10s %7s %7s %7s %10s %10s %10s %10s %7s\n", "(B)",
+                  "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)",
+                  "(us)", "(/call)");
       std::fflush(stdout);
     }
     for (int64_t bytes = std::max(min_bytes, width); bytes <= max_bytes; bytes *= factor) {
@@ -296,12 +329,14 @@ int run(int argc, char** argv) {
         // (which `run p50` includes).
         for (int64_t b = 0; b < step_barriers; ++b)
           (void)ctx.all_reduce("SUM", one);
+        const auto allocations = thread_allocations;
         auto t0 = steady_clock::now();
         auto out = op.call(ctx, x);
         auto t1 = steady_clock::now();
+        const auto made = thread_allocations - allocations;
         return nest::list(
             {tensor::scalar<double>(std::chrono::duration<double, std::nano>(t1 - t0).count()),
-             std::move(out)});
+             std::move(out), tensor::scalar<double>(static_cast<double>(made))});
       };
       double wrong = 0;
       for (int64_t it = 0; it < warmup + r.iters; ++it) {
@@ -310,13 +345,16 @@ int run(int argc, char** argv) {
         auto values = mw.run(step, inputs);
         auto t1 = steady_clock::now();
         double call_us = 0;
+        double allocations = 0;
         for (const auto& v : values) {
           call_us = std::max(call_us, v[0].as_tensor().item<double>() / 1e3);
           wrong += static_cast<double>(op.check(v[1].as_tensor(), n, elements));
+          allocations = std::max(allocations, v[2].as_tensor().item<double>());
         }
         if (it >= warmup) {
           r.call_samples.push_back(call_us);
           r.run_samples.push_back(micros(t0, t1));
+          r.allocations += allocations / static_cast<double>(r.iters);
         }
       }
       // Every worker's wrong count, summed across workers (a plain value is one per worker).
@@ -328,10 +366,11 @@ int run(int argc, char** argv) {
       r.algbw = r.call.avg > 0 ? static_cast<double>(bytes) / (r.call.avg * 1e3) : 0;
       r.busbw = r.algbw * op.bus_factor(n);
       if (rank == 0) {
-        std::printf(" %12lld %12lld %6s %6s %10.2f %7.2f %7.2f %7lld %10.1f %10.1f %10.1f %10.1f\n",
-                    static_cast<long long>(bytes), static_cast<long long>(r.count), type_column(),
-                    op.redop.c_str(), r.call.avg, r.algbw, r.busbw, static_cast<long long>(r.wrong),
-                    r.call.p50, r.call.p99, r.run.p50, r.run.p99);
+        std::printf(
+            " %12lld %12lld %6s %6s %10.2f %7.2f %7.2f %7lld %10.1f %10.1f %10.1f %10.1f %7.1f\n",
+            static_cast<long long>(bytes), static_cast<long long>(r.count), type_column(),
+            op.redop.c_str(), r.call.avg, r.algbw, r.busbw, static_cast<long long>(r.wrong),
+            r.call.p50, r.call.p99, r.run.p50, r.run.p99, r.allocations);
         std::fflush(stdout);
       }
       rows.push_back(std::move(r));
@@ -359,6 +398,7 @@ int run(int argc, char** argv) {
       o.num("time_us", r.call.avg).num("algbw", r.algbw).num("busbw", r.busbw);
       o.num("wrong", r.wrong).num("p50_us", r.call.p50).num("p99_us", r.call.p99);
       o.num("run_p50_us", r.run.p50).num("run_p99_us", r.run.p99);
+      o.num("allocs_per_call", r.allocations);
       o.raw("samples_us", json_numbers(r.call_samples));
       o.raw("run_samples_us", json_numbers(r.run_samples));
       items.push_back(o);

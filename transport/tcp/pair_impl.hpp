@@ -76,7 +76,8 @@ struct pair_env {
   std::size_t max_payload_bytes = 0;
   std::size_t max_stash_bytes = 0;
   std::function<void(const std::string&)> log;
-  /// Test hook (test_hooks::before_read, transport/tcp/test_hooks.hpp): called before each read from a peer's socket.
+  /// Test hook (test_hooks::before_read, transport/tcp/test_hooks.hpp): called before each read
+  /// from a peer's socket.
   std::function<void(int peer)> before_read;
   /// Test hook (test_hooks::on_readiness): called on the poller's thread for each event.
   std::function<void(int peer)> on_readiness;
