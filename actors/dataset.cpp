@@ -310,6 +310,55 @@ std::vector<int64_t> split_batch(int64_t rows, int num_replicas, int64_t batch_s
   return out;
 }
 
+std::vector<int64_t> split_batch_across_workers(int64_t rows, int num_parts) {
+  if (num_parts < 1)
+    throw_error(errc::invalid_argument, "split_batch_across_workers needs at least one part; got " +
+                                            std::to_string(num_parts));
+  if (rows < 0)
+    throw_error(errc::invalid_argument,
+                "split_batch_across_workers: the row count must be >= 0; got " +
+                    std::to_string(rows));
+  // TF's legacy RebatchDataset (rebatch_dataset_op.cc): parts of ceil(rows / n) rows in order.
+  const int64_t per_part = (rows + num_parts - 1) / num_parts;
+  std::vector<int64_t> out(static_cast<size_t>(num_parts));
+  for (auto& share : out) {
+    share = std::min(per_part, rows);
+    rows -= share;
+  }
+  return out;
+}
+
+std::vector<row_range> replica_rows(int64_t rows, int64_t batch_size, int num_workers,
+                                    int replicas_per_worker) {
+  if (num_workers < 1 || replicas_per_worker < 1)
+    throw_error(errc::invalid_argument,
+                "replica_rows needs at least one worker and one replica a worker; got " +
+                    std::to_string(num_workers) + " x " + std::to_string(replicas_per_worker));
+  if (rows < 0 || rows > batch_size)
+    throw_error(errc::invalid_argument, "replica_rows: a batch of size " +
+                                            std::to_string(batch_size) + " cannot hold " +
+                                            std::to_string(rows) + " rows (expected 0.." +
+                                            std::to_string(batch_size) + ")");
+  // One worker: TF's rebatch by the full batch's shares; several: the legacy rebatch over every
+  // replica that TF's data sharding rewrites it to, then every W-th part for each worker.
+  const int parts = num_workers * replicas_per_worker;
+  const auto sizes = num_workers == 1 ? split_batch(rows, parts, batch_size)
+                                      : split_batch_across_workers(rows, parts);
+  std::vector<row_range> by_part(sizes.size());
+  int64_t next = 0;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    by_part[k] = {next, next + sizes[k]};
+    next += sizes[k];
+  }
+  // Part k goes to local replica k / W of worker k % W: replica id w * D + i takes part i * W + w.
+  std::vector<row_range> out(by_part.size());
+  for (int w = 0; w < num_workers; ++w)
+    for (int i = 0; i < replicas_per_worker; ++i)
+      out[static_cast<size_t>(w * replicas_per_worker + i)] =
+          by_part[static_cast<size_t>(i * num_workers + w)];
+  return out;
+}
+
 distributed_dataset::distributed_dataset(dataset source, int num_replicas_in_sync,
                                          std::vector<int> local_replica_ids, int num_workers)
     : source_(std::move(source)), num_replicas_(num_replicas_in_sync),
@@ -376,18 +425,12 @@ per_replica<nest> distributed_dataset::get(int64_t index) const {
   const int64_t bs = *source_.batch_size();
   const int64_t begin = index * bs;
   const int64_t end = std::min(begin + bs, source_.num_rows());
-  auto sizes = split_batch(end - begin, num_replicas_, bs);
-  // offsets[r]: the first row of replica r's contiguous chunk of the global batch.
-  std::vector<int64_t> offsets(sizes.size() + 1, begin);
-  for (size_t r = 0; r < sizes.size(); ++r)
-    offsets[r + 1] = offsets[r] + sizes[r];
+  const auto ranges = replica_rows(end - begin, bs, num_workers_, num_replicas_ / num_workers_);
   std::vector<nest> parts;
   parts.reserve(local_replica_ids_.size());
-  const int per_worker = num_replicas_ / num_workers_;
   for (int id : local_replica_ids_) {
-    // Part i * W + w for local replica i of worker w (the identity with one worker).
-    auto part = static_cast<size_t>((id % per_worker) * num_workers_ + id / per_worker);
-    parts.push_back(source_.rows(offsets[part], offsets[part + 1]));
+    const auto& r = ranges[static_cast<size_t>(id)];
+    parts.push_back(source_.rows(begin + r.begin, begin + r.end));
   }
   return per_replica<nest>{std::move(parts)};
 }

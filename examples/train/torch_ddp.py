@@ -12,7 +12,8 @@ What is the same as consort-train (examples/train/mlp.cpp, trainer.cpp):
 - the initial weights: one splitmix64 stream draws w1 .. w{L+1} row-major, He-uniform for the
   hidden layers and Glorot-uniform for the output layer, biases zero;
 - a step: global batch s is rows [s*B, s*B + B) of the dataset (cycling; the last one may be
-  partial), split over the ranks as consort's split_batch does; each rank's loss is its sum of
+  partial), split over the ranks as consort splits it over workers of one replica each
+  (split_batch_across_workers: parts of ceil(rows / world) rows in rank order); each rank's loss is its sum of
   cross-entropies times world / rows of the global batch, so DDP's average is the sum over the
   global batch divided by its rows, and plain SGD applies it;
 - the reported loss and accuracy: one all-reduce of [loss sum, correct] per step (consort carries
@@ -138,14 +139,15 @@ def self_test():
     return 0
 
 
-def split_batch(rows, n, batch_size):
-    """consort::split_batch(rows, n, batch_size): each rank's share of a full batch, filled in rank
-    order, so a partial batch leaves the last ranks short or empty."""
-    share = [batch_size // n + (1 if k < batch_size % n else 0) for k in range(n)]
+def split_batch_across_workers(rows, n):
+    """consort::split_batch_across_workers(rows, n): parts of ceil(rows / n) rows in order (TF's
+    MultiWorkerMirroredStrategy rebatch), so a partial batch leaves the last ranks short or empty;
+    one rank takes every row."""
+    per = -(-rows // n)
     out = []
     left = rows
-    for k in range(n):
-        take = min(share[k], left)
+    for _ in range(n):
+        take = min(per, left)
         out.append(take)
         left -= take
     return out
@@ -196,7 +198,7 @@ def worker(rank, world, port, args, queue):
         for step in range(args.steps):
             first = (step % batches) * args.global_batch
             rows = min(args.global_batch, args.examples - first)
-            parts = split_batch(rows, world, args.global_batch)
+            parts = split_batch_across_workers(rows, world)
             begin = first + sum(parts[:rank])
             x = x_all[begin : begin + parts[rank]]
             y = y_all[begin : begin + parts[rank]]

@@ -140,13 +140,41 @@ std::vector<int64_t> split_batch(int64_t global_batch, int num_replicas);
 /// @throws error(invalid_argument) when `rows` is not in 0..batch_size.
 std::vector<int64_t> split_batch(int64_t rows, int num_replicas, int64_t batch_size);
 
-/// A dataset whose every global batch is split across replicas (`distribute_dataset`).
-///
-/// With one worker, replica r takes the r-th part of `split_batch(rows, n, batch_size)`
-/// (contiguous rows in replica order; a partial last batch fills the parts in order, as TF does).
-/// With W workers of D replicas each, the parts are interleaved across workers as TF's
-/// rebatch-then-shard pipeline does: part k goes to local replica k / W of worker k % W, so
-/// replica (worker w, local i) takes part i * W + w.
+/// How `rows` rows of one global batch split over the `num_parts` replicas of several workers, as
+/// TF's MultiWorkerMirroredStrategy does with a dataset that every worker reads whole: its data
+/// auto-sharding turns the rebatch into the legacy RebatchDataset over all the replicas, whose
+/// parts hold ceil(rows / num_parts) rows each, filled in part order, so that the last parts may be
+/// short or empty. Full and partial batches alike: 6 over 2 -> 3/3, 8 over 3 -> 3/3/2, 6 over 3
+/// -> 2/2/2, 6 over 4 -> 2/2/2/0, 4 over 3 -> 2/2/0.
+/// @throws error(invalid_argument) when num_parts < 1 or rows < 0.
+std::vector<int64_t> split_batch_across_workers(int64_t rows, int num_parts);
+
+/// Rows [begin, end) of a global batch.
+struct row_range {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const noexcept { return end - begin; }
+  friend bool operator==(const row_range&, const row_range&) = default;
+};
+
+/// The rows that each replica takes of a global batch of `batch_size` holding `rows` rows (fewer
+/// in a partial last batch) under `distribute_dataset`, with `num_workers` workers of
+/// `replicas_per_worker` replicas each, indexed by replica id (worker w's local replica i has id
+/// w * replicas_per_worker + i):
+/// - one worker: `split_batch(rows, replicas_per_worker, batch_size)`, contiguous in replica
+///   order (6 rows of a batch of 8 over 2 replicas -> [0, 4) and [4, 6));
+/// - W > 1 workers: part k of `split_batch_across_workers(rows, W * D)` goes to local replica
+///   k / W of worker k % W (TF's shard by worker after the rebatch), so replica (worker w, local i)
+///   takes part i * W + w (6 rows over 2 x 1 -> [0, 3) and [3, 6)).
+/// @throws error(invalid_argument) when a count is < 1 or `rows` is not in 0..batch_size.
+std::vector<row_range> replica_rows(int64_t rows, int64_t batch_size, int num_workers,
+                                    int replicas_per_worker);
+
+/// A dataset whose every global batch is split across replicas (`distribute_dataset`): replica r
+/// takes rows `replica_rows(rows, batch_size, W, D)[r]` of each global batch. With one worker the
+/// parts are `split_batch(rows, n, batch_size)` in replica order; with W workers of D replicas
+/// each they are `split_batch_across_workers(rows, W * D)`, interleaved across workers as TF's
+/// rebatch-then-shard pipeline does: part k goes to local replica k / W of worker k % W.
 class distributed_dataset {
 public:
   /// @throws error(invalid_argument) when `source` is not batched, when a replica id is out of

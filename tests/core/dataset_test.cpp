@@ -6,15 +6,26 @@
 
 #include <algorithm>
 #include <numeric>
+#include <ostream>
 #include <vector>
+
+namespace consort {
+// gtest prints a row_range as [begin, end).
+void PrintTo(const row_range& r, std::ostream* os) {
+  *os << '[' << r.begin << ", " << r.end << ')';
+}
+} // namespace consort
 
 using consort::dataset;
 using consort::distributed_dataset;
 using consort::errc;
 using consort::input_context;
 using consort::nest;
+using consort::replica_rows;
+using consort::row_range;
 using consort::shape_t;
 using consort::split_batch;
+using consort::split_batch_across_workers;
 using consort::tensor;
 using consort::test::fails_with;
 
@@ -64,6 +75,58 @@ TEST(DatasetTest, APartialBatchFillsEachReplicasFullShareInReplicaOrderAsTFDoes)
 TEST(DatasetTest, SplitBatchRejectsNoReplicasAndNegativeBatches) {
   EXPECT_TRUE(fails_with([] { split_batch(4, 0); }, errc::invalid_argument, {"replica", "0"}));
   EXPECT_TRUE(fails_with([] { split_batch(-1, 2); }, errc::invalid_argument, {"-1"}));
+}
+
+TEST(DatasetTest, AcrossWorkersABatchSplitsIntoPartsOfCeilRowsAsTFsLegacyRebatch) {
+  // TF's data sharding rewrites the rebatch to the legacy RebatchDataset over all W x D replicas:
+  // parts of ceil(rows / parts) rows, in part order, full batches and partial ones alike.
+  EXPECT_EQ(split_batch_across_workers(8, 2), (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(split_batch_across_workers(6, 2), (std::vector<int64_t>{3, 3}));
+  EXPECT_EQ(split_batch_across_workers(3, 2), (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(split_batch_across_workers(8, 3), (std::vector<int64_t>{3, 3, 2}));
+  EXPECT_EQ(split_batch_across_workers(6, 3), (std::vector<int64_t>{2, 2, 2}));
+  EXPECT_EQ(split_batch_across_workers(6, 4), (std::vector<int64_t>{2, 2, 2, 0}));
+  EXPECT_EQ(split_batch_across_workers(5, 4), (std::vector<int64_t>{2, 2, 1, 0}));
+  // Where it differs from the even split: 4 over 3 is 2/2/0 (split_batch: 2/1/1).
+  EXPECT_EQ(split_batch_across_workers(4, 3), (std::vector<int64_t>{2, 2, 0}));
+  EXPECT_EQ(split_batch_across_workers(8, 6), (std::vector<int64_t>{2, 2, 2, 2, 0, 0}));
+  EXPECT_EQ(split_batch_across_workers(1, 3), (std::vector<int64_t>{1, 0, 0}));
+  EXPECT_EQ(split_batch_across_workers(0, 2), (std::vector<int64_t>{0, 0}));
+  EXPECT_TRUE(fails_with([] { split_batch_across_workers(4, 0); }, errc::invalid_argument,
+                         {"at least one part", "0"}));
+  EXPECT_TRUE(fails_with([] { split_batch_across_workers(-1, 2); }, errc::invalid_argument,
+                         {">= 0", "-1"}));
+}
+
+TEST(DatasetTest, ReplicaRowsOfRange14Batch8MatchTFAcrossWorkersAndWithinOne) {
+  // range(14).batch(8): a full batch of 8 rows, then a partial one of 6. Replica ids are
+  // worker-major (worker w's local replica i is w * D + i).
+  using ranges = std::vector<row_range>;
+  // One worker of 2 replicas keeps the full batch's shares, filled in order: 4/2.
+  EXPECT_EQ(replica_rows(8, 8, 1, 2), (ranges{{0, 4}, {4, 8}}));
+  EXPECT_EQ(replica_rows(6, 8, 1, 2), (ranges{{0, 4}, {4, 6}}));
+  // 2 x 1 (strategy_common_test.py): the chief [0..3] then [8, 9, 10], the worker [4..7] then
+  // [11, 12, 13].
+  EXPECT_EQ(replica_rows(8, 8, 2, 1), (ranges{{0, 4}, {4, 8}}));
+  EXPECT_EQ(replica_rows(6, 8, 2, 1), (ranges{{0, 3}, {3, 6}}));
+  // 2 x 2: parts of 2 rows; worker 0 takes parts 0 and 2, worker 1 parts 1 and 3.
+  EXPECT_EQ(replica_rows(8, 8, 2, 2), (ranges{{0, 2}, {4, 6}, {2, 4}, {6, 8}}));
+  EXPECT_EQ(replica_rows(6, 8, 2, 2), (ranges{{0, 2}, {4, 6}, {2, 4}, {6, 6}}));
+  // 3 x 1: 3/3/2, then 2/2/2.
+  EXPECT_EQ(replica_rows(8, 8, 3, 1), (ranges{{0, 3}, {3, 6}, {6, 8}}));
+  EXPECT_EQ(replica_rows(6, 8, 3, 1), (ranges{{0, 2}, {2, 4}, {4, 6}}));
+  // 3 x 2: six parts, of 2 rows (the last two empty), then of 1 row.
+  EXPECT_EQ(replica_rows(8, 8, 3, 2), (ranges{{0, 2}, {6, 8}, {2, 4}, {8, 8}, {4, 6}, {8, 8}}));
+  EXPECT_EQ(replica_rows(6, 8, 3, 2), (ranges{{0, 1}, {3, 4}, {1, 2}, {4, 5}, {2, 3}, {5, 6}}));
+}
+
+TEST(DatasetTest, ReplicaRowsRejectsBadCountsAndRows) {
+  EXPECT_TRUE(fails_with([] { replica_rows(4, 8, 0, 1); }, errc::invalid_argument,
+                         {"at least one worker", "0 x 1"}));
+  EXPECT_TRUE(fails_with([] { replica_rows(4, 8, 2, 0); }, errc::invalid_argument, {"2 x 0"}));
+  EXPECT_TRUE(fails_with([] { replica_rows(9, 8, 2, 1); }, errc::invalid_argument,
+                         {"a batch of size 8 cannot hold 9 rows", "0..8"}));
+  EXPECT_TRUE(fails_with([] { replica_rows(-1, 8, 1, 2); }, errc::invalid_argument, {"-1 rows"}));
 }
 
 // -- dataset --------------------------------------------------------------------------------------
@@ -259,6 +322,31 @@ TEST(DatasetTest, WithSeveralWorkersSubBatchesAreInterleavedAcrossWorkers) {
   EXPECT_EQ(labels(b[0]), (std::vector<int32_t>{10, 11})); // part 1
   EXPECT_EQ(labels(a[1]), (std::vector<int32_t>{12}));     // part 2
   EXPECT_EQ(labels(b[1]), (std::vector<int32_t>{}));       // part 3
+}
+
+TEST(DatasetTest, APartialBatchSplitsEvenlyAcrossWorkersAsTFsMultiWorkerStrategyDoes) {
+  // range(14).batch(8) over 2 workers x 1 replica (strategy_common_test.py,
+  // testSimpleInputFromDatasetLastPartialBatch): the chief gets [8, 9, 10] and the worker
+  // [11, 12, 13] in the second step, not 4/2.
+  auto ds = dataset::from_tensor_slices(features_and_labels(14)).batch(8);
+  distributed_dataset chief(ds, 2, {0}, 2);
+  distributed_dataset worker(ds, 2, {1}, 2);
+  EXPECT_EQ(labels(chief.get(0)[0]), (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(labels(worker.get(0)[0]), (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(labels(chief.get(1)[0]), (std::vector<int32_t>{8, 9, 10}));
+  EXPECT_EQ(labels(worker.get(1)[0]), (std::vector<int32_t>{11, 12, 13}));
+  EXPECT_EQ(worker.get(1)[0]["x"].as_tensor(),
+            tensor::from<int32_t>({22, 23, 24, 25, 26, 27}, {3, 2}));
+  // 3 workers x 1: 3/3/2, then 2/2/2.
+  std::vector<std::vector<int32_t>> first;
+  std::vector<std::vector<int32_t>> second;
+  for (int w = 0; w < 3; ++w) {
+    distributed_dataset dist(ds, 3, {w}, 3);
+    first.push_back(labels(dist.get(0)[0]));
+    second.push_back(labels(dist.get(1)[0]));
+  }
+  EXPECT_EQ(first, (std::vector<std::vector<int32_t>>{{0, 1, 2}, {3, 4, 5}, {6, 7}}));
+  EXPECT_EQ(second, (std::vector<std::vector<int32_t>>{{8, 9}, {10, 11}, {12, 13}}));
 }
 
 TEST(DatasetTest, ReplicasMustSpreadEvenlyOverWorkers) {

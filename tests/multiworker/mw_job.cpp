@@ -6,6 +6,9 @@
 //   mw_job half                              float16 and bfloat16: every collective and reduce of
 //                                            exact values vs. the reference, and sums that only a
 //                                            float32 accumulator gets right (3 replicas a worker)
+//   mw_job partial_batch                     range(14).batch(8) through distribute_dataset: each
+//                                            replica's rows in both steps against TF's split
+//                                            (2 x 1, 2 x 2, 3 x 1, 3 x 2), printed per replica
 //   mw_job kill VICTIM_RANK                  VICTIM dies (SIGKILL) entering an all-reduce; the
 //                                            survivors must fail with peer_lost within the bound
 //   mw_job partition VICTIM_RANK             VICTIM takes its link down (in a network namespace):
@@ -27,6 +30,7 @@
 
 #include "support/time_scale.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -215,21 +219,26 @@ int collectives() {
     check(false, std::string{"reduce/gather threw: "} + e.what());
   }
 
-  // distribute_dataset: replica (worker w, local i) takes part i * W + w of each global batch.
+  // distribute_dataset: each global batch of n rows is cut into R parts of ceil(n / R) rows (TF's
+  // legacy rebatch under data sharding), and replica (worker w, local i) takes part i * W + w.
   {
     std::vector<float> rows(2 * 13);
     for (size_t k = 0; k < rows.size(); ++k)
       rows[k] = static_cast<float>(k);
-    auto ds = dataset::from_tensor_slices(tensor::from<float>(rows, {13, 2})).batch(R + 1);
+    const int64_t bs = R + 1;
+    auto ds = dataset::from_tensor_slices(tensor::from<float>(rows, {13, 2})).batch(bs);
     auto mw_ds = mw.distribute_dataset(ds);
-    auto ref_ds = ref.distribute_dataset(ds);
-    check(mw_ds.cardinality() == ref_ds.cardinality(), "distribute_dataset cardinality");
+    check(mw_ds.cardinality() == ds.cardinality(), "distribute_dataset cardinality");
     for (int64_t b = 0; b < mw_ds.cardinality(); ++b) {
       auto got = mw_ds.get(b);
-      auto want = ref_ds.get(b);
+      const int64_t first = b * bs;
+      const int64_t n = std::min(bs, ds.num_rows() - first);
+      const int64_t per_part = (n + R - 1) / R;
       for (int i = 0; i < D; ++i) {
-        auto part = i * W + mw.worker_rank();
-        check_equal(got[static_cast<size_t>(i)], want[static_cast<size_t>(part)],
+        const int64_t part = i * W + mw.worker_rank();
+        const int64_t lo = std::min(n, part * per_part);
+        const int64_t hi = std::min(n, lo + per_part);
+        check_equal(got[static_cast<size_t>(i)], ds.rows(first + lo, first + hi),
                     "batch " + std::to_string(b) + " of local replica " + std::to_string(i));
       }
     }
@@ -570,6 +579,92 @@ int cross_device_ops_scenario() {
   return failures == 0 ? 0 : 1;
 }
 
+/// "[8, 9, 10]".
+std::string list_string(const std::vector<int64_t>& values) {
+  std::ostringstream out;
+  out << '[';
+  for (size_t k = 0; k < values.size(); ++k)
+    out << (k ? ", " : "") << values[k];
+  out << ']';
+  return out.str();
+}
+
+/// range(14).batch(8) through distribute_dataset on the real cluster of TF_CONFIG: the rows each
+/// replica gets in both steps, against TF's split, hard-coded for 2 x 1 (strategy_common_test.py,
+/// testSimpleInputFromDatasetLastPartialBatch: the chief [8, 9, 10], the worker [11, 12, 13]),
+/// 2 x 2, 3 x 1 and 3 x 2 (the legacy rebatch over every replica, then each worker's every W-th
+/// part). Each worker prints what its replicas got ("chief:0 step 1 local replica 0: [8, 9, 10]")
+/// for the registration to match, and checks the global batch too: the row count all-reduced over
+/// every replica (8, then 6) and the rows gathered in replica order.
+int partial_batch_scenario() {
+  multi_worker_mirrored_strategy mw;
+  const int W = mw.num_workers();
+  const int D = static_cast<int>(mw.num_local_replicas());
+  const int rank = mw.worker_rank();
+  me = to_string(mw.cluster_resolver().task());
+  using rows_t = std::vector<int64_t>;
+  // want[step][replica id], replica ids worker-major (worker w's local replica i is w * D + i).
+  std::vector<std::vector<rows_t>> want;
+  if (W == 2 && D == 1)
+    want = {{{0, 1, 2, 3}, {4, 5, 6, 7}}, {{8, 9, 10}, {11, 12, 13}}};
+  else if (W == 2 && D == 2)
+    want = {{{0, 1}, {4, 5}, {2, 3}, {6, 7}}, {{8, 9}, {12, 13}, {10, 11}, {}}};
+  else if (W == 3 && D == 1)
+    want = {{{0, 1, 2}, {3, 4, 5}, {6, 7}}, {{8, 9}, {10, 11}, {12, 13}}};
+  else if (W == 3 && D == 2)
+    want = {{{0, 1}, {6, 7}, {2, 3}, {}, {4, 5}, {}}, {{8}, {11}, {9}, {12}, {10}, {13}}};
+  else {
+    std::cout << me << ": no expected split for " << W << " workers x " << D << " replicas"
+              << std::endl;
+    return 1;
+  }
+  rows_t range(14);
+  for (size_t k = 0; k < range.size(); ++k)
+    range[k] = static_cast<int64_t>(k);
+  auto dist =
+      mw.distribute_dataset(dataset::from_tensor_slices(tensor::from<int64_t>(range)).batch(8));
+  check(dist.cardinality() == 2, "range(14).batch(8) gives 2 global batches");
+  size_t step = 0;
+  for (auto batch : dist) {
+    if (step >= want.size()) {
+      check(false, "more than 2 global batches");
+      break;
+    }
+    check(batch.size() == static_cast<size_t>(D), "one sub-batch per local replica");
+    std::vector<tensor> local;
+    for (int i = 0; i < D && i < static_cast<int>(batch.size()); ++i) {
+      auto got = batch[static_cast<size_t>(i)].as_tensor();
+      std::cout << me << " step " << step << " local replica " << i << ": "
+                << list_string(got.to_vector<int64_t>()) << std::endl;
+      check_equal(got, tensor::from<int64_t>(want[step][static_cast<size_t>(rank * D + i)]),
+                  "step " + std::to_string(step) + " local replica " + std::to_string(i));
+      local.push_back(got);
+    }
+    // The global batch over every worker: its row count, and its rows in replica order.
+    try {
+      auto counts = mw.run(
+          [](replica_context& ctx, const nest& x) {
+            auto n = static_cast<float>(x.as_tensor().shape()[0]);
+            return ctx.all_reduce("SUM", tensor::scalar<float>(n));
+          },
+          batch);
+      check_equal(counts[0], tensor::scalar<float>(step == 0 ? 8.0f : 6.0f),
+                  "step " + std::to_string(step) + " rows over every replica");
+      rows_t all;
+      for (const auto& rows : want[step])
+        all.insert(all.end(), rows.begin(), rows.end());
+      check_equal(mw.gather(per_replica<tensor>(local), 0), tensor::from<int64_t>(all),
+                  "step " + std::to_string(step) + " gathered in replica order");
+    } catch (const std::exception& e) {
+      check(false, "step " + std::to_string(step) + " threw: " + e.what());
+    }
+    ++step;
+  }
+  check(step == 2, "iteration visits both global batches");
+  std::cout << me << ": " << checks - failures << " of " << checks << " checks passed" << std::endl;
+  return failures == 0 ? 0 : 1;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -581,6 +676,8 @@ int main(int argc, char** argv) {
       return half();
     if (scenario == "cross_device_ops")
       return cross_device_ops_scenario();
+    if (scenario == "partial_batch")
+      return partial_batch_scenario();
     if (scenario == "kill" && argc > 2)
       return loss_scenario(std::atoi(argv[2]), false);
     if (scenario == "partition" && argc > 2)
@@ -595,7 +692,8 @@ int main(int argc, char** argv) {
     std::cout << me << ": " << e.what() << std::endl;
     return 1;
   }
-  std::cerr << "usage: mw_job collectives | half | cross_device_ops | kill VICTIM_RANK | partition "
+  std::cerr << "usage: mw_job collectives | half | cross_device_ops | partial_batch | kill "
+               "VICTIM_RANK | partition "
                "VICTIM_RANK | "
                "join-fails TIMEOUT_MS TEXT | "
                "leave-early LEAVER | clean-end ITERS ELEMENTS"
