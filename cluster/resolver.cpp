@@ -42,6 +42,57 @@ std::string jobs_text(const cluster_spec& spec) {
 
 // -- validation -----------------------------------------------------------------------------------
 
+namespace {
+
+// TF's multi_worker_util._validate_cluster_spec for a non-empty cluster, in its order, with TF's
+// messages after `src`. Without an index (TF's worker_count, which ignores it) the index rules are
+// skipped.
+void check_tf_rules(const cluster_spec& spec, const std::string& type, std::optional<int> id,
+                    const std::string& src) {
+  for (const auto& job : spec.jobs())
+    if (!is_known_task_type(job))
+      throw_error(errc::invalid_argument,
+                  src + ": Disallowed task type found in cluster spec: job " + quote(job) +
+                      "; allowed types are " + std::string(known_task_types_text));
+  if (!is_known_task_type(type))
+    throw_error(errc::invalid_argument,
+                src + ": Unrecognized task_type: " + quote(type) +
+                    ", valid task types are: " + std::string(known_task_types_text));
+  // TF lets an evaluator be absent from the cluster (Estimator's TF_CONFIG lists it apart).
+  if (!spec.has_job(type) && type != "evaluator")
+    throw_error(errc::invalid_argument, src + ": `task_type` " + quote(type) +
+                                            " not found in cluster_spec; its jobs are " +
+                                            jobs_text(spec));
+  for (std::string_view single : {"chief", "evaluator"}) {
+    const std::string job(single);
+    if (spec.has_job(job) && spec.num_tasks(job) > 1)
+      throw_error(errc::invalid_argument,
+                  src + ": There must be at most one '" + job + "' job; job " + quote(job) +
+                      " has " + std::to_string(spec.num_tasks(job)) + " tasks (indices " +
+                      join(spec.task_indices(job)) + ")");
+  }
+  if (!id)
+    return;
+  if (*id < 0)
+    throw_error(errc::invalid_argument, src + ": task index " + std::to_string(*id) +
+                                            " of task type " + quote(type) +
+                                            " is negative; expected an index >= 0");
+  // TF checks `task_id < number of tasks`; for a sparse job we check that the index names one of
+  // its tasks, which is the same rule for a dense job.
+  if (spec.has_job(type)) {
+    auto indices = spec.task_indices(type);
+    if (!std::binary_search(indices.begin(), indices.end(), *id))
+      throw_error(errc::invalid_argument,
+                  src + ": The `task_id` " + std::to_string(*id) + " exceeds the maximum id of " +
+                      type + "; job " + quote(type) + " has " + std::to_string(indices.size()) +
+                      " task(s)" +
+                      (indices.empty() ? std::string()
+                                       : ", expected one of its indices: " + join(indices)));
+  }
+}
+
+} // namespace
+
 void validate_multi_worker_cluster(const cluster_resolver& resolver, const std::string& who) {
   const auto spec = resolver.cluster_spec();
   if (spec.empty())
@@ -60,44 +111,7 @@ void validate_multi_worker_cluster(const cluster_resolver& resolver, const std::
                           : std::string("no task type is given")) +
                     " (in TF_CONFIG: " + std::string(task_example) + ")");
   // The rules of multi_worker_util._validate_cluster_spec, in its order.
-  for (const auto& job : spec.jobs())
-    if (!is_known_task_type(job))
-      throw_error(errc::invalid_argument,
-                  src + ": Disallowed task type found in cluster spec: job " + quote(job) +
-                      "; allowed types are " + std::string(known_task_types_text));
-  if (!is_known_task_type(*type))
-    throw_error(errc::invalid_argument,
-                src + ": Unrecognized task_type: " + quote(*type) +
-                    ", valid task types are: " + std::string(known_task_types_text));
-  // TF lets an evaluator be absent from the cluster (Estimator's TF_CONFIG lists it apart).
-  if (!spec.has_job(*type) && *type != "evaluator")
-    throw_error(errc::invalid_argument, src + ": `task_type` " + quote(*type) +
-                                            " not found in cluster_spec; its jobs are " +
-                                            jobs_text(spec));
-  for (std::string_view single : {"chief", "evaluator"}) {
-    const std::string job(single);
-    if (spec.has_job(job) && spec.num_tasks(job) > 1)
-      throw_error(errc::invalid_argument,
-                  src + ": There must be at most one '" + job + "' job; job " + quote(job) +
-                      " has " + std::to_string(spec.num_tasks(job)) + " tasks (indices " +
-                      join(spec.task_indices(job)) + ")");
-  }
-  if (*id < 0)
-    throw_error(errc::invalid_argument, src + ": task index " + std::to_string(*id) +
-                                            " of task type " + quote(*type) +
-                                            " is negative; expected an index >= 0");
-  // TF checks `task_id < number of tasks`; for a sparse job we check that the index names one of
-  // its tasks, which is the same rule for a dense job.
-  if (spec.has_job(*type)) {
-    auto indices = spec.task_indices(*type);
-    if (!std::binary_search(indices.begin(), indices.end(), *id))
-      throw_error(errc::invalid_argument,
-                  src + ": The `task_id` " + std::to_string(*id) + " exceeds the maximum id of " +
-                      *type + "; job " + quote(*type) + " has " + std::to_string(indices.size()) +
-                      " task(s)" +
-                      (indices.empty() ? std::string()
-                                       : ", expected one of its indices: " + join(indices)));
-  }
+  check_tf_rules(spec, *type, *id, src);
   // Two tasks at one address cannot both serve it: the second would wait out the rendezvous for a
   // task that can never join. Refused here, naming both.
   std::map<std::string, std::string> owner;
@@ -119,14 +133,53 @@ std::unique_ptr<cluster_resolver> cluster_resolver::local() {
                                                    std::nullopt);
 }
 
+// The accessors follow TF's multi_worker_util (is_chief, id_in_cluster, worker_count) on a
+// non-empty cluster, each checking the task with TF's _validate_cluster_spec first, as TF's do.
+// An empty cluster is a local run: TF's strategy then sets is_chief True and one worker
+// (CollectiveAllReduceExtended._initialize_local), where multi_worker_util would raise.
+
+namespace {
+
+// "ps:1", or "ps" when the index is not known.
+std::string task_text(const std::string& type, std::optional<int> id) {
+  return id ? to_string(consort::task_id{type, *id}) : type;
+}
+
+[[noreturn]] void throw_no_task_type(const cluster_spec& spec, const std::string& src,
+                                     const std::string& tf_says) {
+  throw_error(errc::invalid_argument,
+              src + ": this process has no task type (TF's multi_worker_util: " + tf_says +
+                  "); the cluster has jobs " + jobs_text(spec) +
+                  ", so a task is needed; expected one, e.g. TF_CONFIG's \"task\": "
+                  "{\"type\": \"worker\", \"index\": 0}");
+}
+
+[[noreturn]] void throw_no_index(const std::string& type, const std::string& src) {
+  throw_error(errc::invalid_argument,
+              src + ": task type " + quote(type) +
+                  " has no index; expected one, e.g. TF_CONFIG's \"task\": {\"type\": " +
+                  quote(type) + ", \"index\": 0}");
+}
+
+} // namespace
+
 bool cluster_resolver::is_chief() const {
   const auto spec = cluster_spec();
   if (spec.empty())
     return true;
   const auto type = task_type();
-  if (type == "chief" || type == "evaluator")
+  // TF's is_chief(cluster_spec, None, None) passes its validation and answers False.
+  if (!type)
+    return false;
+  const auto id = task_id();
+  const std::string src = "is_chief()";
+  check_tf_rules(spec, *type, id, src);
+  if (!id)
+    throw_no_index(*type, src);
+  // The evaluator is the chief of its own group.
+  if (*type == "chief" || *type == "evaluator")
     return true;
-  return type == "worker" && task_id() == 0 && !spec.has_job("chief");
+  return *type == "worker" && *id == 0 && !spec.has_job("chief");
 }
 
 consort::task_id cluster_resolver::chief() const {
@@ -146,20 +199,51 @@ int cluster_resolver::worker_rank() const {
   const auto spec = cluster_spec();
   if (spec.empty())
     return 0;
+  const std::string src = "worker_rank()";
   const auto type = task_type();
-  if (type == "chief")
+  if (!type)
+    throw_no_task_type(spec, src, "\"There is no id for task_type None\"");
+  const auto id = task_id();
+  check_tf_rules(spec, *type, id, src);
+  if (*type == "ps")
+    throw_error(errc::unsupported,
+                src + ": task " + task_text(*type, id) +
+                    " has no worker rank (TF: \"There is no id for task_type 'ps'\"); a ps task "
+                    "is not a worker; expected a chief, worker or evaluator task");
+  if (!id)
+    throw_no_index(*type, src);
+  if (*type == "chief")
     return 0;
-  if (type == "worker" && task_id())
-    return *task_id() + (spec.has_job("chief") ? spec.num_tasks("chief") : 0);
-  throw_error(errc::invalid_argument,
-              "task " + to_string(task()) +
-                  " has no worker rank; expected a chief or worker task (ps and evaluator tasks "
-                  "are not workers)");
+  if (*type == "worker")
+    return *id + (spec.has_job("chief") ? spec.num_tasks("chief") : 0);
+  // The evaluator is a group of its own, of one task. In the cluster, the checks above make its
+  // index 0; absent from it (as TF allows), its index must be 0 too.
+  if (*id != 0)
+    throw_error(errc::invalid_argument,
+                src + ": The `task_id` " + std::to_string(*id) +
+                    " exceeds the maximum id of evaluator; an evaluator is a group of its own, "
+                    "of one task, so expected index 0");
+  return 0;
 }
 
 int cluster_resolver::num_workers() const {
   const auto spec = cluster_spec();
   if (spec.empty())
+    return 1;
+  const std::string src = "num_workers()";
+  const auto type = task_type();
+  if (!type)
+    throw_no_task_type(spec, src, "\"Unexpected `task_type` None\"");
+  // TF's worker_count checks the task type, not the index.
+  check_tf_rules(spec, *type, std::nullopt, src);
+  if (*type == "ps")
+    throw_error(errc::unsupported,
+                src + ": task " + task_text(*type, task_id()) +
+                    " has no worker count (TF: \"Unexpected `task_type` 'ps'\"); a ps task is "
+                    "not a worker and has no replicas; expected a chief, worker or evaluator task");
+  // The evaluator is a group of its own (TF: the number of evaluator tasks, at most one; consort
+  // counts one also when the evaluator is absent from the cluster, where TF raises a KeyError).
+  if (*type == "evaluator")
     return 1;
   int count = 0;
   for (const char* job : {"chief", "worker"})
@@ -274,7 +358,10 @@ tf_config_cluster_resolver::tf_config_cluster_resolver(from_text_tag,
     }
     rpc = string_key(config, "rpc_layer");
     env = string_key(config, "environment");
-    session_master_ = string_key(config, "session_master").value_or("");
+    if (auto master = string_key(config, "session_master")) {
+      session_master_ = std::move(*master);
+      has_session_master_ = true;
+    }
   }
   if (overrides.task_type)
     type = overrides.task_type;
@@ -291,7 +378,57 @@ tf_config_cluster_resolver::tf_config_cluster_resolver(from_text_tag,
   environment_ = env.value_or("");
 }
 
+namespace {
+
+// TF's TFConfigClusterResolver.master: "Return an empty string if we are the only job in the
+// ClusterSpec": no job, or one job whose task list (`job_tasks`) has exactly one entry, i.e. only
+// task 0. Any other cluster needs a task to name.
+bool master_is_empty(const cluster_spec& spec) {
+  if (spec.empty())
+    return true;
+  const auto& jobs = spec.as_dict();
+  if (jobs.size() != 1)
+    return false;
+  const auto& tasks = jobs.begin()->second;
+  return tasks.size() == 1 && tasks.begin()->first == 0;
+}
+
+int total_tasks(const cluster_spec& spec) {
+  int count = 0;
+  for (const auto& [job, tasks] : spec.as_dict())
+    count += static_cast<int>(tasks.size());
+  return count;
+}
+
+// TF's master() then calls cluster_spec.task_address(task_type, task_id), which raises for a
+// None type ("No such job in cluster: None") or a None index ("No task with index None in job
+// 'worker'"). `caller` is the consort call that needs the task.
+void require_task_for_master(const cluster_spec& spec, const std::optional<std::string>& type,
+                             const std::optional<int> id, const std::string& caller) {
+  if (type && !type->empty() && id)
+    return;
+  const bool no_type = !type || type->empty();
+  throw_error(errc::invalid_argument,
+              "TF_CONFIG: " + caller + " needs this process's task: the cluster has " +
+                  std::to_string(total_tasks(spec)) +
+                  (total_tasks(spec) == 1 ? " task in jobs " : " tasks in jobs ") +
+                  jobs_text(spec) + ", but " +
+                  (no_type ? std::string("no task type is given (TF: \"No such job in cluster: "
+                                         "None\")")
+                           : "task type " + quote(*type) +
+                                 " has no index (TF: \"No task with index None in job '" + *type +
+                                 "'\")") +
+                  "; expected TF_CONFIG's \"task\": {\"type\": \"worker\", \"index\": 0}, the "
+                  "task_type and task_id overrides, or master(task_type, task_id)");
+}
+
+} // namespace
+
 std::map<std::string, int> tf_config_cluster_resolver::num_accelerators() const {
+  // TF's ClusterResolver.num_accelerators asks master(task_type, task_id) first, so it raises
+  // where master() raises for want of a task.
+  if (!has_session_master_ && !master_is_empty(spec_))
+    require_task_for_master(spec_, task_type_, task_id_, "num_accelerators()");
   const int gpus = detail::gpu::count();
   if (gpus <= 0)
     return {};
@@ -300,17 +437,14 @@ std::map<std::string, int> tf_config_cluster_resolver::num_accelerators() const 
 
 std::string tf_config_cluster_resolver::master_impl(const std::string& type, int id,
                                                     const std::string& rpc) const {
-  if (!session_master_.empty())
+  // TF returns "session_master" whenever the key is there (`is not None`), even "".
+  if (has_session_master_)
     return session_master_;
-  // TF: "Return an empty string if we are the only job in the ClusterSpec" — one job whose
-  // task list (`job_tasks`) has exactly one entry, i.e. only task 0.
-  if (spec_.empty())
+  if (master_is_empty(spec_))
     return {};
-  if (const auto& jobs = spec_.as_dict(); jobs.size() == 1) {
-    const auto& tasks = jobs.begin()->second;
-    if (tasks.size() == 1 && tasks.begin()->first == 0)
-      return {};
-  }
+  // The arguments when given, else this process's task; TF raises without one.
+  require_task_for_master(spec_, type.empty() ? task_type_ : std::optional<std::string>(type),
+                          id >= 0 ? std::optional<int>(id) : task_id_, "master()");
   return cluster_resolver::master_impl(type, id, rpc);
 }
 
@@ -364,10 +498,13 @@ std::vector<task_id> worker_tasks(const cluster_resolver& resolver) {
   if (spec.has_job("worker"))
     for (int index : spec.task_indices("worker"))
       tasks.push_back({"worker", index});
-  if (static_cast<int>(tasks.size()) != resolver.num_workers()) {
-    // A sparse view (Open MPI before the exchange): the workers are numbered by rank.
+  // Open MPI before the address exchange knows only the chief and itself: the workers are
+  // numbered by rank. (num_workers() is not asked otherwise: it is the size of this task's own
+  // group, one for an evaluator, and a ps task has none.)
+  if (auto* mpi = dynamic_cast<const mpi_cluster_resolver*>(&resolver);
+      mpi && static_cast<int>(tasks.size()) != mpi->num_workers()) {
     tasks.clear();
-    for (int i = 0; i < resolver.num_workers(); ++i)
+    for (int i = 0; i < mpi->num_workers(); ++i)
       tasks.push_back({"worker", i});
   }
   return tasks;

@@ -144,8 +144,9 @@ std::ostream& operator<<(std::ostream& out, const task_id& id);
 /// (chief, rank and worker count, from TF's `multi_worker_util`).
 ///
 /// Ranks follow docs/semantics.md: the chief (task chief:0, or worker:0 when there is no chief job)
-/// is worker 0, then the worker tasks in index order; ps and evaluator tasks are not workers. An
-/// empty cluster is *local*: one worker, which is the chief, with rank 0.
+/// is worker 0, then the worker tasks in index order; a ps task is not a worker; an evaluator is a
+/// group of its own (one worker, its chief, rank 0), as in TF's `multi_worker_util`. An empty
+/// cluster is *local*: one worker, which is the chief, with rank 0.
 ///
 /// Implementations in this header are immutable after construction (except
 /// `mpi_cluster_resolver::set_addresses`) and safe to read from many threads.
@@ -185,10 +186,11 @@ public:
   consort::task_id task() const { return {task_type().value_or(""), task_id().value_or(0)}; }
 
   /// The address of a task as a URL for TF's session master, with TF's semantics:
-  /// "" for an empty cluster or when no task type is known; otherwise the address of
-  /// `task_type`:`task_id` (each defaulting to this process's task when "" or negative), prefixed
-  /// with "<rpc_layer>://" when an RPC layer is set (`rpc_layer`, defaulting to `rpc_layer()` when
-  /// ""). Some resolvers refine this (see `tf_config_cluster_resolver`).
+  /// "" for an empty cluster or when no task type or index is known (TF's SimpleClusterResolver
+  /// then returns its `master`, "" by default); otherwise the address of `task_type`:`task_id`
+  /// (each defaulting to this process's task when "" or negative), prefixed with
+  /// "<rpc_layer>://" when an RPC layer is set (`rpc_layer`, defaulting to `rpc_layer()` when "").
+  /// Some resolvers refine this (see `tf_config_cluster_resolver`, which needs a task).
   /// @throws error(invalid_argument | out_of_range) when the task is not in the cluster.
   std::string master(const std::string& task_type = "", int task_id = -1,
                      const std::string& rpc_layer = "") const {
@@ -200,7 +202,11 @@ public:
 
   /// True when this task is the chief (TF's `multi_worker_util.is_chief`): a local run; a chief
   /// task; worker:0 when there is no chief job; and an evaluator, which TF treats as the chief of
-  /// its own partition.
+  /// its own group. False for other tasks, and, as TF's, when the task type is not known.
+  /// On a non-empty cluster the task is first checked as TF checks it (the rules of
+  /// `validate_multi_worker_cluster` that TF's `_validate_cluster_spec` has).
+  /// @throws error(invalid_argument) when the task breaks one of those rules, or has a type but no
+  ///         index.
   virtual bool is_chief() const;
 
   /// The chief's task: chief:0 when the cluster has a chief job, else worker:0; this process's own
@@ -208,13 +214,21 @@ public:
   /// @throws error(invalid_argument) when the cluster has neither a chief nor a worker job.
   virtual consort::task_id chief() const;
 
-  /// This task's rank among the workers (TF's `id_in_cluster`): 0 for the chief, then
-  /// index + (number of chief tasks) for a worker; 0 for a local run.
-  /// @throws error(invalid_argument) for a ps or evaluator task, which has no rank.
+  /// This task's rank in its group (TF's `multi_worker_util.id_in_cluster`): 0 for the chief, then
+  /// index + (number of chief tasks) for a worker; 0 for an evaluator, which is a group of its own;
+  /// 0 for a local run. The task is first checked as `is_chief()` checks it.
+  /// @throws error(unsupported) for a ps task, which is not a worker (TF: "There is no id for
+  ///         task_type 'ps'"); error(invalid_argument) without a task type or index, when the task
+  ///         breaks TF's rules, or for an evaluator whose index is not 0.
   virtual int worker_rank() const;
 
-  /// The number of workers: chief tasks + worker tasks (ps and evaluator do not count); 1 for a
-  /// local run.
+  /// The number of workers in this task's group (TF's `multi_worker_util.worker_count`): chief
+  /// tasks + worker tasks for a chief or worker task; 1 for an evaluator (its own group, also when
+  /// it is absent from the cluster, where TF raises a KeyError); 1 for a local run. The task type
+  /// is checked as `is_chief()` checks it; the index is not looked at, as TF's is not.
+  /// @throws error(unsupported) for a ps task (TF: "Unexpected `task_type` 'ps'");
+  ///         error(invalid_argument) without a task type or when the task type breaks TF's rules
+  ///         (e.g. a task type that is not a job of the cluster).
   virtual int num_workers() const;
 
 protected:
@@ -317,6 +331,9 @@ public:
 
   /// The visible GPUs of this process, as TF counts the local task's devices: {"GPU": n}, or
   /// empty without a GPU (or in a build without CUDA).
+  /// @throws error(invalid_argument) where `master()` fails for want of a task (a cluster of
+  ///         several tasks, no "session_master", and no task type or index), as TF's
+  ///         `ClusterResolver.num_accelerators` asks `master()` first.
   std::map<std::string, int> num_accelerators() const override;
 
   /// The override, else "environment", else "".
@@ -326,8 +343,12 @@ public:
   const std::string& session_master() const noexcept { return session_master_; }
 
 protected:
-  /// TF's `TFConfigClusterResolver.master`: "session_master" when set; "" when the cluster is empty
-  /// or has exactly one job with exactly one task; otherwise the base rule.
+  /// TF's `TFConfigClusterResolver.master`: "session_master" when TF_CONFIG has the key (even "");
+  /// "" when the cluster is empty or has exactly one job with exactly one task (task 0); otherwise
+  /// the address of the task (the arguments, else this process's task), as the base rule.
+  /// @throws error(invalid_argument) in that last case when no task type or no index is known,
+  ///         where TF's `task_address(None, None)` raises "No such job in cluster: None"; and as
+  ///         the base rule when the task is not in the cluster.
   std::string master_impl(const std::string& task_type, int task_id,
                           const std::string& rpc_layer) const override;
 
@@ -342,6 +363,7 @@ private:
   std::string rpc_layer_;
   std::string environment_;
   std::string session_master_;
+  bool has_session_master_ = false;
 };
 
 // -- simple_cluster_resolver ----------------------------------------------------------------------
@@ -575,7 +597,8 @@ private:
 std::shared_ptr<cluster_resolver> resolve_cluster(const env_lookup& lookup = process_environment());
 
 /// The tasks that are workers of `resolver`'s cluster, in rank order: the chief (chief:0, or
-/// worker:0 without a chief job), then the worker tasks by index. Under Open MPI, before the
+/// worker:0 without a chief job), then the worker tasks by index, whatever this process's own task
+/// (an evaluator's or a ps task's view lists the training workers too). Under Open MPI, before the
 /// address exchange, worker:0 .. worker:n-1.
 std::vector<task_id> worker_tasks(const cluster_resolver& resolver);
 

@@ -348,7 +348,8 @@ class multi_worker_mirrored_strategy : public strategy {
 public:
   /// Joins the cluster. @throws error(invalid_argument) for a malformed cluster or a refusal by
   /// the chief (wrong secret, device count), error(collective_timeout) when rendezvous does not
-  /// complete in time (naming the missing tasks), error(unsupported) on a ps or evaluator task.
+  /// complete in time (naming the missing tasks), error(unsupported) on a ps task. An evaluator
+  /// task is a one-worker group of its own, as in TF (no rendezvous with the workers).
   explicit multi_worker_mirrored_strategy(strategy_options opts = {}, multi_worker_options mw = {});
 
   /// The resolver the cluster came from (tf.distribute's `cluster_resolver`).

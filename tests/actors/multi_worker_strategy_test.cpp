@@ -73,6 +73,23 @@ TEST(MultiWorkerStrategyTest, APsTaskHasNoReplicas) {
   }
 }
 
+TEST(MultiWorkerStrategyTest, AnEvaluatorTaskIsAOneWorkerGroupOfItsOwn) {
+  // As TF's CollectiveAllReduceExtended on an evaluator (multi_worker_util.worker_count gives 1,
+  // id_in_cluster 0, is_chief True): it runs alone, with no rendezvous with the workers.
+  auto spec = cluster_spec::dense({{"chief", {"127.0.0.1:1"}},
+                                   {"worker", {"127.0.0.1:2", "127.0.0.1:3"}},
+                                   {"evaluator", {"127.0.0.1:4"}}});
+  auto mw = quiet(std::make_shared<simple_cluster_resolver>(spec, "evaluator", 0));
+  mw.devices = {"CPU:0"};
+  multi_worker_mirrored_strategy strategy({}, mw);
+  EXPECT_EQ(strategy.num_workers(), 1);
+  EXPECT_EQ(strategy.worker_rank(), 0);
+  EXPECT_EQ(strategy.num_replicas_in_sync(), 1);
+  auto out = strategy.run(
+      [](replica_context& ctx) { return ctx.all_reduce("SUM", tensor::scalar<float>(2)); });
+  EXPECT_EQ(out[0].item<float>(), 2.0f);
+}
+
 TEST(MultiWorkerStrategyTest, TheStrategyNotTheResolverRefusesAClusterItCannotRun) {
   // TF_CONFIG resolvers accept these (as TF's do); the strategy refuses them with TF's messages,
   // before any networking.

@@ -200,14 +200,61 @@ TEST(TfConfigClusterResolverTest, OverridesMaySupplyTheTaskTfConfigLacks) {
 }
 
 TEST(TfConfigClusterResolverTest, AnEvaluatorMayBeAbsentFromTheCluster) {
-  // TF allows this for Estimator's TF_CONFIG, which lists the evaluator apart.
+  // TF allows this for Estimator's TF_CONFIG, which lists the evaluator apart. The evaluator is a
+  // group of its own: one worker, its chief, rank 0 (TF's worker_count raises a KeyError here;
+  // consort counts the evaluator's group of one).
   auto r = tf_config_cluster_resolver::from_json(
       R"({"cluster": {"chief": ["c:1"], "worker": ["w:1"]}, "task": {"type": "evaluator", "index": 0}})");
   EXPECT_EQ(r.task(), (task_id{"evaluator", 0}));
   EXPECT_TRUE(r.is_chief());
-  EXPECT_EQ(r.num_workers(), 2);
-  EXPECT_TRUE(fails_with([&] { r.worker_rank(); }, errc::invalid_argument,
-                         {"evaluator:0", "no worker rank"}));
+  EXPECT_EQ(r.num_workers(), 1);
+  EXPECT_EQ(r.worker_rank(), 0);
+  validate_multi_worker_cluster(r);
+}
+
+TEST(TfConfigClusterResolverTest, AnEvaluatorIsAGroupOfItsOwnAsInTfsMultiWorkerUtil) {
+  // Issue 35, item 3: a chief, two workers and an evaluator. TF's worker_count("evaluator") is 1,
+  // id_in_cluster 0, is_chief True; consort's num_workers() was 3 and worker_rank() threw.
+  const std::string cluster =
+      R"("cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "evaluator": ["e:1"]})";
+  auto task = [&](const std::string& type, int index) {
+    return tf_config_cluster_resolver::from_json("{" + cluster + R"(, "task": {"type": ")" + type +
+                                                 R"(", "index": )" + std::to_string(index) + "}}");
+  };
+  auto evaluator = task("evaluator", 0);
+  EXPECT_EQ(evaluator.num_workers(), 1);
+  EXPECT_EQ(evaluator.worker_rank(), 0);
+  EXPECT_TRUE(evaluator.is_chief());
+  // The training workers keep their group of three.
+  EXPECT_EQ(task("chief", 0).num_workers(), 3);
+  EXPECT_EQ(task("chief", 0).worker_rank(), 0);
+  EXPECT_TRUE(task("chief", 0).is_chief());
+  EXPECT_EQ(task("worker", 1).num_workers(), 3);
+  EXPECT_EQ(task("worker", 1).worker_rank(), 2);
+  EXPECT_FALSE(task("worker", 0).is_chief());
+  EXPECT_EQ(consort::worker_tasks(evaluator),
+            (std::vector<task_id>{{"chief", 0}, {"worker", 0}, {"worker", 1}}));
+}
+
+TEST(TfConfigClusterResolverTest, APsTaskHasNoWorkerCountOrRankAsInTf) {
+  // TF's worker_count raises "Unexpected `task_type` 'ps'"; consort's num_workers() was 2 here.
+  auto r =
+      tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"type": "ps", "index": 1})"));
+  EXPECT_FALSE(r.is_chief());
+  EXPECT_TRUE(fails_with([&] { r.num_workers(); }, errc::unsupported,
+                         {"task ps:1 has no worker count", "Unexpected `task_type` 'ps'"}));
+  EXPECT_TRUE(fails_with([&] { r.worker_rank(); }, errc::unsupported,
+                         {"task ps:1 has no worker rank", "There is no id for task_type 'ps'"}));
+}
+
+TEST(TfConfigClusterResolverTest, ATaskTypeOutsideTheClusterHasNoWorkerCount) {
+  // TF's worker_count raises "`task_type` 'chief' not found in cluster_spec."; consort's was 3.
+  auto r = tf_config_cluster_resolver::from_json(
+      with_cluster(R"("task": {"type": "chief", "index": 0})"));
+  EXPECT_TRUE(fails_with([&] { r.num_workers(); }, errc::invalid_argument,
+                         {"`task_type` \"chief\" not found in cluster_spec", "ps, worker"}));
+  EXPECT_TRUE(fails_with([&] { r.is_chief(); }, errc::invalid_argument, {"not found"}));
+  EXPECT_TRUE(fails_with([&] { r.worker_rank(); }, errc::invalid_argument, {"not found"}));
 }
 
 // -- local runs -----------------------------------------------------------------------------------
@@ -366,11 +413,10 @@ TEST(TfConfigClusterResolverTest, TheStrategyRefusesATaskIndexThatNamesNoTaskOfI
 }
 
 TEST(TfConfigClusterResolverTest, AClusterWithoutATaskIsReadAndTheStrategyAsksForTheTask) {
-  // TF: task_type and task_id are None; master() is "".
+  // TF: task_type and task_id are None (master() then raises: see the next tests).
   auto r = tf_config_cluster_resolver::from_json(with_cluster(""));
   EXPECT_EQ(r.task_type(), std::nullopt);
   EXPECT_EQ(r.task_id(), std::nullopt);
-  EXPECT_EQ(r.master(), "");
   EXPECT_TRUE(strategy_refuses(with_cluster(""),
                                {"When `cluster_spec` is given, you must also specify `task_type` "
                                 "and `task_id`",
@@ -381,6 +427,113 @@ TEST(TfConfigClusterResolverTest, AClusterWithoutATaskIsReadAndTheStrategyAsksFo
   EXPECT_EQ(tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"type": "worker"})"))
                 .task_id(),
             std::nullopt);
+}
+
+TEST(TfConfigClusterResolverTest, MasterWithoutATaskFailsOnAClusterOfSeveralTasks) {
+  // Issue 35, item 4. TF's master() calls cluster_spec.task_address(None, None), which raises
+  // "No such job in cluster: None"; consort's returned "".
+  auto r = tf_config_cluster_resolver::from_json(with_cluster(R"("rpc_layer": "grpc")"));
+  EXPECT_TRUE(
+      fails_with([&] { r.master(); }, errc::invalid_argument,
+                 {"TF_CONFIG: master() needs this process's task", "5 tasks", "jobs ps, worker",
+                  "no task type is given", "No such job in cluster: None", "\"task\": {\"type\""}));
+  // A type without an index: TF's task_address("worker", None) raises too.
+  auto no_index =
+      tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"type": "worker"})"));
+  EXPECT_TRUE(
+      fails_with([&] { no_index.master(); }, errc::invalid_argument,
+                 {"task type \"worker\" has no index", "No task with index None in job 'worker'"}));
+  // An index without a type.
+  auto no_type = tf_config_cluster_resolver::from_json(with_cluster(R"("task": {"index": 1})"));
+  EXPECT_TRUE(
+      fails_with([&] { no_type.master(); }, errc::invalid_argument, {"no task type is given"}));
+}
+
+TEST(TfConfigClusterResolverTest, MasterArgumentsOrOverridesSupplyTheMissingTask) {
+  auto r = tf_config_cluster_resolver::from_json(with_cluster(R"("rpc_layer": "grpc")"));
+  EXPECT_EQ(r.master("worker", 1), "grpc://worker1:2222");
+  EXPECT_EQ(r.master("ps", 0, "test"), "test://ps0:2222");
+  // Half a task is still no task, as in TF (master("worker") asks task_address("worker", None)).
+  EXPECT_TRUE(fails_with([&] { r.master("worker"); }, errc::invalid_argument,
+                         {"task type \"worker\" has no index"}));
+  EXPECT_TRUE(
+      fails_with([&] { r.master("", 1); }, errc::invalid_argument, {"no task type is given"}));
+  auto overridden = tf_config_cluster_resolver::from_json(with_cluster(""),
+                                                          {.task_type = "worker", .task_id = 2});
+  EXPECT_EQ(overridden.master(), "worker2:2222");
+  auto set = tf_config_cluster_resolver::from_json(with_cluster(""));
+  set.set_task_type("ps");
+  set.set_task_id(1);
+  EXPECT_EQ(set.master(), "ps1:2222");
+}
+
+TEST(TfConfigClusterResolverTest, MasterWithoutATaskIsEmptyOnlyForOneTaskOrNone) {
+  // TF returns "" before it looks at the task when the cluster has no job, or one job whose task
+  // list (job_tasks) has one entry.
+  EXPECT_EQ(tf_config_cluster_resolver::from_json(R"({"cluster": {"worker": ["w:1"]}})").master(),
+            "");
+  EXPECT_EQ(
+      tf_config_cluster_resolver::from_json(R"({"cluster": {}, "rpc_layer": "grpc"})").master(),
+      "");
+  // One job of one task at index 1: job_tasks is [None, "w1:1"], two entries, so TF asks for the
+  // task.
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(R"({"cluster": {"worker": {"1": "w1:1"}}})").master();
+      },
+      errc::invalid_argument, {"1 task in jobs worker", "no task type is given"}));
+  // Two jobs of one task each.
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(
+            R"({"cluster": {"chief": ["c:1"], "worker": ["w:1"]}})")
+            .master();
+      },
+      errc::invalid_argument, {"2 tasks in jobs chief, worker"}));
+}
+
+TEST(TfConfigClusterResolverTest, SessionMasterAnswersWithoutATaskEvenWhenEmpty) {
+  // TF returns "session_master" whenever the key is there (`is not None`), before the task.
+  EXPECT_EQ(
+      tf_config_cluster_resolver::from_json(with_cluster(R"("session_master": "sm:1")")).master(),
+      "sm:1");
+  auto empty = tf_config_cluster_resolver::from_json(with_cluster(R"("session_master": "")"));
+  EXPECT_EQ(empty.master(), "");
+  EXPECT_EQ(empty.session_master(), "");
+  EXPECT_NO_THROW(empty.num_accelerators());
+  // null counts as absent, as TF's `is not None` reads it.
+  EXPECT_TRUE(fails_with(
+      [] {
+        tf_config_cluster_resolver::from_json(with_cluster(R"("session_master": null)")).master();
+      },
+      errc::invalid_argument, {"no task type is given"}));
+}
+
+TEST(TfConfigClusterResolverTest, OtherAccessorsWithoutATaskFollowTf) {
+  // TF's answers in the same corner (a cluster of several tasks, no "task"): task_type and task_id
+  // None, cluster_spec, rpc_layer and environment as TF_CONFIG has them; num_accelerators() raises
+  // as master() does (ClusterResolver.num_accelerators asks master() first);
+  // multi_worker_util.is_chief False, id_in_cluster and worker_count raise.
+  auto r = tf_config_cluster_resolver::from_json(
+      with_cluster(R"("rpc_layer": "grpc", "environment": "cloud")"));
+  EXPECT_EQ(r.task_type(), std::nullopt);
+  EXPECT_EQ(r.task_id(), std::nullopt);
+  EXPECT_EQ(r.cluster_spec().num_tasks("worker"), 3);
+  EXPECT_EQ(r.cluster_spec().num_tasks("ps"), 2);
+  EXPECT_EQ(r.rpc_layer(), "grpc");
+  EXPECT_EQ(r.environment(), "cloud");
+  EXPECT_FALSE(r.is_local());
+  EXPECT_TRUE(fails_with(
+      [&] { r.num_accelerators(); }, errc::invalid_argument,
+      {"TF_CONFIG: num_accelerators() needs this process's task", "No such job in cluster: None"}));
+  EXPECT_FALSE(r.is_chief());
+  EXPECT_TRUE(fails_with([&] { r.worker_rank(); }, errc::invalid_argument,
+                         {"no task type", "There is no id for task_type None"}));
+  EXPECT_TRUE(fails_with([&] { r.num_workers(); }, errc::invalid_argument,
+                         {"no task type", "Unexpected `task_type` None"}));
+  // With one task in the cluster TF's master() is "" before the task, so the count goes on.
+  EXPECT_NO_THROW(tf_config_cluster_resolver::from_json(R"({"cluster": {"worker": ["w:1"]}})")
+                      .num_accelerators());
 }
 
 TEST(TfConfigClusterResolverTest, TheStrategyRefusesATaskTypeOrJobItDoesNotSupport) {
@@ -427,7 +580,9 @@ TEST(TfConfigClusterResolverTest, TheSettersReplaceTheTaskAndTheRpcLayer) {
   validate_multi_worker_cluster(r); // now a valid worker of the cluster
   r.set_task_id(std::nullopt);
   EXPECT_EQ(r.task_id(), std::nullopt);
-  EXPECT_EQ(r.master(), "");
+  // TF's task_address("worker", None) raises "No task with index None in job 'worker'".
+  EXPECT_TRUE(fails_with([&] { r.master(); }, errc::invalid_argument,
+                         {"task type \"worker\" has no index"}));
 }
 
 TEST(TfConfigClusterResolverTest, NumAcceleratorsCountsTheVisibleGpus) {
