@@ -15,6 +15,7 @@
 #include "actors/strategy_access.hpp"
 #include "transport/communicator.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -215,6 +216,15 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
 
   membership::options mopts;
   mopts.tasks = tasks;
+  // The cluster's digest travels in the Join, so that every task must have been given the same
+  // one. A resolver that learns the addresses at the rendezvous (Open MPI's before its exchange)
+  // knows only its own and the chief's: the workers then compare their lists of tasks.
+  const bool complete = std::all_of(tasks.begin(), tasks.end(), [&spec](const task_id& t) {
+    const auto indices = spec.has_job(t.type) ? spec.task_indices(t.type) : std::vector<int>{};
+    return std::find(indices.begin(), indices.end(), t.index) != indices.end();
+  });
+  if (complete)
+    mopts.cluster = spec;
   mopts.rank = rank;
   mopts.chief_address = chief_address;
   mopts.address = (*ctx)->listen_address();

@@ -57,9 +57,20 @@ struct Join {
 
   pid @6 :UInt32;
   # The worker's process id, for logs.
+
+  clusterDigest @7 :UInt64;
+  # A hash of the cluster this worker was given (TF_CONFIG or its cluster resolver): every task of
+  # every job but the evaluator, with its address, in sorted order (transport/membership/
+  # cluster_check.hpp). Never 0 (0: an older Join without one). The chief refuses a Join whose
+  # digest differs from its own cluster's.
+
+  cluster @8 :Text;
+  # That cluster as text, "[worker:0=host:port, worker:1=host:port]", cut at an entry when it
+  # would not fit the frame (it then ends ", ...]"): for the chief's refusal to name both lists.
 }
 
-# The chief refuses a Join (wrong version, failed proof, a task it does not expect, a duplicate).
+# The chief refuses a Join (wrong version, failed proof, another cluster, a task it does not
+# expect, a duplicate).
 struct Refusal {
   task @0 :Task;
   reason @1 :Text;

@@ -44,7 +44,7 @@ void check(bool ok, const char* what, const std::string& detail = {}) {
 bool same(const codec::join& a, const codec::join& b) {
   return a.task == b.task && a.address == b.address && a.devices == b.devices &&
          a.version == b.version && a.nonce == b.nonce && a.auth_proof == b.auth_proof &&
-         a.pid == b.pid;
+         a.pid == b.pid && a.cluster_digest == b.cluster_digest && a.cluster == b.cluster;
 }
 bool same(const codec::refusal& a, const codec::refusal& b) {
   return a.task == b.task && a.reason == b.reason;

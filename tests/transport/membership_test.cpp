@@ -2,7 +2,8 @@
 // the chief on an ephemeral port; raw sockets play broken or hostile peers. Nothing sleeps: every
 // wait is on a future, a loss event or a log line, with a deadline.
 
-#include "transport/membership/codec.hpp" // to craft messages for the raw peers
+#include "transport/membership/cluster_check.hpp" // the digest of a cluster, for raw Joins
+#include "transport/membership/codec.hpp"         // to craft messages for the raw peers
 #include "transport/membership/test_access.hpp"
 
 #include "support/time_scale.hpp"
@@ -31,6 +32,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -47,6 +49,7 @@ using consort::test::log_capture;
 using consort::test::text_of;
 namespace membership = consort::transport::membership;
 namespace codec = consort::transport::membership::codec;
+namespace cluster_check = consort::transport::membership::cluster_check;
 namespace asio = boost::asio;
 using bytes = std::vector<std::byte>;
 using clock_type = std::chrono::steady_clock;
@@ -323,6 +326,8 @@ TEST(MembershipCodecTest, EveryMessageRoundTripsThroughItsEncoding) {
   j.nonce = pattern(32, 1);
   j.auth_proof = pattern(32, 2);
   j.pid = 4242;
+  j.cluster_digest = 0x0123456789abcdefull;
+  j.cluster = "[worker:0=10.0.0.1:7000, worker:3=10.0.0.4:7000]";
   auto out = std::get<codec::join>(round_trip(j));
   EXPECT_EQ(out.task, j.task);
   EXPECT_EQ(out.address, j.address);
@@ -331,6 +336,8 @@ TEST(MembershipCodecTest, EveryMessageRoundTripsThroughItsEncoding) {
   EXPECT_EQ(out.nonce, j.nonce);
   EXPECT_EQ(out.auth_proof, j.auth_proof);
   EXPECT_EQ(out.pid, 4242u);
+  EXPECT_EQ(out.cluster_digest, j.cluster_digest);
+  EXPECT_EQ(out.cluster, j.cluster);
 
   codec::view_message v;
   v.view.epoch = 3;
@@ -430,6 +437,10 @@ TEST(MembershipTest, StartRejectsInvalidOptionsWithAClearReason) {
       {[](auto& o) { o.peer_timeout = 0ms; }, "options.peer_timeout is 0 ms"},
       {[](auto& o) { o.max_message_bytes = 10; }, "options.max_message_bytes is 10"},
       {[](auto& o) { o.chief_address = "256.1.1.1:0"; }, "cannot serve membership on 256.1.1.1:0"},
+      {[](auto& o) {
+         o.cluster = consort::cluster_spec::dense({{"worker", {"a:1"}}});
+       },
+       "options.tasks[1] is worker:1, which options.cluster {\"worker\":[\"a:1\"]} does not list"},
   };
   for (const auto& c : cases) {
     auto opts = options_for(2, 0, "127.0.0.1:0", nullptr);
@@ -669,15 +680,30 @@ TEST(MembershipTest, ADuplicateTaskIsRefused) {
 }
 
 TEST(MembershipTest, AnUnknownTaskIsRefused) {
+  // Only a Join of the same cluster can name a task the chief does not have: a hand-made one.
   log_capture logs;
-  auto chief = start_ok(options_for(2, 0, "127.0.0.1:0", &logs));
+  auto chief_opts = options_for(2, 0, "127.0.0.1:0", &logs);
+  auto chief = start_ok(chief_opts);
   ASSERT_TRUE(chief);
-  auto opts = options_for(2, 1, chief->listen_address(), &logs);
-  opts.tasks[1] = {"worker", 9};
-  auto stranger = start_ok(opts);
-  EXPECT_TRUE(has_error(
-      stranger->rendezvous(), errc::invalid_argument,
-      {"task worker:9 is not a worker of this cluster", "expected one of: worker:0, worker:1"}));
+  raw_peer peer(chief->listen_address());
+  codec::message m;
+  ASSERT_TRUE(peer.read(m));
+  ASSERT_TRUE(std::holds_alternative<codec::challenge>(m)) << codec::kind_of(m);
+  codec::join j;
+  j.task = {"worker", 9};
+  j.address = "127.0.0.1:1";
+  j.devices = {{"CPU:0", false, 0}};
+  j.nonce = pattern(32, 9);
+  j.cluster_digest = cluster_check::of(chief_opts).digest;
+  peer.write(codec::encode(j));
+  ASSERT_TRUE(peer.read(m));
+  ASSERT_TRUE(std::holds_alternative<codec::refusal>(m)) << codec::kind_of(m);
+  const auto& reason = std::get<codec::refusal>(m).reason;
+  EXPECT_NE(reason.find("task worker:9 is not a worker of this cluster (expected one of: "
+                        "worker:0, worker:1)"),
+            std::string::npos)
+      << reason;
+  EXPECT_TRUE(peer.closed_by_peer());
 }
 
 TEST(MembershipTest, AWorkerWithAnotherDeviceCountIsRefused) {
@@ -716,6 +742,246 @@ TEST(MembershipTest, AJoinOfAnotherProtocolVersionIsRefused) {
       << std::get<codec::refusal>(m).reason;
   EXPECT_TRUE(peer.closed_by_peer());
 }
+
+// -- the cluster every task was given ------------------------------------------------------------
+
+TEST(MembershipClusterTest, TheDigestCoversEveryTaskAndAddressInSortedOrder) {
+  auto of = [](const consort::cluster_spec& spec, std::vector<consort::task_id> tasks = {}) {
+    membership::options opts;
+    opts.tasks = std::move(tasks);
+    opts.cluster = spec;
+    return cluster_check::of(opts);
+  };
+  auto two = of(consort::cluster_spec::dense({{"worker", {"h:1", "h:2"}}, {"chief", {"h:0"}}}));
+  EXPECT_EQ(two.text, "[chief:0=h:0, worker:0=h:1, worker:1=h:2]");
+  EXPECT_NE(two.digest, 0u);
+  // The same cluster in TF's sparse form, with an evaluator (left out): the same digest.
+  auto same = of(consort::cluster_spec({{"evaluator", {{0, "h:9"}}},
+                                        {"worker", {{1, "h:2"}, {0, "h:1"}}},
+                                        {"chief", {{0, "h:0"}}}}));
+  EXPECT_EQ(same.text, two.text);
+  EXPECT_EQ(same.digest, two.digest);
+  // Another address, another task, a missing task: other digests.
+  for (const auto& other :
+       {of(consort::cluster_spec::dense({{"worker", {"h:1", "h:3"}}, {"chief", {"h:0"}}})),
+        of(consort::cluster_spec::dense({{"worker", {"h:1", "h:2", "h:3"}}, {"chief", {"h:0"}}})),
+        of(consort::cluster_spec::dense({{"worker", {"h:1"}}, {"chief", {"h:0"}}}))})
+    EXPECT_NE(other.digest, two.digest) << other.text;
+  // Without a cluster: the tasks alone, sorted.
+  auto tasks = of({}, {{"worker", 1}, {"chief", 0}, {"worker", 0}});
+  EXPECT_EQ(tasks.text, "[chief:0, worker:0, worker:1]");
+  EXPECT_NE(tasks.digest, two.digest);
+  EXPECT_EQ(tasks.digest, cluster_check::digest_of({"chief:0", "worker:0", "worker:1"}));
+  // Cut after an entry, never inside one.
+  EXPECT_EQ(cluster_check::abbreviate(two.text, 1000), two.text);
+  EXPECT_EQ(cluster_check::abbreviate(two.text, 32), "[chief:0=h:0, worker:0=h:1, ...]");
+  EXPECT_EQ(cluster_check::abbreviate(two.text, 31), "[chief:0=h:0, ...]");
+  EXPECT_EQ(cluster_check::abbreviate(two.text, 12), "[...]");
+}
+
+/// The outcomes of a chief's and a worker's rendezvous; nothing where it did not end in time.
+struct pair_outcome {
+  std::optional<caf::expected<membership::view>> chief, worker;
+};
+
+/// Runs the rendezvous of a chief and one worker started with these options (the worker's
+/// chief_address is filled in) on `clock`, which the test never moves: no deadline can pass, so
+/// only the Joins can end them. Each outcome is awaited for at most 10 s (scaled).
+pair_outcome rendezvous_pair(membership::options chief_opts, membership::options worker_opts,
+                             manual_clock& clock) {
+  pair_outcome out;
+  for (auto* o : {&chief_opts, &worker_opts}) {
+    o->clock = clock.function();
+    o->rendezvous_timeout = 20s; // on the standing clock: never
+  }
+  auto chief = start_ok(chief_opts);
+  if (!chief)
+    return out;
+  worker_opts.chief_address = chief->listen_address();
+  auto worker = start_ok(worker_opts);
+  if (!worker)
+    return out;
+  auto c = std::async(std::launch::async, [&] { return chief->rendezvous(); });
+  auto w = std::async(std::launch::async, [&] { return worker->rendezvous(); });
+  auto until = clock_type::now() + consort::test::scaled(10s);
+  if (c.wait_until(until) == std::future_status::ready)
+    out.chief = c.get();
+  if (w.wait_until(until) == std::future_status::ready)
+    out.worker = w.get();
+  return out;
+}
+
+TEST(MembershipClusterTest, AWorkerGivenMoreWorkersIsRefusedAndTheChiefFailsAtOnce) {
+  manual_clock clock;
+  log_capture logs;
+  auto chief_opts = options_for(2, 0, "127.0.0.1:0", &logs);
+  auto worker_opts = options_for(3, 1, "", &logs);
+  auto out = rendezvous_pair(chief_opts, worker_opts, clock);
+  ASSERT_TRUE(out.worker) << "the worker's rendezvous did not end\n" << logs.all();
+  ASSERT_TRUE(out.chief) << "the chief's rendezvous did not end\n" << logs.all();
+  std::vector<std::string> both = {
+      "worker:1 was given another cluster than the chief (worker:0): worker:1 has [worker:0, "
+      "worker:1, worker:2], the chief has [worker:0, worker:1]; the cluster comes from TF_CONFIG "
+      "(or the cluster resolver) and must be the same on every task; the lists first differ at "
+      "entry 3: worker:1 has worker:2, the chief has no entry"};
+  auto worker_fragments = both;
+  worker_fragments.push_back("refused by the chief at 127.0.0.1:");
+  EXPECT_TRUE(has_error(*out.worker, errc::invalid_argument, worker_fragments)) << logs.all();
+  auto chief_fragments = both;
+  chief_fragments.push_back("worker:0 (rank 0): the rendezvous failed: the Join of worker:1 from "
+                            "127.0.0.1:");
+  EXPECT_TRUE(has_error(*out.chief, errc::invalid_argument, chief_fragments)) << logs.all();
+  EXPECT_TRUE(logs.wait_for({"worker:0 (rank 0): refused the Join of worker:1", both[0]}))
+      << logs.all();
+}
+
+TEST(MembershipClusterTest, AWorkerGivenOtherAddressesIsRefusedNamingBothLists) {
+  manual_clock clock;
+  log_capture logs;
+  auto chief_opts = options_for(2, 0, "127.0.0.1:0", &logs);
+  chief_opts.cluster =
+      consort::cluster_spec::dense({{"worker", {"10.0.0.1:2222", "10.0.0.2:2222"}}});
+  auto worker_opts = options_for(2, 1, "", &logs);
+  worker_opts.cluster =
+      consort::cluster_spec::dense({{"worker", {"10.0.0.1:2222", "10.0.0.3:2222"}}});
+  auto out = rendezvous_pair(chief_opts, worker_opts, clock);
+  ASSERT_TRUE(out.worker) << "the worker's rendezvous did not end\n" << logs.all();
+  ASSERT_TRUE(out.chief) << "the chief's rendezvous did not end\n" << logs.all();
+  std::vector<std::string> both = {
+      "worker:1 has [worker:0=10.0.0.1:2222, worker:1=10.0.0.3:2222]",
+      "the chief has [worker:0=10.0.0.1:2222, worker:1=10.0.0.2:2222]",
+      "must be the same on every task",
+      "first differ at entry 2: worker:1 has worker:1=10.0.0.3:2222, the chief has "
+      "worker:1=10.0.0.2:2222"};
+  EXPECT_TRUE(has_error(*out.worker, errc::invalid_argument, both)) << logs.all();
+  EXPECT_TRUE(has_error(*out.chief, errc::invalid_argument, both)) << logs.all();
+}
+
+TEST(MembershipClusterTest, AWorkerGivenFewerWorkersIsRefusedAndTheJoinedOnesAreAborted) {
+  // The chief and worker:2 were given 3 workers, worker:1 only 2: without the check, the chief
+  // waited out its rendezvous for a worker:2 that worker:1 did not expect.
+  manual_clock clock;
+  log_capture logs;
+  auto opts = [&](int n, int rank, const std::string& chief) {
+    auto o = options_for(n, rank, chief, &logs);
+    o.clock = clock.function();
+    o.rendezvous_timeout = 20s; // on the standing clock: never
+    return o;
+  };
+  auto chief = start_ok(opts(3, 0, "127.0.0.1:0"));
+  ASSERT_TRUE(chief);
+  auto chief_view = std::async(std::launch::async, [&] { return chief->rendezvous(); });
+  auto second = start_ok(opts(3, 2, chief->listen_address()));
+  ASSERT_TRUE(second);
+  auto second_view = std::async(std::launch::async, [&] { return second->rendezvous(); });
+  ASSERT_TRUE(logs.wait_for({"worker:2 (rank 2) joined"})) << logs.all();
+  auto first = start_ok(opts(2, 1, chief->listen_address()));
+  ASSERT_TRUE(first);
+  auto first_view = std::async(std::launch::async, [&] { return first->rendezvous(); });
+  auto until = clock_type::now() + consort::test::scaled(10s);
+  for (auto* f : {&chief_view, &second_view, &first_view})
+    ASSERT_EQ(f->wait_until(until), std::future_status::ready) << logs.all();
+  std::vector<std::string> both = {
+      "worker:1 has [worker:0, worker:1], the chief has [worker:0, worker:1, worker:2]",
+      "TF_CONFIG", "must be the same on every task",
+      "first differ at entry 3: worker:1 has no entry, the chief has worker:2"};
+  EXPECT_TRUE(has_error(first_view.get(), errc::invalid_argument, both));
+  EXPECT_TRUE(has_error(chief_view.get(), errc::invalid_argument, both));
+  auto aborted = both;
+  aborted.push_back("the rendezvous failed: the Join of worker:1");
+  EXPECT_TRUE(has_error(second_view.get(), errc::collective_timeout, aborted));
+}
+
+TEST(MembershipClusterTest, TheSameClusterIsAcceptedHoweverItWasWritten) {
+  manual_clock clock;
+  log_capture logs;
+  auto chief_opts = options_for(2, 0, "127.0.0.1:0", &logs);
+  chief_opts.cluster = consort::cluster_spec::dense(
+      {{"worker", {"10.0.0.1:2222", "10.0.0.2:2222"}}, {"evaluator", {"10.0.0.9:2222"}}});
+  auto worker_opts = options_for(2, 1, "", &logs);
+  worker_opts.cluster =
+      consort::cluster_spec({{"worker", {{1, "10.0.0.2:2222"}, {0, "10.0.0.1:2222"}}}});
+  auto out = rendezvous_pair(chief_opts, worker_opts, clock);
+  ASSERT_TRUE(out.chief && out.worker) << logs.all();
+  ASSERT_TRUE(*out.chief) << text_of(out.chief->error()) << "\n" << logs.all();
+  ASSERT_TRUE(*out.worker) << text_of(out.worker->error()) << "\n" << logs.all();
+  EXPECT_EQ(**out.chief, **out.worker);
+  EXPECT_EQ((*out.chief)->members.size(), 2u);
+}
+
+TEST(MembershipClusterTest, AStrayTaskOfAnotherClusterIsRefusedAndTheRendezvousGoesOn) {
+  // worker:9 is no task of the chief's: it is refused (naming both lists), the others join.
+  log_capture logs;
+  auto chief = start_ok(options_for(2, 0, "127.0.0.1:0", &logs));
+  ASSERT_TRUE(chief);
+  auto opts = options_for(2, 1, chief->listen_address(), &logs);
+  opts.tasks[1] = {"worker", 9};
+  auto stranger = start_ok(opts);
+  ASSERT_TRUE(stranger);
+  EXPECT_TRUE(has_error(stranger->rendezvous(), errc::invalid_argument,
+                        {"refused by the chief", "worker:9 has [worker:0, worker:9]",
+                         "the chief has [worker:0, worker:1]",
+                         "first differ at entry 2: worker:9 has worker:9, the chief has "
+                         "worker:1"}));
+  auto worker = start_ok(options_for(2, 1, chief->listen_address(), &logs));
+  ASSERT_TRUE(worker);
+  auto worker_view = std::async(std::launch::async, [&] { return worker->rendezvous(); });
+  auto v = chief->rendezvous();
+  ASSERT_TRUE(v) << text_of(v.error()) << "\n" << logs.all();
+  auto wv = worker_view.get();
+  ASSERT_TRUE(wv) << text_of(wv.error());
+  EXPECT_EQ(*wv, *v);
+}
+
+TEST(MembershipClusterTest, AJoinWithoutADigestIsRefused) {
+  log_capture logs;
+  auto chief = start_ok(options_for(2, 0, "127.0.0.1:0", &logs));
+  ASSERT_TRUE(chief);
+  raw_peer peer(chief->listen_address());
+  codec::message m;
+  ASSERT_TRUE(peer.read(m));
+  codec::join j;
+  j.task = {"worker", 1};
+  j.address = "127.0.0.1:1";
+  j.devices = {{"CPU:0", false, 0}};
+  j.nonce = pattern(32, 9);
+  peer.write(codec::encode(j));
+  ASSERT_TRUE(peer.read(m));
+  ASSERT_TRUE(std::holds_alternative<codec::refusal>(m)) << codec::kind_of(m);
+  EXPECT_NE(std::get<codec::refusal>(m).reason.find("carries no digest of its cluster"),
+            std::string::npos)
+      << std::get<codec::refusal>(m).reason;
+  EXPECT_TRUE(peer.closed_by_peer());
+}
+
+class MembershipLongClusterTest : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(MembershipLongClusterTest, ListsAreCutToFitTheJoinAndTheRefusal) {
+  // 500 and 501 workers: lists of about 6 KB, over a text's 4 KB and the frame's limit here.
+  manual_clock clock;
+  log_capture logs;
+  auto chief_opts = options_for(500, 0, "127.0.0.1:0", &logs);
+  auto worker_opts = options_for(501, 1, "", &logs);
+  chief_opts.max_message_bytes = worker_opts.max_message_bytes = GetParam();
+  auto out = rendezvous_pair(chief_opts, worker_opts, clock);
+  ASSERT_TRUE(out.worker) << "the worker's rendezvous did not end\n" << logs.all();
+  ASSERT_TRUE(out.chief) << "the chief's rendezvous did not end\n" << logs.all();
+  // A refusal, not a malformed frame; the end of each list is cut, the rule is still there.
+  std::vector<std::string> fragments = {"refused by the chief",
+                                        "worker:1 has [worker:0, worker:1, worker:2, worker:3",
+                                        "the chief has [worker:0, worker:1, worker:2, worker:3",
+                                        ", ...]", "must be the same on every task"};
+  EXPECT_TRUE(has_error(*out.worker, errc::invalid_argument, fragments)) << logs.all();
+  EXPECT_TRUE(has_error(*out.chief, errc::invalid_argument, {"worker:1 has [worker:0, worker:1"}))
+      << logs.all();
+  EXPECT_LE(text_of(out.worker->error()).size(), GetParam() + 200);
+}
+
+INSTANTIATE_TEST_SUITE_P(FrameLimits, MembershipLongClusterTest,
+                         ::testing::Values(std::size_t{1} << 20, std::size_t{1024}),
+                         [](const ::testing::TestParamInfo<std::size_t>& info) {
+                           return "MaxMessageBytes" + std::to_string(info.param);
+                         });
 
 // -- malformed traffic ---------------------------------------------------------------------------
 

@@ -126,7 +126,7 @@ void service::impl::chief_failed(const conn_ptr& c, const std::string& what) {
 }
 
 std::string service::impl::check_join(const codec::join& j, const std::vector<std::byte>& nonce,
-                                      int& rank) const {
+                                      int& rank, bool& other_cluster) const {
   if (j.version != codec::protocol_version)
     return "it speaks membership protocol version " + std::to_string(j.version) +
            ", this chief speaks version " + std::to_string(codec::protocol_version);
@@ -134,6 +134,15 @@ std::string service::impl::check_join(const codec::join& j, const std::vector<st
     return "the rendezvous of this cluster has failed already (" + failure_ + ")";
   if (auto why = proofs::check_join(opts_.secret, nonce, j); !why.empty())
     return why;
+  // Before the task: a worker given another cluster may name a task this one does not have.
+  if (j.cluster_digest == 0)
+    return "its Join carries no digest of its cluster (a worker of another build?); every task "
+           "must run the same build";
+  if (j.cluster_digest != cluster_.digest) {
+    other_cluster = true;
+    // Two lists and the rest of the reason within one text: a quarter of it each.
+    return cluster_check::mismatch(cluster_, opts_.tasks[0], j, text_limit() / 4);
+  }
   auto who = to_string(j.task);
   auto it = std::find(opts_.tasks.begin(), opts_.tasks.end(), j.task);
   if (it == opts_.tasks.end()) {
@@ -165,9 +174,14 @@ std::string service::impl::check_join(const codec::join& j, const std::vector<st
 
 void service::impl::on_join(const conn_ptr& c, codec::join& j) {
   int rank = -1;
-  auto why = check_join(j, c->nonce, rank);
-  if (!why.empty())
-    return refuse(c, j, why);
+  bool other_cluster = false;
+  auto why = check_join(j, c->nonce, rank, other_cluster);
+  if (!why.empty()) {
+    refuse(c, j, why);
+    if (other_cluster)
+      fail_for_other_cluster(j, c->remote(), why);
+    return;
+  }
   --handshakes_;
   c->state = phase::joined;
   c->rank = rank;
@@ -181,10 +195,39 @@ void service::impl::on_join(const conn_ptr& c, codec::join& j) {
 
 void service::impl::refuse(const conn_ptr& c, const codec::join& j, const std::string& reason) {
   log_line("refused the Join of " + to_string(j.task) + " from " + c->remote() + ": " + reason);
-  send(c, codec::refusal{j.task, reason});
+  send(c, codec::refusal{j.task, cluster_check::bounded(reason, text_limit())});
   --handshakes_;
   c->state = phase::left;
   close_gracefully(c);
+}
+
+void service::impl::fail_for_other_cluster(const codec::join& j, const std::string& remote,
+                                           const std::string& reason) {
+  if (view_formed_ || rendezvous_failed_ || leaving_ || crashed_)
+    return;
+  // Only a task this chief waits for: a stray process given another cluster is refused alone.
+  auto it = std::find(opts_.tasks.begin(), opts_.tasks.end(), j.task);
+  if (it == opts_.tasks.end() || it == opts_.tasks.begin())
+    return;
+  auto rank = static_cast<std::size_t>(it - opts_.tasks.begin());
+  if (by_rank_[rank])
+    return;
+  auto text = cluster_check::bounded("the rendezvous failed: the Join of " + to_string(j.task) +
+                                         " from " + remote + " was refused: " + reason,
+                                     text_limit());
+  rendezvous_failed_ = true;
+  failure_ = text;
+  log_line("the rendezvous failed: " + to_string(j.task) +
+           " was given another cluster (above); aborting the workers that joined");
+  for (std::size_t r = 1; r < by_rank_.size(); ++r) {
+    if (!by_rank_[r])
+      continue;
+    send(by_rank_[r], codec::abort{0, text, {}});
+    by_rank_[r]->state = phase::left;
+    close_gracefully(by_rank_[r]);
+    by_rank_[r].reset();
+  }
+  set_outcome(make_caf_error(errc::invalid_argument, self_ + ": " + text));
 }
 
 std::vector<int> service::impl::missing_ranks() const {

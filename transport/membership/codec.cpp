@@ -71,6 +71,8 @@ struct encoder {
     out.setNonce(bytes_of(m.nonce));
     out.setAuthProof(bytes_of(m.auth_proof));
     out.setPid(m.pid);
+    out.setClusterDigest(m.cluster_digest);
+    out.setCluster(m.cluster);
   }
 
   void operator()(const refusal& m) {
@@ -220,6 +222,9 @@ std::string read_message(schemas::MembershipMessage::Reader root, budget& b, mes
     if (why = copy_data(in.getAuthProof(), "authentication proof", b, m.auth_proof); !why.empty())
       return why;
     m.pid = in.getPid();
+    m.cluster_digest = in.getClusterDigest();
+    if (why = copy_text(in.getCluster(), "cluster", b, m.cluster); !why.empty())
+      return why;
     out = std::move(m);
     return {};
   }

@@ -56,6 +56,10 @@ struct join {
   std::vector<std::byte> nonce;
   std::vector<std::byte> auth_proof;
   uint32_t pid = 0;
+  /// The digest of the cluster the worker was given (cluster_check.hpp); 0: none.
+  uint64_t cluster_digest = 0;
+  /// That cluster's list, as text, cut to fit the frame.
+  std::string cluster;
 };
 
 /// schemas::Refusal.

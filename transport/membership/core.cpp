@@ -17,6 +17,7 @@
 #include <consort/caf_error.hpp>
 #include <consort/error.hpp>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace consort::transport::membership {
@@ -36,6 +37,11 @@ void service::impl::log_line(const std::string& line) const {
   }
   text = "consort membership: " + text + "\n";
   std::fwrite(text.data(), 1, text.size(), stderr); // one write: lines of threads do not mix
+}
+
+std::size_t service::impl::text_limit() const {
+  // A Refusal or an Abort takes well under 256 bytes besides its text (and a task type).
+  return std::min(codec::max_field_bytes, opts_.max_message_bytes - 256);
 }
 
 std::string service::impl::name_of(int rank) const {

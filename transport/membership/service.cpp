@@ -46,6 +46,15 @@ std::string check_options(const options& opts) {
   if (opts.tasks.size() > codec::max_members)
     return "options.tasks has " + std::to_string(opts.tasks.size()) + " tasks, over the limit of " +
            std::to_string(codec::max_members);
+  if (!opts.cluster.empty())
+    for (std::size_t i = 0; i < opts.tasks.size(); ++i) {
+      const auto& jobs = opts.cluster.as_dict();
+      auto job = jobs.find(opts.tasks[i].type);
+      if (job == jobs.end() || job->second.count(opts.tasks[i].index) == 0)
+        return "options.tasks[" + std::to_string(i) + "] is " + to_string(opts.tasks[i]) +
+               ", which options.cluster " + cluster_check::bounded(opts.cluster.to_json(), 1024) +
+               " does not list (expected the cluster the tasks come from)";
+    }
   if (opts.rank < 0 || static_cast<std::size_t>(opts.rank) >= opts.tasks.size())
     return "options.rank " + std::to_string(opts.rank) + " is outside [0, " +
            std::to_string(opts.tasks.size()) + ")";
@@ -98,6 +107,7 @@ service::impl::impl(options opts)
     : opts_(std::move(opts)), chief_(opts_.rank == 0), acceptor_(io_), tick_timer_(io_),
       retry_timer_(io_), resolver_(io_) {
   self_ = to_string(opts_.tasks[opts_.rank]) + " (rank " + std::to_string(opts_.rank) + ")";
+  cluster_ = cluster_check::of(opts_);
   split_address(opts_.chief_address, chief_hp_); // checked by check_options
   tick_period_ =
       std::max(milliseconds{1}, std::min({opts_.heartbeat_interval, opts_.peer_timeout / 4,

@@ -23,6 +23,7 @@
 
 #include "transport/address.hpp"
 #include "transport/framed_connection.hpp"
+#include "transport/membership/cluster_check.hpp"
 #include "transport/membership/codec.hpp"
 
 #include <consort/transport/membership.hpp>
@@ -132,6 +133,9 @@ private:
 
   conn_ptr new_connection();
   void log_line(const std::string& line) const;
+  /// The longest reason or cause a Refusal or an Abort carries: it must fit a frame and the
+  /// codec's text limit.
+  std::size_t text_limit() const;
   std::string name_of(int rank) const;
   void arm_tick();
   void tick();
@@ -156,9 +160,14 @@ private:
   void accept_next();
   void on_accepted(const conn_ptr& c);
   void on_join(const conn_ptr& c, codec::join& j);
-  std::string check_join(const codec::join& j, const std::vector<std::byte>& nonce,
-                         int& rank) const;
+  /// Why `j` is refused, or ""; `other_cluster` tells a refusal for another cluster.
+  std::string check_join(const codec::join& j, const std::vector<std::byte>& nonce, int& rank,
+                         bool& other_cluster) const;
   void refuse(const conn_ptr& c, const codec::join& j, const std::string& reason);
+  /// `j`, refused for `reason` (another cluster), is a task this chief waits for: the rendezvous
+  /// fails at once with `reason`, and the workers that joined are aborted with it.
+  void fail_for_other_cluster(const codec::join& j, const std::string& remote,
+                              const std::string& reason);
   void maybe_form_view();
   void rendezvous_timed_out();
   void log_missing();
@@ -180,8 +189,9 @@ private:
 
   options opts_;
   bool chief_;
-  std::string self_;           // "worker:1 (rank 1)", the prefix of log lines
-  std::string listen_address_; // chief only
+  std::string self_;                // "worker:1 (rank 1)", the prefix of log lines
+  cluster_check::identity cluster_; // the cluster this process was given, canonical
+  std::string listen_address_;      // chief only
   host_port chief_hp_;
   milliseconds tick_period_;
   milliseconds linger_;

@@ -105,6 +105,11 @@ void service::impl::on_worker_message(const conn_ptr& c, codec::message& m) {
     if (!opts_.secret.empty())
       j.auth_proof = proofs::join_proof(opts_.secret, chief_nonce_, my_nonce_, j.task, j.address);
     j.pid = static_cast<uint32_t>(::getpid());
+    j.cluster_digest = cluster_.digest;
+    // The list as far as it fits the frame (a text takes its length, a NUL and padding to 8).
+    auto base = codec::encode(j).size() - codec::prefix_bytes;
+    auto room = opts_.max_message_bytes > base + 16 ? opts_.max_message_bytes - base - 16 : 0;
+    j.cluster = cluster_check::abbreviate(cluster_.text, std::min(room, codec::max_field_bytes));
     c->state = phase::joined;
     last_error_ = "joined the chief at " + c->remote() + ", but no view arrived";
     return send(c, j);

@@ -24,10 +24,11 @@
 //
 // The protocol, per connection (chief's view):
 //
-//   accepted --Challenge-->  joining  <--Join--  (checked: version, proof, task, duplicate,
-//   device count; a failed check answers Refusal and closes)  joined  --View (all joined)-->
-//   member <-Heartbeat-> ... until Leave (left: never reported lost) or loss (EOF, error, silence,
-//   stuck write: reported through on_lost, and Abort to every other member).
+//   accepted --Challenge-->  joining  <--Join--  (checked: version, proof, cluster digest, task,
+//   duplicate, device count; a failed check answers Refusal and closes)  joined
+//   --View (all joined)-->  member <-Heartbeat-> ... until Leave (left: never reported lost) or
+//   loss (EOF, error, silence, stuck write: reported through on_lost, and Abort to every other
+//   member).
 
 #include <consort/cluster.hpp>
 
@@ -114,6 +115,15 @@ struct options {
   /// This process's rank, in [0, tasks.size()). Rank 0 runs the server.
   int rank = 0;
 
+  /// The cluster this process was given (TF_CONFIG or its cluster resolver), for the check that
+  /// every task was given the same one. A worker's Join carries a digest of it (every task of
+  /// every job but "evaluator", which TF lets stand apart, with its address, in sorted order) and
+  /// its list; the chief refuses a Join whose digest differs from its own, naming both lists, and
+  /// when the worker refused so is one the chief waits for, its rendezvous fails at once too
+  /// (`invalid_argument`), aborting the workers that joined. Empty: the digest covers `tasks`
+  /// alone, without addresses. When set, it must list every task of `tasks`.
+  consort::cluster_spec cluster;
+
   /// "host:port" (IPv4, IPv6 in brackets, or a host name) of the chief's membership server. The
   /// chief binds it (port 0 lets the kernel choose: see `service::listen_address`); the others
   /// connect to it.
@@ -174,9 +184,10 @@ struct options {
 /// One process's membership of its cluster (see the file comment).
 ///
 /// Errors name the peer, the operation and the reason: `invalid_argument` (bad options, a refusal
-/// by the chief, a malformed view), `collective_timeout` (the rendezvous did not complete in time;
-/// the message names the missing tasks), `peer_lost` (the chief went away or left before the
-/// view), `shutdown` (this service left or crashed before the view).
+/// by the chief, a malformed view, a worker refused for another cluster: `options::cluster`),
+/// `collective_timeout` (the rendezvous did not complete in time; the message names the missing
+/// tasks), `peer_lost` (the chief went away or left before the view), `shutdown` (this service left
+/// or crashed before the view).
 ///
 /// Thread safety: thread-safe, except that the destructor must not run concurrently with another
 /// call. Callbacks (`on_lost`, `options::log`) run on the service's I/O thread.
