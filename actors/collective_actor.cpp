@@ -54,7 +54,7 @@ namespace {
 /// system's clock (the test scheduler's is virtual), and the tick is a delayed message to the
 /// actor. One delayed message is armed at a time, for the earliest deadline: a delayed message
 /// per call would stay in CAF's clock for the whole timeout (30 s) after its call completed,
-/// which the soak measured as memory growing with the call rate (about 190 bytes a call).
+/// which the soak measured as memory growing with the call rate (bench/README.md, "soak").
 /// `sys` and `me` outlive the driver (it lives for one call or handler); the tick captures them
 /// by address, so that building it allocates nothing.
 detail::path_driver driver_for(collective_board& board, caf::actor_system& sys,

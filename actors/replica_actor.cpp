@@ -25,10 +25,10 @@ constexpr std::chrono::milliseconds reply_grace{2000};
 
 /// How long a replica that waits for its peers' collective calls keeps polling, yielding its core
 /// between polls, before it blocks. The replicas of a step start some tens of microseconds apart
-/// (each is woken for its step), and a blocked replica costs another wake-up (30-60 us on 2
-/// vCPUs) when the last one arrives; yielding leaves the core to a peer that needs
-/// it. No busy spin comes first: a replica spinning for 20 us kept a peer that shares its core
-/// from arriving (bench/README.md, "a waiting replica polls").
+/// (each is woken for its step), and a blocked replica costs another wake-up when the last one
+/// arrives; yielding leaves the core to a peer that needs it. No busy spin comes first: a
+/// spinning replica kept a peer that shares its core from arriving (bench/README.md, "a waiting
+/// replica polls", has the figures).
 constexpr std::chrono::microseconds collective_spin{0};
 constexpr std::chrono::microseconds collective_poll{200};
 

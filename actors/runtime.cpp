@@ -80,8 +80,8 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
     threads = std::thread::hardware_concurrency() > 1 ? 2 : 1;
   d.cfg.set("scheduler.max-threads", static_cast<int64_t>(threads));
   // After its short busy-poll, an idle scheduler thread should block on its condition variable
-  // (woken at once by the next message) rather than poll in 50 us sleeps, which adds up to
-  // 50 us to every hop on the latency path.
+  // (woken at once by the next message) rather than poll in CAF's sleeps, whose length is added
+  // to every hop on the latency path.
   d.cfg.set("work-stealing.moderate-poll-attempts", static_cast<int64_t>(0));
   d.sys = std::make_unique<caf::actor_system>(d.cfg);
   auto& sys = *d.sys;

@@ -875,8 +875,8 @@ void communicator::abort() noexcept {
     // On a helper thread: ncclCommAbort blocks even for a non-blocking communicator. NCCL sets
     // the abort flag (a running kernel of this communicator exits), then reclaims the
     // communicator, which waits for the work queued before its operations on the streams it was
-    // used on; a kernel that never ends would keep the caller here, past its deadline (the first
-    // H100 run: a 300 ms wait returned after 5 s). Nothing uses the handle after this.
+    // used on; a kernel that never ends would keep the caller here, past its deadline (as the
+    // first H100 run saw; docs/gpu.md). Nothing uses the handle after this.
     aborter::get().start(comm_);
   comm_ = nullptr;
   aborted_ = true;

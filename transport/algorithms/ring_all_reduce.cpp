@@ -39,8 +39,8 @@ ring_all_reduce::ring_all_reduce(context_ptr ctx, const void* in, void* out, siz
     segments_[i] = detail::part_begin(count_, static_cast<size_t>(n), i);
   const size_t elem = size_of(type_);
   const size_t largest = segments_[1] - segments_[0];
-  // A quarter of a segment per chunk (on 2 cores, 64 MiB over 2 workers: 256 KiB chunks 69-81 ms,
-  // 1 MiB 52-63 ms, 2 MiB 46-47 ms, 4 MiB 46-50 ms, 8 MiB 50-52 ms).
+  // A quarter of a segment per chunk (docs/algorithms.md, "ring_all_reduce", has the timings of
+  // each chunk size).
   const size_t chunk_bytes = detail::pipeline_chunk_bytes(opts_.chunk_bytes, largest * elem, 4);
   const size_t chunk_elems = std::max<size_t>(1, chunk_bytes / elem);
   chunks_ = detail::chunk_count(largest, chunk_elems);

@@ -31,7 +31,7 @@ namespace consort::transport::local {
 namespace {
 
 /// How long `wait` spins before it blocks: long enough to cover a peer that is already running
-/// (a spinning hand-off takes ~0.1 us, a condition-variable wake-up ~60 us on two vCPUs).
+/// (a spinning hand-off is far cheaper than a condition-variable wake-up; docs/algorithms.md).
 constexpr auto spin_budget = std::chrono::microseconds{30};
 
 inline void cpu_relax() noexcept {

@@ -83,8 +83,8 @@ struct mesh_options {
   int recv_buffer_bytes = 0;
 
   /// How long `operation::wait` spins (driving the socket itself) before it blocks on a condition
-  /// variable and leaves the I/O to the I/O thread. A thread wake-up costs ~60 µs on the 2-core
-  /// VMs this was measured on, so a short spin saves most hops of small messages.
+  /// variable and leaves the I/O to the I/O thread. A thread wake-up costs more than a small
+  /// message's hop (docs/algorithms.md has the figures), so a short spin saves most of them.
   std::chrono::microseconds spin{50};
 
   /// Spin (driving the socket) for the whole wait instead of blocking: the lowest latency for
