@@ -219,14 +219,7 @@ void service::impl::fail_for_other_cluster(const codec::join& j, const std::stri
   failure_ = text;
   log_line("the rendezvous failed: " + to_string(j.task) +
            " was given another cluster (above); aborting the workers that joined");
-  for (std::size_t r = 1; r < by_rank_.size(); ++r) {
-    if (!by_rank_[r])
-      continue;
-    send(by_rank_[r], codec::abort{0, text, {}});
-    by_rank_[r]->state = phase::left;
-    close_gracefully(by_rank_[r]);
-    by_rank_[r].reset();
-  }
+  abort_joined(text);
   set_outcome(make_caf_error(errc::invalid_argument, self_ + ": " + text));
 }
 
@@ -309,6 +302,17 @@ void service::impl::log_missing() {
            " (joined: " + join_names(joined_names) + ")");
 }
 
+void service::impl::abort_joined(const std::string& text) {
+  for (std::size_t r = 1; r < by_rank_.size(); ++r) {
+    if (!by_rank_[r])
+      continue;
+    send(by_rank_[r], codec::abort{0, text, {}});
+    by_rank_[r]->state = phase::left;
+    close_gracefully(by_rank_[r]);
+    by_rank_[r].reset();
+  }
+}
+
 void service::impl::rendezvous_timed_out() {
   std::vector<std::string> missing_names, joined_names;
   for (std::size_t r = 0; r < by_rank_.size(); ++r)
@@ -319,14 +323,7 @@ void service::impl::rendezvous_timed_out() {
   rendezvous_failed_ = true;
   failure_ = text;
   log_line(text);
-  for (std::size_t r = 1; r < by_rank_.size(); ++r) {
-    if (!by_rank_[r])
-      continue;
-    send(by_rank_[r], codec::abort{0, text, {}});
-    by_rank_[r]->state = phase::left;
-    close_gracefully(by_rank_[r]);
-    by_rank_[r].reset();
-  }
+  abort_joined(text);
   set_outcome(make_caf_error(errc::collective_timeout, text));
 }
 

@@ -170,6 +170,8 @@ private:
                               const std::string& reason);
   void maybe_form_view();
   void rendezvous_timed_out();
+  /// Sends Abort with `text` to every worker that joined, and closes and forgets them.
+  void abort_joined(const std::string& text);
   void log_missing();
   void lose_member(int rank, const std::string& cause);
   std::vector<int> missing_ranks() const;
