@@ -37,6 +37,17 @@ void divide_by(tensor& t, double count) {
   }
 }
 
+/// Whether a lone replica's all-reduce can hand its own leaves to the exchange as they are: host
+/// tensors, and no integer MEAN (which widens to float64 first), as local_part decides per leaf.
+bool reads_in_place(const call_signature& sig, const std::vector<tensor>& leaves) {
+  if (sig.kind != collective_kind::all_reduce)
+    return false;
+  for (const auto& t : leaves)
+    if (t.on_gpu() || (sig.op == reduce_op::mean && !is_floating(t.dtype())))
+      return false;
+  return true;
+}
+
 } // namespace
 
 transport::group_call cross_call_for(const call_signature& sig, std::string what, step_id step,
@@ -243,14 +254,22 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
     (void)cross.run(transport::communicator::lane::step, cc);
     throw error(errc::invalid_argument, problem);
   }
-  std::optional<size_t> root_pos;
-  if (sig.kind == collective_kind::broadcast && sig.root == call.replica)
-    root_pos = 0;
-  try {
-    local_part(cc, sig, {std::move(leaves)}, root_pos);
-  } catch (const std::exception& e) {
-    cc.leaves.clear();
-    cc.local_failure = error_of(e);
+  if (reads_in_place(sig, leaves)) {
+    // The replica's own values are this worker's part: the exchange reads them in place and
+    // writes the result to tensors of its own (no partial to build, nothing copied).
+    cc.leaves = std::move(leaves);
+    cc.leaves_are_inputs = true;
+    cc.count = 1;
+  } else {
+    std::optional<size_t> root_pos;
+    if (sig.kind == collective_kind::broadcast && sig.root == call.replica)
+      root_pos = 0;
+    try {
+      local_part(cc, sig, {std::move(leaves)}, root_pos);
+    } catch (const std::exception& e) {
+      cc.leaves.clear();
+      cc.local_failure = error_of(e);
+    }
   }
   auto out = cross.run(transport::communicator::lane::step, cc);
   if (!out)

@@ -136,6 +136,41 @@ TEST(GroupCommunicatorTest, ABroadcastComesFromTheRootReplicasWorker) {
   }
 }
 
+TEST(GroupCommunicatorTest, BeyondEightWorkersTheDescriptorsTravelByARingAndNothingIsFused) {
+  auto comms = make_comms(10);
+  auto sums = run_all(comms, [](int w) { return all_reduce_of(tensor::from<float>({float(w)})); });
+  for (auto& r : sums) {
+    ASSERT_TRUE(r) << text_of(r);
+    EXPECT_EQ(r->front().to_vector<float>(), (std::vector<float>{45}));
+  }
+  auto gathered = run_all(comms, [](int w) {
+    group_call call;
+    call.kind = collective_kind::all_gather;
+    call.what = "all_gather #1 of step 0";
+    call.signature = "all_gather of int32[-1]";
+    call.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s));
+    call.leaves = {tensor::from(std::vector<int32_t>(static_cast<size_t>(w % 3), w))};
+    return call;
+  });
+  std::vector<int32_t> want;
+  for (int w = 0; w < 10; ++w)
+    want.insert(want.end(), static_cast<size_t>(w % 3), w);
+  for (auto& r : gathered) {
+    ASSERT_TRUE(r) << text_of(r);
+    EXPECT_EQ(r->front().to_vector<int32_t>(), want);
+  }
+  auto mismatched = run_all(comms, [](int w) {
+    auto call = all_reduce_of(tensor::from<float>({1}));
+    call.seq = w == 9 ? 1 : 0;
+    return call;
+  });
+  for (auto& r : mismatched)
+    EXPECT_EQ(code_of(r), errc::collective_mismatch) << text_of(r);
+  EXPECT_NE(text_of(mismatched[0]).find("worker 9 is at all_reduce(SUM) #1 of step 0"),
+            std::string::npos)
+      << text_of(mismatched[0]);
+}
+
 TEST(GroupCommunicatorTest, CallsThatDisagreeFailOnEveryWorkerNamingBothSides) {
   auto comms = make_comms(2);
   auto out = run_all(comms, [](int w) {

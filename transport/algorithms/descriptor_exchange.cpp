@@ -93,12 +93,17 @@ descriptor_exchange::descriptor_exchange(const context_ptr& ctx, group_call& cal
                                          call_clock& clock)
     : ctx_(ctx), call_(call), scratch_(scratch), clock_(clock), rank_(ctx->rank()),
       size_(ctx->size()), root_worker_(call.root / std::max(devices_per_worker, 1)),
-      direct_(size_ <= direct_max_workers), all_(static_cast<size_t>(size_)),
-      got_(static_cast<size_t>(size_), 0) {
+      direct_(size_ <= direct_max_workers) {
+  if (direct_) {
+    all_ = direct_all_.data();
+  } else {
+    ring_all_.resize(static_cast<size_t>(size_));
+    all_ = ring_all_.data();
+  }
   for (const auto& t : call_.leaves)
     data_bytes_ += t.num_bytes();
   describe_mine();
-  all_[static_cast<size_t>(rank_)] = mine_;
+  all_[rank_] = mine_;
 }
 
 void descriptor_exchange::describe_mine() {
@@ -159,9 +164,9 @@ caf::error descriptor_exchange::run() {
     return make_caf_error(errc::collective_mismatch, problem);
   call_.all_flags = 0;
   call_.total_count = 0;
-  for (const auto& d : all_) {
-    call_.all_flags |= d.flags;
-    call_.total_count += d.count;
+  for (int w = 0; w < size_; ++w) {
+    call_.all_flags |= all_[w].flags;
+    call_.total_count += all_[w].count;
   }
   return {};
 }
@@ -177,8 +182,8 @@ caf::error descriptor_exchange::exchange_direct() {
   scratch_.resize(static_cast<size_t>(size_) * slot_bytes);
   auto opts = clock_.next();
   const auto tag = detail::message_tag(opts.tag, 0);
-  std::vector<operation_ptr> recvs(static_cast<size_t>(size_));
-  std::vector<operation_ptr> sends(static_cast<size_t>(size_));
+  std::array<operation_ptr, direct_max_workers> recvs;
+  std::array<operation_ptr, direct_max_workers> sends;
   std::vector<const_bytes> parts{
       {reinterpret_cast<const std::byte*>(&mine_), sizeof(call_descriptor)}};
   if (gather_extents_)
@@ -209,7 +214,7 @@ caf::error descriptor_exchange::exchange_direct() {
       return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",
                                          "receive from", p, err));
     got_[static_cast<size_t>(p)] = op->message_bytes();
-    std::memcpy(&all_[static_cast<size_t>(p)], slot(p), sizeof(call_descriptor));
+    std::memcpy(&all_[p], slot(p), sizeof(call_descriptor));
   }
   reading.release();
   for (int p = 0; p < size_; ++p)
@@ -221,11 +226,12 @@ caf::error descriptor_exchange::exchange_direct() {
 }
 
 caf::error descriptor_exchange::exchange_ring() {
-  auto* base = reinterpret_cast<std::byte*>(all_.data());
-  mutable_bytes out{base, all_.size() * sizeof(call_descriptor)};
+  auto* base = reinterpret_cast<std::byte*>(all_);
+  mutable_bytes out{base, static_cast<size_t>(size_) * sizeof(call_descriptor)};
   const_bytes in{base + static_cast<size_t>(rank_) * sizeof(call_descriptor),
                  sizeof(call_descriptor)};
-  ring_all_gather gather(ctx_, in, out, std::vector<size_t>(all_.size(), sizeof(call_descriptor)),
+  ring_all_gather gather(ctx_, in, out,
+                         std::vector<size_t>(static_cast<size_t>(size_), sizeof(call_descriptor)),
                          clock_.next());
   if (auto err = gather.run())
     return failure(err);
@@ -234,7 +240,7 @@ caf::error descriptor_exchange::exchange_ring() {
 
 caf::error descriptor_exchange::check_outcomes() const {
   for (int w = 0; w < size_; ++w) {
-    const auto& d = all_[static_cast<size_t>(w)];
+    const auto& d = all_[w];
     if (!d.failed)
       continue;
     auto code = static_cast<errc>(d.error_code);
@@ -248,8 +254,8 @@ caf::error descriptor_exchange::check_outcomes() const {
 }
 
 std::string descriptor_exchange::disagreement() const {
-  const auto& a = all_.front();
-  for (size_t w = 1; w < all_.size(); ++w) {
+  const auto& a = all_[0];
+  for (int w = 1; w < size_; ++w) {
     const auto& b = all_[w];
     if (a.step != b.step || a.seq != b.seq || a.kind != b.kind ||
         (a.kind == static_cast<uint8_t>(collective_kind::all_reduce) && a.op != b.op) ||
@@ -257,8 +263,7 @@ std::string descriptor_exchange::disagreement() const {
         (a.kind == static_cast<uint8_t>(collective_kind::broadcast) && a.root != b.root)) {
       std::ostringstream out;
       out << "collective mismatch between workers at " << call_.what << ": " << worker_name(0)
-          << " is at " << describe(a) << " but " << worker_name(static_cast<int>(w)) << " is at "
-          << describe(b)
+          << " is at " << describe(a) << " but " << worker_name(w) << " is at " << describe(b)
           << "; every replica on every worker must make the same collective calls in the same "
              "order";
       return out.str();
@@ -270,8 +275,8 @@ std::string descriptor_exchange::disagreement() const {
     if (a.signature_hash != b.signature_hash || a.num_leaves != b.num_leaves || fused_differs) {
       std::ostringstream out;
       out << "collective mismatch between workers at " << call_.what << ": " << worker_name(0)
-          << " passed " << text_of(a) << " but " << worker_name(static_cast<int>(w)) << " passed "
-          << text_of(b) << "; structure, dtypes and shapes must agree on every worker";
+          << " passed " << text_of(a) << " but " << worker_name(w) << " passed " << text_of(b)
+          << "; structure, dtypes and shapes must agree on every worker";
       return out.str();
     }
   }

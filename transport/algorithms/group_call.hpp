@@ -24,6 +24,7 @@
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -160,6 +161,9 @@ public:
   descriptor_exchange(const context_ptr& ctx, group_call& call, int devices_per_worker,
                       std::vector<std::byte>& scratch, call_clock& clock);
 
+  descriptor_exchange(const descriptor_exchange&) = delete; // `all_` points into this object
+  descriptor_exchange& operator=(const descriptor_exchange&) = delete;
+
   caf::error run();
 
   /// Whether the peers' messages came one by one (up to 8 workers), with data when fused.
@@ -167,9 +171,11 @@ public:
   /// Whether this worker's data travelled with its descriptor.
   bool sent_data() const noexcept { return mine_.fused != 0; }
   /// Whether worker `p`'s data came with its descriptor.
-  bool fused(int p) const noexcept { return all_[static_cast<size_t>(p)].fused != 0; }
+  bool fused(int p) const noexcept { return all_[p].fused != 0; }
   /// Bytes of worker `p`'s message (direct exchange only).
-  size_t received(int p) const noexcept { return got_[static_cast<size_t>(p)]; }
+  size_t received(int p) const noexcept {
+    return p < direct_max_workers ? got_[static_cast<size_t>(p)] : 0;
+  }
   /// What came after worker `p`'s descriptor in its message (direct exchange only).
   const std::byte* payload(int p) const noexcept { return slot(p) + sizeof(call_descriptor); }
   /// Whether the all-gather extents travelled with the descriptors.
@@ -200,8 +206,13 @@ private:
   size_t data_bytes_ = 0;
   call_descriptor mine_;
   std::vector<int64_t> my_extents_;
-  std::vector<call_descriptor> all_;
-  std::vector<size_t> got_;
+  /// Every worker's descriptor, by rank: in `direct_all_` up to 8 workers (no allocation on a
+  /// call's way), else in `ring_all_`.
+  std::array<call_descriptor, direct_max_workers> direct_all_;
+  std::vector<call_descriptor> ring_all_;
+  call_descriptor* all_ = nullptr;
+  /// Bytes of each peer's message (direct exchange only).
+  std::array<size_t, direct_max_workers> got_{};
 };
 
 /// Part 2 of a small all-reduce whose data came with the descriptors: every worker's leaves
