@@ -217,12 +217,18 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   membership::options mopts;
   mopts.tasks = tasks;
   // The cluster's digest travels in the Join, so that every task must have been given the same
-  // one. A resolver that learns the addresses at the rendezvous (Open MPI's before its exchange)
-  // knows only its own and the chief's: the workers then compare their lists of tasks.
-  const bool complete = std::all_of(tasks.begin(), tasks.end(), [&spec](const task_id& t) {
-    const auto indices = spec.has_job(t.type) ? spec.task_indices(t.type) : std::vector<int>{};
-    return std::find(indices.begin(), indices.end(), t.index) != indices.end();
-  });
+  // one. A resolver that learns the addresses at the rendezvous (a launcher's: Open MPI, torchrun,
+  // PMI, before its exchange) knows only its own and the chief's: the workers then compare their
+  // lists of tasks. Its cluster must not count as complete even when those two are all the tasks
+  // (two workers): rank 1 would send a digest of both addresses, and the chief, which knows only
+  // its own, would refuse it.
+  const auto* launched = dynamic_cast<const launcher_cluster_resolver*>(resolver.get());
+  const bool learns_addresses = launched && !launched->has_addresses();
+  const bool complete =
+      !learns_addresses && std::all_of(tasks.begin(), tasks.end(), [&spec](const task_id& t) {
+        const auto indices = spec.has_job(t.type) ? spec.task_indices(t.type) : std::vector<int>{};
+        return std::find(indices.begin(), indices.end(), t.index) != indices.end();
+      });
   if (complete)
     mopts.cluster = spec;
   mopts.rank = rank;

@@ -477,16 +477,31 @@ env_lookup process_environment() {
 // ---------------------------------------------------------------------------
 
 std::shared_ptr<cluster_resolver> resolve_cluster(const env_lookup& lookup) {
-  auto set = [&](const char* name) {
-    auto value = lookup(name);
-    return value && !value->empty();
-  };
-  if (set("TF_CONFIG"))
+  using cluster_detail::env_value;
+  using cluster_detail::started_by_srun;
+  // The order is documented in cluster.hpp and docs/multi_worker.md ("Starting the workers"):
+  // the per-process launchers before Slurm, whose variables their processes may inherit from the
+  // step or the batch script that started the launcher.
+  if (env_value(lookup, "TF_CONFIG"))
     return std::make_shared<tf_config_cluster_resolver>(tf_config_overrides{}, lookup);
-  if (set("SLURM_PROCID"))
-    return std::make_shared<slurm_cluster_resolver>(slurm_options{}, lookup);
-  if (set("OMPI_COMM_WORLD_RANK"))
+  if (env_value(lookup, "RANK") || env_value(lookup, "WORLD_SIZE"))
+    return std::make_shared<torchrun_cluster_resolver>(launcher_options{}, lookup);
+  if (env_value(lookup, "OMPI_COMM_WORLD_RANK"))
     return std::make_shared<mpi_cluster_resolver>(mpi_options{}, lookup);
+  if (auto rank = env_value(lookup, "PMI_RANK")) {
+    if (started_by_srun(lookup, *rank, env_value(lookup, "PMI_SIZE"), false))
+      return std::make_shared<slurm_cluster_resolver>(slurm_options{}, lookup);
+    return std::make_shared<pmi_cluster_resolver>(launcher_options{}, lookup);
+  }
+  if (auto rank = env_value(lookup, "PMIX_RANK")) {
+    if (started_by_srun(lookup, *rank, std::nullopt, true))
+      return std::make_shared<slurm_cluster_resolver>(slurm_options{}, lookup);
+    return std::make_shared<pmix_cluster_resolver>(launcher_options{}, lookup);
+  }
+  if (env_value(lookup, "SLURM_PROCID"))
+    return std::make_shared<slurm_cluster_resolver>(slurm_options{}, lookup);
+  // No silent one-worker run from a half-set environment.
+  cluster_detail::reject_half_set_launchers(lookup);
   return cluster_resolver::local();
 }
 
@@ -498,13 +513,13 @@ std::vector<task_id> worker_tasks(const cluster_resolver& resolver) {
   if (spec.has_job("worker"))
     for (int index : spec.task_indices("worker"))
       tasks.push_back({"worker", index});
-  // Open MPI before the address exchange knows only the chief and itself: the workers are
-  // numbered by rank. (num_workers() is not asked otherwise: it is the size of this task's own
-  // group, one for an evaluator, and a ps task has none.)
-  if (auto* mpi = dynamic_cast<const mpi_cluster_resolver*>(&resolver);
-      mpi && static_cast<int>(tasks.size()) != mpi->num_workers()) {
+  // A launcher's resolver before the address exchange knows only the chief and itself: the
+  // workers are numbered by rank. (num_workers() is not asked otherwise: it is the size of this
+  // task's own group, one for an evaluator, and a ps task has none.)
+  if (auto* launched = dynamic_cast<const launcher_cluster_resolver*>(&resolver);
+      launched && static_cast<int>(tasks.size()) != launched->num_workers()) {
     tasks.clear();
-    for (int i = 0; i < mpi->num_workers(); ++i)
+    for (int i = 0; i < launched->num_workers(); ++i)
       tasks.push_back({"worker", i});
   }
   return tasks;

@@ -10,6 +10,8 @@
 
 namespace consort {
 
+using cluster_detail::env_value;
+using cluster_detail::integer_variable;
 using cluster_detail::join;
 using cluster_detail::parse_integer;
 using cluster_detail::quote;
@@ -106,13 +108,33 @@ std::pair<std::string, std::string> first_variable(const env_lookup& lookup,
                   "started by srun?)");
 }
 
-int integer_variable(const std::string& name, const std::string& value, int min,
-                     const std::string& meaning) {
-  auto parsed = parse_integer(value, min, INT_MAX);
-  if (!parsed)
-    throw_error(errc::invalid_argument, name + " is " + quote(value) + "; expected " + meaning +
-                                            ", an integer >= " + std::to_string(min));
-  return static_cast<int>(*parsed);
+// The ports of the tasks on a node, task k taking the k-th, from SLURM_STEP_RESV_PORTS: ranges
+// "lo-hi" or single ports separated by commas, e.g. "12000-12015" or "12000,12002-12003".
+std::vector<int> reserved_ports(const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    throw_error(errc::invalid_argument,
+                "SLURM_STEP_RESV_PORTS is " + quote(text) + ": " + why +
+                    "; expected the step's reserved ports, e.g. \"12000-12015\"");
+  };
+  std::vector<int> ports;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    auto comma = text.find(',', start);
+    if (comma == std::string::npos)
+      comma = text.size();
+    const std::string range = text.substr(start, comma - start);
+    const auto dash = range.find('-');
+    auto lo = parse_integer(range.substr(0, dash), 1, 65535);
+    auto hi = dash == std::string::npos ? lo : parse_integer(range.substr(dash + 1), 1, 65535);
+    if (!lo || !hi)
+      bad("part " + quote(range) + " is not a port in 1..65535 or a range \"lo-hi\" of them");
+    if (*hi < *lo)
+      bad("range " + quote(range) + " ends below its start");
+    for (long long port = *lo; port <= *hi; ++port)
+      ports.push_back(static_cast<int>(port));
+    start = comma + 1;
+  }
+  return ports;
 }
 
 } // namespace
@@ -235,13 +257,34 @@ slurm_cluster_resolver::slurm_cluster_resolver(slurm_options options, const env_
     throw_error(errc::invalid_argument, rank_name + " is " + std::to_string(rank_) + " but " +
                                             ntasks_name + " is " + std::to_string(ntasks) +
                                             "; expected a rank below the number of tasks");
-  if (options.port_base < 1 || options.port_base > 65535)
-    throw_error(errc::invalid_argument, "slurm_options::port_base is " +
-                                            std::to_string(options.port_base) +
-                                            "; expected a port in 1..65535");
+  // The ports: from code; else CONSORT_PORT_BASE; else the ports Slurm reserved for the step
+  // (srun --resv-ports), which are free on every node of the step; else TF's 8888.
+  int port_base = 8888;
+  std::string port_source = "the default port base";
+  std::vector<int> reserved;
+  if (options.port_base) {
+    port_base = *options.port_base;
+    port_source = "slurm_options::port_base";
+    if (port_base < 1 || port_base > 65535)
+      throw_error(errc::invalid_argument, "slurm_options::port_base is " +
+                                              std::to_string(port_base) +
+                                              "; expected a port in 1..65535");
+  } else if (auto base = env_value(lookup, port_base_variable)) {
+    auto parsed = parse_integer(*base, 1, 65535);
+    if (!parsed)
+      throw_error(errc::invalid_argument, std::string(port_base_variable) + " is " + quote(*base) +
+                                              "; expected the port of the first task on each "
+                                              "node, an integer in 1..65535");
+    port_base = static_cast<int>(*parsed);
+    port_source = port_base_variable;
+  } else if (auto resv = env_value(lookup, "SLURM_STEP_RESV_PORTS")) {
+    reserved = reserved_ports(*resv);
+    port_source = "SLURM_STEP_RESV_PORTS " + quote(*resv);
+  }
 
   // Block distribution: node i gets the next counts[i] ranks; the k-th task on a node listens on
-  // port_base + k. A host named twice keeps counting from where it stopped, so ports never clash.
+  // port_base + k (or the k-th reserved port). A host named twice keeps counting from where it
+  // stopped, so ports never clash.
   std::map<std::string, int> next_local;
   std::map<int, std::string> tasks;
   std::string own_host;
@@ -249,12 +292,21 @@ slurm_cluster_resolver::slurm_cluster_resolver(slurm_options options, const env_
   for (std::size_t node = 0; node < hosts.size(); ++node) {
     for (int k = 0; k < counts[node]; ++k, ++rank) {
       const int local = next_local[hosts[node]]++;
-      const int port = options.port_base + local;
+      if (!reserved.empty() && local >= static_cast<int>(reserved.size()))
+        throw_error(errc::invalid_argument,
+                    port_source + " reserves " + std::to_string(reserved.size()) +
+                        " port(s) but node " + quote(hosts[node]) + " has more tasks (task " +
+                        std::to_string(rank) + " is its task " + std::to_string(local + 1) +
+                        "); expected a reserved port for each task on a node (srun "
+                        "--resv-ports=N with N at least the tasks per node)");
+      const int port =
+          reserved.empty() ? port_base + local : reserved[static_cast<std::size_t>(local)];
       if (port > 65535)
         throw_error(errc::invalid_argument,
                     "task " + std::to_string(rank) + " on node " + quote(hosts[node]) +
-                        " would listen on port " + std::to_string(port) +
-                        "; expected port_base + tasks per node - 1 <= 65535");
+                        " would listen on port " + std::to_string(port) + " (" + port_source + " " +
+                        std::to_string(port_base) + " + " + std::to_string(local) +
+                        "); expected port_base + tasks per node - 1 <= 65535");
       tasks.emplace(rank, hosts[node] + ":" + std::to_string(port));
       if (rank == rank_) {
         local_index_ = local;

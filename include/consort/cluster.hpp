@@ -5,9 +5,9 @@
 /// These follow TensorFlow's `tf.train.ClusterSpec` and `tf.distribute.cluster_resolver.*`:
 /// a cluster is a set of *jobs* (chief, worker, ps, evaluator), each a set of *tasks* numbered
 /// by index and reached at an address ("host:port"). A resolver reads the cluster and this
-/// process's task from somewhere (TF_CONFIG, code, Slurm, Open MPI) and answers the questions a
-/// multi-worker strategy asks: who is the chief, what is my rank among the workers, how many
-/// workers are there.
+/// process's task from somewhere (TF_CONFIG, code, Slurm, or a launcher: Open MPI, torchrun,
+/// MPICH/Intel MPI, PMIx) and answers the questions a multi-worker strategy asks: who is the
+/// chief, what is my rank among the workers, how many workers are there.
 ///
 /// Every failure is a `consort::error` (usually `errc::invalid_argument`) whose message names
 /// the source (for example "TF_CONFIG" or "SLURM_PROCID"), says what was wrong and what was
@@ -149,7 +149,7 @@ std::ostream& operator<<(std::ostream& out, const task_id& id);
 /// cluster is *local*: one worker, which is the chief, with rank 0.
 ///
 /// Implementations in this header are immutable after construction (except
-/// `mpi_cluster_resolver::set_addresses`) and safe to read from many threads.
+/// `launcher_cluster_resolver::set_addresses`) and safe to read from many threads.
 class cluster_resolver {
 public:
   virtual ~cluster_resolver() = default;
@@ -425,11 +425,16 @@ std::vector<std::string> expand_hostlist(const std::string& hostlist);
 /// @throws error(invalid_argument) quoting the text when a part is not "N" or "N(xM)".
 std::vector<int> expand_tasks_per_node(const std::string& tasks_per_node);
 
+/// The environment variable that sets the port of the first task on each node under Slurm.
+inline constexpr const char* port_base_variable = "CONSORT_PORT_BASE";
+
 /// Options of `slurm_cluster_resolver`.
 struct slurm_options {
-  /// The port of the first task on each node; the k-th task on a node listens on port_base + k
-  /// (TF's default, 8888).
-  int port_base = 8888;
+  /// The port of the first task on each node; the k-th task on a node listens on port_base + k.
+  /// Unset (the default): the environment chooses, in this order: CONSORT_PORT_BASE; the ports
+  /// Slurm reserved for the step (SLURM_STEP_RESV_PORTS, set by `srun --resv-ports`), the k-th
+  /// task on a node taking the k-th port; 8888 (TF's default).
+  std::optional<int> port_base = std::nullopt;
   /// The RPC layer reported by `rpc_layer()` ("grpc", TF's default for Slurm).
   std::string rpc_layer = "grpc";
 };
@@ -446,8 +451,10 @@ struct slurm_options {
 ///
 /// Tasks are assigned to nodes in nodelist order, as Slurm's default block distribution does:
 /// the first node gets ranks 0..n0-1, the next the following n1 ranks, and so on. The k-th task of
-/// a node gets address "node:port_base+k". (TF sorts the host names first, which puts node10
-/// before node9 and disagrees with Slurm's ranks; we keep Slurm's order.)
+/// a node gets address "node:port_base+k" (`slurm_options::port_base` says where the port comes
+/// from: code, CONSORT_PORT_BASE, SLURM_STEP_RESV_PORTS such as "12000-12015", else 8888). (TF
+/// sorts the host names first, which puts node10 before node9 and disagrees with Slurm's ranks; we
+/// keep Slurm's order.)
 /// When Slurm also sets SLURM_LOCALID or SLURMD_NODENAME, they must agree with that placement
 /// (they do not under, e.g., `srun --distribution=cyclic`, whose addresses this resolver cannot
 /// compute).
@@ -461,8 +468,9 @@ public:
   /// @throws error(invalid_argument) naming the variable when one is missing or malformed, when
   ///         the nodelist and the tasks-per-node list have different lengths, when the tasks per
   ///         node do not add up to the number of tasks, when SLURM_PROCID is not below it, when
-  ///         a port would exceed 65535, or when SLURM_LOCALID or SLURMD_NODENAME disagree with
-  ///         block distribution.
+  ///         a port would exceed 65535, when CONSORT_PORT_BASE or SLURM_STEP_RESV_PORTS is
+  ///         malformed or the reserved ports are fewer than a node's tasks, or when SLURM_LOCALID
+  ///         or SLURMD_NODENAME disagree with block distribution.
   explicit slurm_cluster_resolver(slurm_options options = {},
                                   const env_lookup& lookup = process_environment());
 
@@ -488,62 +496,56 @@ private:
   std::string rpc_layer_;
 };
 
-// -- mpi_cluster_resolver -------------------------------------------------------------------------
+// -- launcher_cluster_resolver --------------------------------------------------------------------
 
-/// The environment variable that gives every Open MPI task the chief's (rank 0's) address.
+/// The environment variable that gives every process of a launcher's job the chief's (rank 0's)
+/// "host:port". It overrides what the launcher says (torchrun's MASTER_ADDR and MASTER_PORT).
 inline constexpr const char* chief_address_variable = "CONSORT_CHIEF_ADDRESS";
 
-/// Options of `mpi_cluster_resolver`.
-struct mpi_options {
+/// Options of the launcher resolvers (`mpi_cluster_resolver`, `torchrun_cluster_resolver`,
+/// `pmi_cluster_resolver`, `pmix_cluster_resolver`).
+struct launcher_options {
   /// The host name or IP at which peers reach this process; "" = `gethostname()`.
   std::string host = {};
-  /// This process listens on port_base + OMPI_COMM_WORLD_LOCAL_RANK.
+  /// This process's port is port_base + its local rank (rank 0 listens there when nothing gives
+  /// a chief address).
   int port_base = 8888;
-  /// The chief's "host:port" when CONSORT_CHIEF_ADDRESS is not set; "" = none.
+  /// The chief's "host:port" when neither CONSORT_CHIEF_ADDRESS nor the launcher gives one;
+  /// "" = none.
   std::string default_chief_address = {};
   /// The RPC layer reported by `rpc_layer()`; "" = none.
   std::string rpc_layer = {};
 };
 
-/// Resolves a job started by Open MPI's `mpirun`: every rank is a worker, rank 0 is the chief.
+/// The options of `mpi_cluster_resolver`, under the name they had before the other launchers.
+using mpi_options = launcher_options;
+
+/// The base of the resolvers for jobs whose launcher gives every process its rank and the number
+/// of processes, but not the other processes' addresses: Open MPI's `mpirun`, torchrun (and
+/// Kubeflow's PyTorchJob), MPICH's and Intel MPI's `mpiexec` (PMI), PMIx launchers. Every rank is
+/// a worker; rank 0 is the chief.
 ///
-/// What Open MPI's environment gives, and so what this resolver reads:
-/// - OMPI_COMM_WORLD_RANK: this process's rank = its worker index;
-/// - OMPI_COMM_WORLD_SIZE: the number of workers;
-/// - OMPI_COMM_WORLD_LOCAL_RANK: its position on its node, which offsets its port
-///   (`own_address()` = host:port_base + local rank).
+/// The other ranks' addresses come from an exchange that the multi-worker runtime performs
+/// through the chief: every rank connects to the chief's address, sends its own, gets back the
+/// list of all addresses in rank order (the rendezvous's view), and the list may be stored with
+/// `set_addresses`. This resolver does no networking itself. The chief's address is, in this
+/// order: CONSORT_CHIEF_ADDRESS; what the launcher gives (torchrun's MASTER_ADDR and MASTER_PORT;
+/// the MPI launchers give none); `launcher_options::default_chief_address`; on rank 0 only, its
+/// own address. A rank other than 0 with none fails at construction.
 ///
-/// What the environment does not give: the other ranks' addresses. They come from an exchange
-/// that the multi-worker runtime performs through the chief: every rank connects to the chief's
-/// address (CONSORT_CHIEF_ADDRESS, else `mpi_options::default_chief_address`; rank 0 uses its own
-/// address when neither is set), sends its own address, gets back the list of all addresses in
-/// rank order, and calls `set_addresses`. This resolver does no networking itself.
-///
-/// Until then `cluster_spec()` is a sparse worker job holding only what is known: the chief at
-/// index 0 and this process at its rank. `num_workers()` and `worker_rank()` are right either way
-/// (they come from the size and rank).
+/// Until the exchange `cluster_spec()` is a sparse worker job holding only what is known: the
+/// chief at index 0 and this process at its rank. `num_workers()` and `worker_rank()` are right
+/// either way (they come from the size and rank).
 ///
 /// Not thread-safe: `set_addresses` must not run while another thread reads the resolver.
-class mpi_cluster_resolver : public cluster_resolver {
+class launcher_cluster_resolver : public cluster_resolver {
 public:
-  /// Reads the variables above through `lookup`.
-  /// @throws error(invalid_argument) naming the variable when one is missing or malformed, when
-  ///         the rank is not below the size, when a non-chief rank has no chief address, or when
-  ///         the chief address is not "host:port".
-  explicit mpi_cluster_resolver(mpi_options options = {},
-                                const env_lookup& lookup = process_environment());
-
-  /// As above, with the exchange already done: `addresses` are those of ranks 0..size-1.
-  /// @throws error(invalid_argument) as above and as `set_addresses`.
-  mpi_cluster_resolver(mpi_options options, std::vector<std::string> addresses,
-                       const env_lookup& lookup = process_environment());
-
   /// Stores the result of the address exchange: the "host:port" of every rank, in rank order.
-  /// @throws error(invalid_argument) when there are not OMPI_COMM_WORLD_SIZE addresses or one is
-  ///         not "host:port"; the resolver is then unchanged.
+  /// @throws error(invalid_argument) when there is not one address per rank or one is not
+  ///         "host:port"; the resolver is then unchanged.
   void set_addresses(std::vector<std::string> addresses);
 
-  /// True once `set_addresses` (or the constructor) has given every rank's address.
+  /// True once `set_addresses` (or a constructor given addresses) has given every rank's address.
   bool has_addresses() const noexcept { return !addresses_.empty(); }
 
   /// {"worker": all addresses} after the exchange; before it, the sparse
@@ -553,53 +555,249 @@ public:
   /// Always "worker".
   std::optional<std::string> task_type() const override { return "worker"; }
 
-  /// OMPI_COMM_WORLD_RANK.
+  /// This process's rank.
   std::optional<int> task_id() const override { return rank_; }
 
-  /// `mpi_options::rpc_layer`.
+  /// `launcher_options::rpc_layer`.
   std::string rpc_layer() const override { return rpc_layer_; }
 
-  /// OMPI_COMM_WORLD_SIZE.
+  /// The number of processes the launcher started.
   int num_workers() const override { return size_; }
 
-  /// OMPI_COMM_WORLD_LOCAL_RANK.
+  /// This process's position among the ranks on its host (0 when the launcher does not say).
   int local_rank() const noexcept { return local_rank_; }
 
-  /// host:port_base + local rank: where this process listens and what it sends in the exchange.
+  /// host:port_base + local rank: this process's address before the exchange (the runtime
+  /// listens on its host). Rank 0's entry in the cluster is the chief address when one is given.
   const std::string& own_address() const noexcept { return own_address_; }
 
-  /// The chief's address: rank 0's entry after the exchange, else CONSORT_CHIEF_ADDRESS, else the
-  /// default from the options, else (on rank 0 only) `own_address()`.
+  /// The chief's address: rank 0's entry after the exchange, else as the class comment says.
   std::string chief_address() const;
 
-private:
-  void read_environment(const mpi_options& options, const env_lookup& lookup);
+  /// The launcher, as messages name it: "Open MPI", "torchrun", "PMI" or "PMIx".
+  const std::string& launcher() const noexcept { return launcher_; }
 
+protected:
+  /// What a launcher's environment says about this process.
+  struct placement {
+    /// The launcher as messages name it, e.g. "Open MPI".
+    std::string launcher;
+    /// The class, e.g. "mpi_cluster_resolver", and the variable that gave the size, e.g.
+    /// "OMPI_COMM_WORLD_SIZE", for `set_addresses`'s messages.
+    std::string resolver;
+    std::string size_variable;
+    int rank = 0;
+    int size = 1;
+    int local_rank = 0;
+    /// The variable that gave the local rank, for messages; "" when none did.
+    std::string local_rank_variable;
+  };
+
+  /// A chief address the launcher gives, and the variables it came from (for messages).
+  struct launcher_chief {
+    std::string address;
+    std::string source;
+  };
+
+  launcher_cluster_resolver() = default;
+
+  /// Sets what `placement` says, this process's address from `options`, and the chief address
+  /// (CONSORT_CHIEF_ADDRESS, else `from_launcher` when it has an address, else the options'
+  /// default, else rank 0's own).
+  /// @throws error(invalid_argument) when a port would leave 1..65535 or a chief address is not
+  ///         "host:port".
+  void place(const placement& where, const launcher_options& options, const env_lookup& lookup,
+             const launcher_chief& from_launcher = {});
+
+  /// @throws error(invalid_argument) when no chief address is known (a rank other than 0 without
+  ///         CONSORT_CHIEF_ADDRESS or a default), naming what would have given one.
+  void require_chief_address(const std::string& how_to_give_one) const;
+
+  /// The host peers reach this process at: `options.host`, else `gethostname()`; an IPv6 literal
+  /// in brackets.
+  static std::string host_of(const launcher_options& options);
+
+private:
   int rank_ = 0;
   int size_ = 1;
   int local_rank_ = 0;
+  std::string launcher_;
+  std::string resolver_;
+  std::string size_variable_;
   std::string own_address_;
   std::string chief_address_;
   std::string rpc_layer_;
   std::vector<std::string> addresses_;
 };
 
-// -- choosing a resolver
-// ---------------------------------------------------------------------------
+// -- mpi_cluster_resolver -------------------------------------------------------------------------
 
-/// The resolver for the environment this process was started in, checked in this order:
-/// - TF_CONFIG set and not empty: `tf_config_cluster_resolver` (by hand, or
-/// `tools/consort-launch`);
-/// - SLURM_PROCID set (a task of `srun`): `slurm_cluster_resolver`;
-/// - OMPI_COMM_WORLD_RANK set (a rank of Open MPI's `mpirun`): `mpi_cluster_resolver`;
-/// - otherwise a local, one-worker cluster (`cluster_resolver::local()`).
-/// @throws error(invalid_argument) when the chosen resolver rejects its environment.
+/// Resolves a job started by Open MPI's `mpirun` (`launcher_cluster_resolver`).
+///
+/// Read from the environment, all three required:
+/// - OMPI_COMM_WORLD_RANK: this process's rank = its worker index;
+/// - OMPI_COMM_WORLD_SIZE: the number of workers;
+/// - OMPI_COMM_WORLD_LOCAL_RANK: its position on its node, which offsets its port
+///   (`own_address()` = host:port_base + local rank).
+/// The chief's address: CONSORT_CHIEF_ADDRESS (`mpirun -x CONSORT_CHIEF_ADDRESS=host0:8888`), else
+/// `launcher_options::default_chief_address`, else (rank 0 only) its own address.
+class mpi_cluster_resolver : public launcher_cluster_resolver {
+public:
+  /// Reads the variables above through `lookup`.
+  /// @throws error(invalid_argument) naming the variables set and those missing when one is
+  ///         missing; naming the variable when one is malformed; when the rank is not below the
+  ///         size, when a non-chief rank has no chief address, or when the chief address is not
+  ///         "host:port".
+  explicit mpi_cluster_resolver(mpi_options options = {},
+                                const env_lookup& lookup = process_environment());
+
+  /// As above, with the exchange already done: `addresses` are those of ranks 0..size-1.
+  /// @throws error(invalid_argument) as above and as `set_addresses`.
+  mpi_cluster_resolver(mpi_options options, std::vector<std::string> addresses,
+                       const env_lookup& lookup = process_environment());
+
+private:
+  void read_environment(const mpi_options& options, const env_lookup& lookup);
+};
+
+// -- torchrun_cluster_resolver --------------------------------------------------------------------
+
+/// The variable torchrun sets to "True" when its agent's TCPStore listens on
+/// MASTER_ADDR:MASTER_PORT.
+inline constexpr const char* agent_store_variable = "TORCHELASTIC_USE_AGENT_STORE";
+
+/// Resolves a job started by torchrun (`torch.distributed.run`) or by Kubeflow's PyTorchJob
+/// (`launcher_cluster_resolver`).
+///
+/// Read from the environment:
+/// - RANK, WORLD_SIZE (required): this process's rank and the number of processes;
+/// - MASTER_ADDR, MASTER_PORT (required unless CONSORT_CHIEF_ADDRESS or a default chief address
+///   is given): where rank 0 is;
+/// - LOCAL_RANK, LOCAL_WORLD_SIZE (optional; Kubeflow's PyTorchJob without torchrun sets neither):
+///   this process's position on its host and the number of processes there;
+/// - TORCHELASTIC_USE_AGENT_STORE (optional): "True" when torchrun's agent hosts its TCPStore on
+///   MASTER_ADDR:MASTER_PORT on the rank-0 host.
+///
+/// The chief's address: CONSORT_CHIEF_ADDRESS when set; else MASTER_ADDR with MASTER_PORT, or
+/// with MASTER_PORT + 1 when TORCHELASTIC_USE_AGENT_STORE is "True" (the agent's store already
+/// listens on MASTER_PORT there, and the chief must not try to listen on it too).
+/// Kubeflow's PyTorchJob gives its master (rank 0) MASTER_ADDR "localhost" and the others the
+/// master's service name, which is the master pod's host name: on rank 0, a MASTER_ADDR of
+/// "localhost" inside Kubernetes (KUBERNETES_SERVICE_HOST set) without torchrun (no
+/// LOCAL_WORLD_SIZE and no TORCHELASTIC_RUN_ID) in a job of several processes is replaced by this
+/// host's name, so that every rank names the chief alike and the chief listens where the others
+/// reach it.
+class torchrun_cluster_resolver : public launcher_cluster_resolver {
+public:
+  /// Reads the variables above through `lookup`.
+  /// @throws error(invalid_argument) naming the variables set and those missing when a required one
+  ///         is missing ("half set"); naming the variable when one is malformed; when RANK is not
+  ///         below WORLD_SIZE, LOCAL_RANK not below LOCAL_WORLD_SIZE, LOCAL_WORLD_SIZE above
+  ///         WORLD_SIZE, or a port outside 1..65535.
+  explicit torchrun_cluster_resolver(launcher_options options = {},
+                                     const env_lookup& lookup = process_environment());
+
+  /// As above, with the exchange already done: `addresses` are those of ranks 0..size-1.
+  /// @throws error(invalid_argument) as above and as `set_addresses`.
+  torchrun_cluster_resolver(launcher_options options, std::vector<std::string> addresses,
+                            const env_lookup& lookup = process_environment());
+
+  /// LOCAL_WORLD_SIZE; none when not set.
+  std::optional<int> local_world_size() const noexcept { return local_world_size_; }
+
+private:
+  void read_environment(const launcher_options& options, const env_lookup& lookup);
+
+  std::optional<int> local_world_size_;
+};
+
+// -- pmi_cluster_resolver -------------------------------------------------------------------------
+
+/// Resolves a job started by a PMI launcher: MPICH's and Intel MPI's `mpiexec` (Hydra), and
+/// others that set PMI-1's variables (`launcher_cluster_resolver`).
+///
+/// Read from the environment:
+/// - PMI_RANK, PMI_SIZE (required): this process's rank and the number of processes;
+/// - MPI_LOCALRANKID (Hydra), else PMI_LOCAL_RANK (Cray PMI) (optional, 0 when neither is set):
+///   this process's position on its host; MPI_LOCALNRANKS, else PMI_LOCAL_SIZE (optional): the
+///   number of processes there.
+/// The chief's address as for Open MPI: CONSORT_CHIEF_ADDRESS (`mpiexec -genv
+/// CONSORT_CHIEF_ADDRESS host0:8888`), else the default, else (rank 0 only) its own.
+class pmi_cluster_resolver : public launcher_cluster_resolver {
+public:
+  /// Reads the variables above through `lookup`.
+  /// @throws error(invalid_argument) as `mpi_cluster_resolver`'s constructor, and when the local
+  ///         rank is not below the local size.
+  explicit pmi_cluster_resolver(launcher_options options = {},
+                                const env_lookup& lookup = process_environment());
+
+  /// As above, with the exchange already done: `addresses` are those of ranks 0..size-1.
+  pmi_cluster_resolver(launcher_options options, std::vector<std::string> addresses,
+                       const env_lookup& lookup = process_environment());
+
+private:
+  void read_environment(const launcher_options& options, const env_lookup& lookup);
+};
+
+// -- pmix_cluster_resolver ------------------------------------------------------------------------
+
+/// Resolves a job started by a PMIx launcher (PRRTE's `prterun`, a PMIx-enabled resource manager)
+/// (`launcher_cluster_resolver`).
+///
+/// A PMIx server puts only the rank in the environment (PMIX_RANK, with PMIX_NAMESPACE and its
+/// own URI); the job's size is published through `PMIx_Get(PMIX_JOB_SIZE)`, which consort does
+/// not call. So the size comes from a variable that a launcher sets beside PMIx: PMI_SIZE, else
+/// OMPI_COMM_WORLD_SIZE; with neither, construction fails rather than guess.
+/// The local rank: MPI_LOCALRANKID, else PMI_LOCAL_RANK, else OMPI_COMM_WORLD_LOCAL_RANK, else 0.
+/// The chief's address as for Open MPI.
+class pmix_cluster_resolver : public launcher_cluster_resolver {
+public:
+  /// Reads the variables above through `lookup`.
+  /// @throws error(invalid_argument) as `mpi_cluster_resolver`'s constructor, and when no variable
+  ///         gives the size, naming those it looked for.
+  explicit pmix_cluster_resolver(launcher_options options = {},
+                                 const env_lookup& lookup = process_environment());
+
+  /// As above, with the exchange already done: `addresses` are those of ranks 0..size-1.
+  pmix_cluster_resolver(launcher_options options, std::vector<std::string> addresses,
+                        const env_lookup& lookup = process_environment());
+
+private:
+  void read_environment(const launcher_options& options, const env_lookup& lookup);
+};
+
+// -- choosing a resolver --------------------------------------------------------------------------
+
+/// The resolver for the environment this process was started in. The first that applies wins:
+/// 1. TF_CONFIG set and not empty: `tf_config_cluster_resolver` (by hand, or
+///    `tools/consort-launch`);
+/// 2. RANK or WORLD_SIZE set (torchrun, Kubeflow's PyTorchJob): `torchrun_cluster_resolver`;
+/// 3. OMPI_COMM_WORLD_RANK set (Open MPI's `mpirun`): `mpi_cluster_resolver`;
+/// 4. PMI_RANK set (MPICH's or Intel MPI's `mpiexec`): `pmi_cluster_resolver`;
+/// 5. PMIX_RANK set (a PMIx launcher): `pmix_cluster_resolver`;
+/// 6. SLURM_PROCID set (a task of `srun`): `slurm_cluster_resolver`;
+/// 7. otherwise a local, one-worker cluster (`cluster_resolver::local()`).
+/// The per-process launchers come before Slurm because they are often started inside a Slurm job
+/// (`mpirun` and `mpiexec` start their daemons with `srun`, torchrun is run by `srun` once a node):
+/// their processes inherit SLURM_* variables that describe the daemons or the batch step, while
+/// the launcher's own variables describe this process. One exception: when `srun` itself started
+/// this process through its MPI plugin (SLURM_MPI_TYPE set and not "none") and SLURM_PROCID agrees
+/// with PMI_RANK (and the step's task count with PMI_SIZE) or with PMIX_RANK (SLURM_MPI_TYPE
+/// "pmix..."), both describe the same step, and Slurm's variables, which give every address, win.
+///
+/// A half-set environment is an error, never a silent one-worker run: a launcher's variables
+/// without the ones that identify the process (e.g. MASTER_ADDR without RANK and WORLD_SIZE,
+/// OMPI_COMM_WORLD_SIZE without OMPI_COMM_WORLD_RANK, PMI_SIZE without PMI_RANK,
+/// CONSORT_CHIEF_ADDRESS alone), and a chosen launcher with a variable missing (RANK without
+/// WORLD_SIZE, WORLD_SIZE without MASTER_ADDR).
+/// @throws error(invalid_argument) for a half-set environment, naming the variables set and those
+///         missing, or when the chosen resolver rejects its environment.
 std::shared_ptr<cluster_resolver> resolve_cluster(const env_lookup& lookup = process_environment());
 
 /// The tasks that are workers of `resolver`'s cluster, in rank order: the chief (chief:0, or
 /// worker:0 without a chief job), then the worker tasks by index, whatever this process's own task
-/// (an evaluator's or a ps task's view lists the training workers too). Under Open MPI, before the
-/// address exchange, worker:0 .. worker:n-1.
+/// (an evaluator's or a ps task's view lists the training workers too). Under a launcher
+/// (`launcher_cluster_resolver`), before the address exchange, worker:0 .. worker:n-1.
 std::vector<task_id> worker_tasks(const cluster_resolver& resolver);
 
 } // namespace consort

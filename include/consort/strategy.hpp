@@ -283,8 +283,8 @@ public:
 
 /// How a multi_worker_mirrored_strategy finds and watches its cluster.
 struct multi_worker_options {
-  /// Where the cluster comes from; null: `resolve_cluster()` (TF_CONFIG, Slurm, Open MPI, else
-  /// a local one-worker cluster).
+  /// Where the cluster comes from; null: `resolve_cluster()` (TF_CONFIG, torchrun, Open MPI,
+  /// MPICH/Intel MPI, PMIx, Slurm, else a local one-worker cluster).
   std::shared_ptr<const cluster_resolver> resolver;
 
   /// This worker's devices, in local replica order; every worker must have as many. Empty:

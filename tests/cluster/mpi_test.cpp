@@ -158,6 +158,14 @@ TEST(MpiClusterResolverTest, MissingVariablesAreNamed) {
     EXPECT_TRUE(fails_with([&] { mpi_cluster_resolver(on_host_b, fake_env(env)); },
                            errc::invalid_argument, {name + " is not set", "mpirun"}));
   }
+  // The message names what is set too.
+  EXPECT_TRUE(fails_with(
+      [] {
+        mpi_cluster_resolver(on_host_b, fake_env({{"OMPI_COMM_WORLD_RANK", "1"}}));
+      },
+      errc::invalid_argument,
+      {"Open MPI's environment is half set: OMPI_COMM_WORLD_RANK=\"1\" is set but "
+       "OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_LOCAL_RANK are not set"}));
 }
 
 TEST(MpiClusterResolverTest, RejectsMalformedNumbersNamingTheVariable) {

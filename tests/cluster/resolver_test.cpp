@@ -292,39 +292,187 @@ TEST(SimpleClusterResolverTest, RejectsANegativeAcceleratorCount) {
 
 // -- resolve_cluster / worker_tasks ---------------------------------------------------------------
 
-TEST(ResolveClusterTest, TfConfigComesFirstThenSlurmThenOpenMpiElseLocal) {
+namespace {
+
+using env_map = std::map<std::string, std::string>;
+
+// The variables of each launcher, for rank 1 of a job.
+const env_map slurm_step{{"SLURM_PROCID", "1"},
+                         {"SLURM_NTASKS", "3"},
+                         {"SLURM_STEP_NODELIST", "n[1-3]"},
+                         {"SLURM_STEP_TASKS_PER_NODE", "1(x3)"}};
+const env_map torchrun_env{
+    {"RANK", "1"}, {"WORLD_SIZE", "5"}, {"MASTER_ADDR", "n1"}, {"MASTER_PORT", "29500"}};
+const env_map open_mpi{{"OMPI_COMM_WORLD_RANK", "1"},
+                       {"OMPI_COMM_WORLD_SIZE", "4"},
+                       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}};
+const env_map hydra{{"PMI_RANK", "1"}, {"PMI_SIZE", "6"}};
+const env_map pmix{{"PMIX_RANK", "1"}, {"PMIX_NAMESPACE", "ns"}, {"OMPI_COMM_WORLD_SIZE", "7"}};
+
+env_map merged(std::initializer_list<env_map> parts) {
+  env_map out;
+  for (const auto& part : parts)
+    out.insert(part.begin(), part.end());
+  return out;
+}
+
+template <class R>
+bool is_a(const std::shared_ptr<consort::cluster_resolver>& r) {
+  return dynamic_cast<const R*>(r.get()) != nullptr;
+}
+
+} // namespace
+
+TEST(ResolveClusterTest, TfConfigThenTorchrunThenOpenMpiThenPmiThenPmixThenSlurmElseLocal) {
   using consort::resolve_cluster;
   using consort::test::fake_env;
   const std::string tf =
       R"({"cluster":{"worker":["a:1","b:1"]},"task":{"type":"worker","index":1}})";
-  std::map<std::string, std::string> slurm{{"SLURM_PROCID", "1"},
-                                           {"SLURM_NTASKS", "3"},
-                                           {"SLURM_STEP_NODELIST", "n[1-3]"},
-                                           {"SLURM_STEP_TASKS_PER_NODE", "1(x3)"}};
-  std::map<std::string, std::string> mpi{{"OMPI_COMM_WORLD_RANK", "0"},
-                                         {"OMPI_COMM_WORLD_SIZE", "4"},
-                                         {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}};
-  auto everything = slurm;
-  everything.insert(mpi.begin(), mpi.end());
-  everything["TF_CONFIG"] = tf;
+  auto env = merged({slurm_step, torchrun_env, hydra, pmix, {{"CONSORT_CHIEF_ADDRESS", "h:1"}}});
+  // Open MPI's size and pmix's OMPI_COMM_WORLD_SIZE are one variable: Open MPI's wins the merge.
+  env.insert(open_mpi.begin(), open_mpi.end());
+  env["OMPI_COMM_WORLD_SIZE"] = "4";
+  env["TF_CONFIG"] = tf;
 
-  auto r = resolve_cluster(fake_env(everything));
-  EXPECT_NE(dynamic_cast<const consort::tf_config_cluster_resolver*>(r.get()), nullptr);
+  auto r = resolve_cluster(fake_env(env));
+  EXPECT_TRUE(is_a<consort::tf_config_cluster_resolver>(r));
   EXPECT_EQ(r->num_workers(), 2);
   EXPECT_EQ(r->worker_rank(), 1);
 
-  everything["TF_CONFIG"] = ""; // an empty TF_CONFIG does not count
-  r = resolve_cluster(fake_env(everything));
-  EXPECT_NE(dynamic_cast<const consort::slurm_cluster_resolver*>(r.get()), nullptr);
-  EXPECT_EQ(r->num_workers(), 3);
+  env["TF_CONFIG"] = ""; // an empty TF_CONFIG does not count
+  r = resolve_cluster(fake_env(env));
+  EXPECT_TRUE(is_a<consort::torchrun_cluster_resolver>(r));
+  EXPECT_EQ(r->num_workers(), 5);
 
-  r = resolve_cluster(fake_env(mpi));
-  EXPECT_NE(dynamic_cast<const consort::mpi_cluster_resolver*>(r.get()), nullptr);
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+    env.erase(name);
+  r = resolve_cluster(fake_env(env));
+  EXPECT_TRUE(is_a<consort::mpi_cluster_resolver>(r));
   EXPECT_EQ(r->num_workers(), 4);
+
+  env.erase("OMPI_COMM_WORLD_RANK");
+  r = resolve_cluster(fake_env(env));
+  EXPECT_TRUE(is_a<consort::pmi_cluster_resolver>(r));
+  EXPECT_EQ(r->num_workers(), 6);
+
+  env.erase("PMI_RANK");
+  r = resolve_cluster(fake_env(env));
+  EXPECT_TRUE(is_a<consort::pmix_cluster_resolver>(r));
+  EXPECT_EQ(r->num_workers(), 6); // PMI_SIZE comes before OMPI_COMM_WORLD_SIZE
+
+  env.erase("PMIX_RANK");
+  r = resolve_cluster(fake_env(env));
+  EXPECT_TRUE(is_a<consort::slurm_cluster_resolver>(r));
+  EXPECT_EQ(r->num_workers(), 3);
 
   r = resolve_cluster(fake_env({}));
   EXPECT_TRUE(r->is_local());
   EXPECT_EQ(r->num_workers(), 1);
+}
+
+TEST(ResolveClusterTest, ALauncherInsideASlurmJobDescribesThisProcessRatherThanSlurm) {
+  using consort::resolve_cluster;
+  using consort::test::fake_env;
+  // mpirun inside an allocation starts its daemons with srun: its ranks inherit the daemons'
+  // SLURM_PROCID (the node) and step size (the nodes), and Open MPI's variables say who they are.
+  auto r = resolve_cluster(fake_env(merged({slurm_step,
+                                            {{"OMPI_COMM_WORLD_RANK", "5"},
+                                             {"OMPI_COMM_WORLD_SIZE", "8"},
+                                             {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                             {"CONSORT_CHIEF_ADDRESS", "n1:8888"}}})));
+  EXPECT_TRUE(is_a<consort::mpi_cluster_resolver>(r));
+  EXPECT_EQ(r->num_workers(), 8);
+  EXPECT_EQ(r->worker_rank(), 5);
+  // srun runs torchrun once a node; torchrun's workers carry the agent's Slurm task.
+  r = resolve_cluster(fake_env(merged({slurm_step, torchrun_env})));
+  EXPECT_TRUE(is_a<consort::torchrun_cluster_resolver>(r));
+  EXPECT_EQ(r->num_workers(), 5);
+  // Hydra's mpiexec over srun (one proxy a node), even with srun's MPI plugin set by default.
+  auto hydra_over_srun = merged({slurm_step,
+                                 {{"PMI_RANK", "4"},
+                                  {"PMI_SIZE", "6"},
+                                  {"SLURM_MPI_TYPE", "pmi2"},
+                                  {"CONSORT_CHIEF_ADDRESS", "n1:8888"}}});
+  r = resolve_cluster(fake_env(hydra_over_srun));
+  EXPECT_TRUE(is_a<consort::pmi_cluster_resolver>(r));
+  EXPECT_EQ(r->num_workers(), 6);
+  // Rank 1 of 6 on the second node: its rank agrees with SLURM_PROCID, but not its size.
+  hydra_over_srun["PMI_RANK"] = "1";
+  EXPECT_TRUE(is_a<consort::pmi_cluster_resolver>(resolve_cluster(fake_env(hydra_over_srun))));
+}
+
+TEST(ResolveClusterTest, SrunsOwnMpiPluginLeavesTheStepToSlurm) {
+  using consort::resolve_cluster;
+  using consort::test::fake_env;
+  // srun --mpi=pmi2 / --mpi=pmix start every task themselves: both describe the same step, and
+  // Slurm's variables give every address.
+  auto pmi2 =
+      merged({slurm_step, {{"PMI_RANK", "1"}, {"PMI_SIZE", "3"}, {"SLURM_MPI_TYPE", "pmi2"}}});
+  EXPECT_TRUE(is_a<consort::slurm_cluster_resolver>(resolve_cluster(fake_env(pmi2))));
+  auto with_pmix = merged(
+      {slurm_step,
+       {{"PMIX_RANK", "1"}, {"PMIX_NAMESPACE", "slurm.pmix.7.0"}, {"SLURM_MPI_TYPE", "pmix_v4"}}});
+  auto r = resolve_cluster(fake_env(with_pmix));
+  EXPECT_TRUE(is_a<consort::slurm_cluster_resolver>(r));
+  EXPECT_EQ(r->num_workers(), 3);
+  // Without srun's plugin, PMIx's variables come from another launcher, which gives no size.
+  with_pmix["SLURM_MPI_TYPE"] = "none";
+  with_pmix["CONSORT_CHIEF_ADDRESS"] = "n1:8888";
+  EXPECT_TRUE(fails_with([&] { resolve_cluster(fake_env(with_pmix)); }, errc::invalid_argument,
+                         {"PMIx's environment gives no size"}));
+}
+
+TEST(ResolveClusterTest, AHalfSetLauncherFailsNamingWhatIsSetAndWhatIsMissing) {
+  using consort::resolve_cluster;
+  using consort::test::fake_env;
+  struct half_set {
+    env_map env;
+    std::vector<std::string> fragments;
+  };
+  const std::vector<half_set> cases = {
+      // The chosen launcher lacks a variable.
+      {{{"RANK", "1"}},
+       {"torchrun's environment is half set", "RANK=\"1\" is set",
+        "WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set"}},
+      {{{"WORLD_SIZE", "4"}, {"RANK", "2"}, {"MASTER_PORT", "29500"}},
+       {"torchrun's environment is half set", "MASTER_ADDR is not set"}},
+      {{{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}},
+       {"Open MPI's environment is half set", "OMPI_COMM_WORLD_SIZE is not set"}},
+      {{{"PMI_RANK", "1"}}, {"PMI's environment is half set", "PMI_SIZE is not set"}},
+      // No launcher is chosen, but some of one's variables are set.
+      {{{"MASTER_ADDR", "n0"}, {"MASTER_PORT", "29500"}},
+       {"the environment is half set", "MASTER_ADDR=\"n0\" and MASTER_PORT=\"29500\" are set",
+        "RANK and WORLD_SIZE are not set", "torchrun's variables",
+        "unset these for a local, one-worker run"}},
+      {{{"LOCAL_RANK", "0"}}, {"LOCAL_RANK=\"0\" is set but RANK and WORLD_SIZE are not set"}},
+      {{{"OMPI_COMM_WORLD_SIZE", "2"}},
+       {"OMPI_COMM_WORLD_SIZE=\"2\" is set but OMPI_COMM_WORLD_RANK is not set",
+        "Open MPI's variables"}},
+      {{{"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "0"}},
+       {"PMI_SIZE=\"2\" and MPI_LOCALRANKID=\"0\" are set but PMI_RANK is not set"}},
+      {{{"CONSORT_CHIEF_ADDRESS", "h:1"}},
+       {"CONSORT_CHIEF_ADDRESS=\"h:1\" is set but RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or "
+        "PMIX_RANK is not set"}},
+      // Every half-set launcher is named.
+      {{{"MASTER_ADDR", "n0"}, {"PMI_SIZE", "2"}},
+       {"MASTER_ADDR=\"n0\" is set but RANK and WORLD_SIZE are not set",
+        "; and PMI_SIZE=\"2\" is set but PMI_RANK is not set"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.fragments.front() + " / " + c.fragments.back());
+    EXPECT_TRUE(
+        fails_with([&] { resolve_cluster(fake_env(c.env)); }, errc::invalid_argument, c.fragments));
+  }
+}
+
+TEST(ResolveClusterTest, SlurmsAllocationVariablesAloneAreALocalRun) {
+  // An salloc shell has the job's variables but no task of a step.
+  auto r = consort::resolve_cluster(consort::test::fake_env(
+      {{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_NNODES", "2"}}));
+  EXPECT_TRUE(r->is_local());
+  // An empty variable counts as unset.
+  r = consort::resolve_cluster(consort::test::fake_env({{"MASTER_ADDR", ""}, {"RANK", ""}}));
+  EXPECT_TRUE(r->is_local());
 }
 
 TEST(ResolveClusterTest, AMalformedEnvironmentIsAnErrorOfTheChosenResolver) {

@@ -273,3 +273,72 @@ TEST(SlurmClusterResolverTest, RejectsPortsBeyond65535) {
       fails_with([] { slurm_cluster_resolver({.port_base = 0}, fake_env(five_task_step(0))); },
                  errc::invalid_argument, {"port_base is 0"}));
 }
+
+// -- ports from the environment -------------------------------------------------------------------
+
+TEST(SlurmClusterResolverTest, ThePortBaseComesFromConsortPortBase) {
+  auto env = five_task_step(0);
+  env["CONSORT_PORT_BASE"] = "7000";
+  EXPECT_EQ(
+      slurm_cluster_resolver({}, fake_env(env)).cluster_spec(),
+      cluster_spec::dense(
+          {{"worker", {"node1:7000", "node1:7001", "node2:7000", "node2:7001", "gpu-1:7000"}}}));
+}
+
+TEST(SlurmClusterResolverTest, ThePortsComeFromTheStepsReservedPorts) {
+  auto env = five_task_step(0);
+  env["SLURM_STEP_RESV_PORTS"] = "12000-12015";
+  EXPECT_EQ(slurm_cluster_resolver({}, fake_env(env)).cluster_spec(),
+            cluster_spec::dense(
+                {{"worker",
+                  {"node1:12000", "node1:12001", "node2:12000", "node2:12001", "gpu-1:12000"}}}));
+  // A list of ports and ranges: the k-th task on a node takes the k-th port.
+  env["SLURM_STEP_RESV_PORTS"] = "12000,12005-12006";
+  EXPECT_EQ(slurm_cluster_resolver({}, fake_env(env)).cluster_spec().task_address("worker", 1),
+            "node1:12005");
+}
+
+TEST(SlurmClusterResolverTest, CodeComesFirstThenConsortPortBaseThenReservedPorts) {
+  auto env = five_task_step(0);
+  env["CONSORT_PORT_BASE"] = "7000";
+  env["SLURM_STEP_RESV_PORTS"] = "12000-12015";
+  EXPECT_EQ(slurm_cluster_resolver({.port_base = 6000}, fake_env(env)).master(),
+            "grpc://node1:6000");
+  EXPECT_EQ(slurm_cluster_resolver({}, fake_env(env)).master(), "grpc://node1:7000");
+  env.erase("CONSORT_PORT_BASE");
+  EXPECT_EQ(slurm_cluster_resolver({}, fake_env(env)).master(), "grpc://node1:12000");
+  env.erase("SLURM_STEP_RESV_PORTS");
+  EXPECT_EQ(slurm_cluster_resolver({}, fake_env(env)).master(), "grpc://node1:8888");
+}
+
+TEST(SlurmClusterResolverTest, RejectsFewerReservedPortsThanTasksOnANode) {
+  auto env = five_task_step(0);
+  env["SLURM_STEP_RESV_PORTS"] = "12000";
+  EXPECT_TRUE(fails_with(
+      [&] { slurm_cluster_resolver({}, fake_env(env)); }, errc::invalid_argument,
+      {"SLURM_STEP_RESV_PORTS \"12000\" reserves 1 port(s)", "node \"node1\"", "--resv-ports"}));
+}
+
+TEST(SlurmClusterResolverTest, RejectsMalformedPortVariablesNamingThem) {
+  struct bad_value {
+    std::string name;
+    std::string value;
+    std::vector<std::string> fragments;
+  };
+  const std::vector<bad_value> cases = {
+      {"CONSORT_PORT_BASE", "x", {"CONSORT_PORT_BASE is \"x\"", "1..65535"}},
+      {"CONSORT_PORT_BASE", "0", {"CONSORT_PORT_BASE is \"0\""}},
+      {"CONSORT_PORT_BASE", "65535", {"port 65536", "CONSORT_PORT_BASE"}},
+      {"SLURM_STEP_RESV_PORTS", "ports", {"SLURM_STEP_RESV_PORTS is \"ports\"", "\"ports\""}},
+      {"SLURM_STEP_RESV_PORTS", "12005-12000", {"range \"12005-12000\" ends below its start"}},
+      {"SLURM_STEP_RESV_PORTS", "12000-70000", {"\"12000-70000\" is not a port"}},
+      {"SLURM_STEP_RESV_PORTS", "12000,", {"part \"\""}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name + "=" + c.value);
+    auto env = five_task_step(0);
+    env[c.name] = c.value;
+    EXPECT_TRUE(fails_with([&] { slurm_cluster_resolver({}, fake_env(env)); },
+                           errc::invalid_argument, c.fragments));
+  }
+}
