@@ -4,7 +4,9 @@
 #include <consort/error.hpp>
 #include <consort/ops.hpp>
 
+#include <charconv>
 #include <sstream>
+#include <string_view>
 
 namespace consort::detail {
 
@@ -191,6 +193,75 @@ caf::error error_of(const std::exception& e) {
   return make_caf_error(errc::invalid_argument, e.what());
 }
 
+namespace {
+
+/// Writes a signature's text, piece by piece, into `out` (a string, or a hash that never holds
+/// the text): the one definition of the format, so that the hash and the text cannot disagree.
+template <class Out>
+void write_signature(const call_signature& sig, Out& out) {
+  char digits[24];
+  auto number = [&](int64_t v) {
+    auto end = std::to_chars(digits, digits + sizeof(digits), v).ptr;
+    out.append(std::string_view(digits, static_cast<size_t>(end - digits)));
+  };
+  out.append(to_string(sig.kind));
+  switch (sig.kind) {
+  case collective_kind::all_reduce:
+    out.append("(");
+    out.append(to_string(sig.op));
+    break;
+  case collective_kind::all_gather:
+    out.append("(axis=");
+    number(sig.axis);
+    break;
+  case collective_kind::broadcast:
+    out.append("(root=");
+    number(sig.root);
+    break;
+  }
+  out.append(") of ");
+  out.append(sig.structure);
+  out.append(" with ");
+  for (size_t i = 0; i < sig.dtypes.size(); ++i) {
+    if (i)
+      out.append(", ");
+    out.append(to_string(sig.dtypes[i]));
+    out.append("[");
+    const auto& shape = sig.shapes[i];
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (d)
+        out.append(", ");
+      const bool ragged =
+          sig.kind == collective_kind::all_gather && static_cast<size_t>(sig.axis) == d;
+      number(ragged ? -1 : shape[d]);
+    }
+    out.append("]");
+  }
+}
+
+struct text_out {
+  std::string text;
+  void append(std::string_view s) { text.append(s); }
+};
+
+struct hash_out {
+  uint64_t h = 1469598103934665603ull; // FNV-1a, as transport::fnv1a
+  void append(std::string_view s) noexcept {
+    for (unsigned char c : s) {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+  }
+};
+
+} // namespace
+
+uint64_t signature_hash(const call_signature& sig) noexcept {
+  hash_out out;
+  write_signature(sig, out);
+  return out.h;
+}
+
 std::string signature_of(const call_signature& sig) {
   struct last_signature {
     bool set = false;
@@ -200,20 +271,12 @@ std::string signature_of(const call_signature& sig) {
   thread_local last_signature last;
   if (last.set && last.sig == sig)
     return last.text;
-  std::string out = describe_call(sig) + " of " + sig.structure + " with ";
-  for (size_t i = 0; i < sig.dtypes.size(); ++i) {
-    if (i)
-      out += ", ";
-    out += to_string(sig.dtypes[i]);
-    auto shape = sig.shapes[i];
-    if (sig.kind == collective_kind::all_gather && static_cast<size_t>(sig.axis) < shape.size())
-      shape[static_cast<size_t>(sig.axis)] = -1;
-    out += to_string(shape);
-  }
+  text_out out;
+  write_signature(sig, out);
   last.sig = sig;
-  last.text = out;
+  last.text = out.text;
   last.set = true;
-  return out;
+  return std::move(out.text);
 }
 
 tensor mean_partial(const std::vector<tensor>& inputs) {

@@ -70,6 +70,10 @@ caf::error error_of(const std::exception& e);
 /// mostly repeat it, and comparing costs less than formatting.
 std::string signature_of(const call_signature& sig);
 
+/// fnv1a(signature_of(sig)) without making the text: the hash that a call's descriptor carries,
+/// computed on every call; the text is made only when the workers disagree.
+uint64_t signature_hash(const call_signature& sig) noexcept;
+
 /// The partial sum that an all-reduce MEAN sends between workers: floats as a SUM, integers
 /// widened to float64 (integer MEAN is float64, never truncated).
 tensor mean_partial(const std::vector<tensor>& inputs);

@@ -239,15 +239,37 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
                      int num_replicas_in_sync) {
   auto leaves = flatten(call.request.value);
   auto sig = signature_from(call, leaves);
-  auto timeout = call.request.timeout.value_or(std::chrono::seconds(30));
-  // The call as the replica made it names the call in errors; the signature that the workers
-  // compare has the normalised axis. Formatted once: this is every cross-worker call's path.
-  auto what = describe_slot(sig, call.step, call.seq);
+  const int64_t given_axis = sig.axis;
   int64_t axis = call.request.axis;
   auto problem = check_arguments(call, leaves, num_replicas_in_sync, &axis);
   if (problem.empty())
     sig.axis = axis;
-  auto cc = cross_call_for(sig, std::move(what), call.step, call.seq, timeout);
+  transport::group_call cc;
+  cc.kind = sig.kind;
+  cc.op = sig.op;
+  cc.axis = sig.axis;
+  cc.root = sig.root;
+  cc.step = call.step;
+  cc.seq = call.seq;
+  cc.timeout = call.request.timeout.value_or(std::chrono::seconds(30));
+  // No text on a call that succeeds: the workers compare the signature's hash, and the texts
+  // (the call as the replica made it, with the axis it gave; the signature) are made only for an
+  // error. Both functions refer to this frame, which outlives the call.
+  cc.signature_hash = signature_hash(sig);
+  cc.make_signature = [&sig] {
+    return signature_of(sig);
+  };
+  struct naming {
+    const call_signature* sig;
+    int64_t axis;
+    step_id step;
+    uint32_t seq;
+  } named{&sig, given_axis, call.step, call.seq};
+  cc.make_what = [&named] {
+    auto as_given = *named.sig;
+    as_given.axis = named.axis;
+    return describe_slot(as_given, named.step, named.seq);
+  };
   if (!problem.empty()) {
     // The other workers learn the reason in this call's descriptor, as from the actor's path.
     cc.local_failure = make_caf_error(errc::invalid_argument, problem);

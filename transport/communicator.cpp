@@ -30,7 +30,7 @@ caf::expected<std::vector<tensor>> communicator::run(lane l, group_call& call) {
   // straight from a replica's (run_or_post).
   std::lock_guard<std::mutex> running{ls.run_mtx};
   if (!lost_cause().empty())
-    return call.local_failure ? call.local_failure : lost_error(call.what);
+    return call.local_failure ? call.local_failure : lost_error(call.name());
   call_clock clock{ls.next_tag, static_cast<uint64_t>(l), lane_count, clock::now() + call.timeout};
   descriptor_exchange exchange{ctx_, call, devices_per_worker_, ls.scratch, clock};
   if (auto err = exchange.run())
@@ -50,7 +50,7 @@ caf::expected<std::vector<tensor>> communicator::data_phase(const descriptor_exc
     };
     auto result = call.data_phase(share, clock.left(), call.all_flags);
     if (!result)
-      return failed_between_workers(result.error(), call.what);
+      return failed_between_workers(result.error(), call.name());
     return result;
   }
   switch (call.kind) {
@@ -61,7 +61,7 @@ caf::expected<std::vector<tensor>> communicator::data_phase(const descriptor_exc
   case collective_kind::broadcast:
     return group_broadcast{ctx_, exchange, call, clock}.run();
   }
-  return make_caf_error(errc::invalid_argument, call.what + ": unknown collective kind");
+  return make_caf_error(errc::invalid_argument, call.name() + ": unknown collective kind");
 }
 
 caf::error communicator::stop() {

@@ -115,7 +115,7 @@ void descriptor_exchange::describe_mine() {
   mine_.seq = call_.seq;
   mine_.num_leaves = static_cast<uint32_t>(call_.leaves.size());
   mine_.count = call_.count;
-  mine_.signature_hash = fnv1a(call_.signature);
+  mine_.signature_hash = call_.hash();
   mine_.flags = call_.flags;
   if (call_.local_failure) {
     mine_.failed = 1;
@@ -124,7 +124,6 @@ void descriptor_exchange::describe_mine() {
     set_text(mine_, err.what());
     return;
   }
-  set_text(mine_, call_.signature);
   const bool small = !call_.data_phase && direct_ && data_bytes_ <= fused_max_bytes;
   switch (call_.kind) {
   case collective_kind::all_reduce:
@@ -160,8 +159,8 @@ caf::error descriptor_exchange::run() {
     return err;
   if (auto failed = check_outcomes())
     return failed;
-  if (auto problem = disagreement(); !problem.empty())
-    return make_caf_error(errc::collective_mismatch, problem);
+  if (auto mismatch = check_agreement())
+    return mismatch;
   call_.all_flags = 0;
   call_.total_count = 0;
   for (int w = 0; w < size_; ++w) {
@@ -172,7 +171,7 @@ caf::error descriptor_exchange::run() {
 }
 
 caf::error descriptor_exchange::failure(const caf::error& err) const {
-  return failed_between_workers(err, call_.what);
+  return failed_between_workers(err, call_.name());
 }
 
 caf::error descriptor_exchange::exchange_direct() {
@@ -248,12 +247,12 @@ caf::error descriptor_exchange::check_outcomes() const {
     // aborts the call here.
     if (code != errc::collective_timeout && code != errc::peer_lost && code != errc::peer_left)
       code = errc::collective_aborted;
-    return make_caf_error(code, call_.what + " failed on " + worker_name(w) + ": " + text_of(d));
+    return make_caf_error(code, call_.name() + " failed on " + worker_name(w) + ": " + text_of(d));
   }
   return {};
 }
 
-std::string descriptor_exchange::disagreement() const {
+caf::error descriptor_exchange::check_agreement() {
   const auto& a = all_[0];
   for (int w = 1; w < size_; ++w) {
     const auto& b = all_[w];
@@ -262,25 +261,66 @@ std::string descriptor_exchange::disagreement() const {
         (a.kind == static_cast<uint8_t>(collective_kind::all_gather) && a.axis != b.axis) ||
         (a.kind == static_cast<uint8_t>(collective_kind::broadcast) && a.root != b.root)) {
       std::ostringstream out;
-      out << "collective mismatch between workers at " << call_.what << ": " << worker_name(0)
+      out << "collective mismatch between workers at " << call_.name() << ": " << worker_name(0)
           << " is at " << describe(a) << " but " << worker_name(w) << " is at " << describe(b)
           << "; every replica on every worker must make the same collective calls in the same "
              "order";
-      return out.str();
+      return make_caf_error(errc::collective_mismatch, out.str());
     }
+  }
+  for (int w = 1; w < size_; ++w) {
+    const auto& b = all_[w];
     // An all-gather's parts differ in size between workers (ragged), so some may travel with
     // their descriptor and some not: only an all-reduce's workers must agree on it.
     const bool fused_differs =
         a.fused != b.fused && a.kind == static_cast<uint8_t>(collective_kind::all_reduce);
-    if (a.signature_hash != b.signature_hash || a.num_leaves != b.num_leaves || fused_differs) {
-      std::ostringstream out;
-      out << "collective mismatch between workers at " << call_.what << ": " << worker_name(0)
-          << " passed " << text_of(a) << " but " << worker_name(w) << " passed " << text_of(b)
-          << "; structure, dtypes and shapes must agree on every worker";
-      return out.str();
-    }
+    if (a.signature_hash == b.signature_hash && a.num_leaves == b.num_leaves && !fused_differs)
+      continue;
+    // The descriptors carry hashes; every worker sees the same ones, so all of them exchange
+    // their texts now, and only now, to name both sides.
+    std::vector<std::string> texts;
+    if (auto err = signature_texts(texts))
+      return err;
+    std::ostringstream out;
+    out << "collective mismatch between workers at " << call_.name() << ": " << worker_name(0)
+        << " passed " << texts[0] << " but " << worker_name(w) << " passed "
+        << texts[static_cast<size_t>(w)] << "; structure, dtypes and shapes must agree on every "
+        << "worker";
+    return make_caf_error(errc::collective_mismatch, out.str());
   }
   return {};
+}
+
+caf::error descriptor_exchange::signature_texts(std::vector<std::string>& texts) {
+  auto mine = call_.signature_text();
+  if (mine.size() > signature_text_max) {
+    mine.resize(signature_text_max - 3);
+    mine += "...";
+  }
+  std::vector<std::byte> gathered;
+  std::vector<size_t> sizes;
+  auto err = all_gather(ctx_, {reinterpret_cast<const std::byte*>(mine.data()), mine.size()},
+                        gathered, &sizes, clock_.next());
+  if (err)
+    return failure(err);
+  const auto* at = reinterpret_cast<const char*>(gathered.data());
+  for (auto size : sizes) {
+    texts.emplace_back(at, std::min(size, signature_text_max));
+    at += size;
+  }
+  return {};
+}
+
+std::string group_call::signature_text() const {
+  if (!signature.empty())
+    return signature;
+  if (make_signature)
+    return make_signature();
+  return "a call whose signature hashes to " + std::to_string(signature_hash);
+}
+
+uint64_t group_call::hash() const noexcept {
+  return signature.empty() ? signature_hash : fnv1a(signature);
 }
 
 } // namespace consort::transport

@@ -48,13 +48,19 @@ struct group_call {
   int64_t axis = 0;
   /// broadcast: the root replica id in sync group.
   int root = 0;
-  /// Identifies the call in errors: "all_reduce(SUM) #0 of step 3".
+  /// Identifies the call in errors: "all_reduce(SUM) #0 of step 3". May be left empty when
+  /// `make_what` is set, which errors call instead (a call that succeeds formats no text).
   std::string what;
+  std::function<std::string()> make_what;
   /// Position of the call: every worker must be at the same one.
   uint64_t step = 0;
   uint32_t seq = 0;
-  /// What every worker must agree on (structure, dtypes, shapes except a gather's axis).
+  /// What every worker must agree on (structure, dtypes, shapes except a gather's axis), as text;
+  /// or, left empty, as `signature_hash` (fnv1a of the text) with `make_signature` to make the text
+  /// only when the workers disagree (a call that succeeds formats no text).
   std::string signature;
+  uint64_t signature_hash = 0;
+  std::function<std::string()> make_signature;
   /// Set when the call failed on this worker already: the other workers learn it in the
   /// descriptor and fail too.
   caf::error local_failure;
@@ -89,6 +95,14 @@ struct group_call {
   std::function<caf::expected<std::vector<tensor>>(
       const share_fn& share, std::chrono::milliseconds left, uint8_t all_flags)>
       data_phase;
+
+  /// `what`, or what `make_what` makes.
+  std::string name() const { return what.empty() && make_what ? make_what() : what; }
+  /// `signature`, or what `make_signature` makes.
+  std::string signature_text() const;
+  /// The hash the descriptor carries: fnv1a(signature), or `signature_hash` when `signature` is
+  /// empty.
+  uint64_t hash() const noexcept;
 };
 
 /// Where a call's algorithms take their tags and how much time each has left: every algorithm
@@ -155,6 +169,8 @@ public:
   /// Groups up to this many workers exchange descriptors (and fused data) directly, one message to
   /// every other worker; larger ones by a ring all-gather (without data).
   static constexpr int direct_max_workers = 8;
+  /// The most of a signature's text that a mismatch exchanges and names.
+  static constexpr size_t signature_text_max = 4096;
 
   /// `scratch` is the lane's buffer where the peers' messages land (grown as needed; it must
   /// outlive the call's data phase). `devices_per_worker` locates a broadcast's root worker.
@@ -191,7 +207,8 @@ private:
   caf::error exchange_direct();
   caf::error exchange_ring();
   caf::error check_outcomes() const;
-  std::string disagreement() const;
+  caf::error check_agreement();
+  caf::error signature_texts(std::vector<std::string>& texts);
   caf::error failure(const caf::error& err) const;
 
   const context_ptr& ctx_;

@@ -56,7 +56,7 @@ caf::expected<std::vector<tensor>> fused_all_reduce::run() {
     if (p != rank_ && exchange_.received(p) != expected_bytes)
       return make_caf_error(
           errc::collective_mismatch,
-          "collective mismatch between workers at " + call_.what + ": " + worker_name(p) +
+          "collective mismatch between workers at " + call_.name() + ": " + worker_name(p) +
               " sent " + std::to_string(exchange_.received(p) - sizeof(call_descriptor)) +
               " bytes of data where this worker has " + std::to_string(exchange_.data_bytes()));
   const auto wire_op = wire_op_of(call_.op);
@@ -114,7 +114,7 @@ caf::expected<std::vector<tensor>> group_all_reduce::run() {
       err = all_reduce(ctx_, t.raw_mutable_data(), n, t.dtype(), wire_op, clock_.next());
     }
     if (err)
-      return failed_between_workers(err, call_.what);
+      return failed_between_workers(err, call_.name());
     out.push_back(finish_mean(call_, std::move(t)));
   }
   return out;
@@ -149,7 +149,7 @@ caf::error group_all_gather::gather_extents() {
                            {base, extents_.size() * 8},
                            std::vector<size_t>(static_cast<size_t>(size_), row), clock_.next());
     if (auto err = gather.run())
-      return failed_between_workers(err, call_.what);
+      return failed_between_workers(err, call_.name());
     return {};
   }
   // With up to 8 workers every worker's extents came with its descriptor, and, when every
@@ -162,7 +162,7 @@ caf::error group_all_gather::gather_extents() {
     const auto got = exchange_.received(p);
     if (got < sizeof(call_descriptor) + leaves_ * 8)
       return make_caf_error(errc::collective_mismatch,
-                            call_.what + ": " + worker_name(p) + " sent " + std::to_string(got) +
+                            call_.name() + ": " + worker_name(p) + " sent " + std::to_string(got) +
                                 " bytes with its descriptor, fewer than its extents take");
     std::memcpy(extents_.data() + at * leaves_, exchange_.payload(p), leaves_ * 8);
     size_t expect = sizeof(call_descriptor) + leaves_ * 8;
@@ -171,7 +171,7 @@ caf::error group_all_gather::gather_extents() {
         expect += static_cast<size_t>(extents_[at * leaves_ + i]) * units_[i];
     if (got != expect || extents_invalid(extents_.data() + at * leaves_, leaves_))
       return make_caf_error(errc::collective_mismatch,
-                            call_.what + ": " + worker_name(p) + " sent " + std::to_string(got) +
+                            call_.name() + ": " + worker_name(p) + " sent " + std::to_string(got) +
                                 " bytes with its descriptor where its extents announce " +
                                 std::to_string(expect));
     all_fused_ = all_fused_ && exchange_.fused(p);
@@ -215,7 +215,7 @@ caf::expected<tensor> group_all_gather::gather_leaf(size_t i) {
   } else {
     ring_all_gather gather(ctx_, bytes_of(leaf), mutable_bytes_of(gathered), sizes, clock_.next());
     if (auto err = gather.run())
-      return failed_between_workers(err, call_.what);
+      return failed_between_workers(err, call_.name());
   }
   if (axis == 0)
     return gathered;
@@ -268,7 +268,7 @@ caf::expected<std::vector<tensor>> group_broadcast::from_descriptor() {
   if (sent != sizeof(call_descriptor) + exchange_.data_bytes())
     return make_caf_error(
         errc::collective_mismatch,
-        "collective mismatch between workers at " + call_.what + ": " + worker_name(root) +
+        "collective mismatch between workers at " + call_.name() + ": " + worker_name(root) +
             " (the root) sent " + std::to_string(sent - sizeof(call_descriptor)) +
             " bytes of data where this worker expects " + std::to_string(exchange_.data_bytes()));
   const std::byte* from = exchange_.payload(root);
@@ -303,7 +303,7 @@ caf::expected<std::vector<tensor>> group_broadcast::run() {
                             t.num_bytes()}
             : mutable_bytes_of(t);
     if (auto err = broadcast(ctx_, data, root, clock_.next()))
-      return failed_between_workers(err, call_.what);
+      return failed_between_workers(err, call_.name());
     out.push_back(std::move(t));
   }
   return out;
