@@ -5,9 +5,15 @@
 
 #include <consort/error.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <climits>
+#include <cstdint>
+#include <cstring>
 #include <utility>
 
 namespace consort {
@@ -172,6 +178,40 @@ using cluster_detail::env_value;
 using cluster_detail::is_host_port;
 using cluster_detail::quote;
 
+int one_node_chief_port(const std::string& job_id) {
+  // 64-bit FNV-1a: fixed by its definition, so every rank (and every build) derives the same port.
+  std::uint64_t hash = 14695981039346656037ULL;
+  for (unsigned char c : job_id) {
+    hash ^= c;
+    hash *= 1099511628211ULL;
+  }
+  return one_node_chief_port_first +
+         static_cast<int>(hash % static_cast<std::uint64_t>(one_node_chief_port_count));
+}
+
+namespace {
+
+// Whether this process can bind `port` on the loopback as the chief's membership service will
+// (SO_REUSEADDR); the error text when it cannot.
+std::optional<std::string> cannot_bind_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return std::string("socket: ") + std::strerror(errno);
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::optional<std::string> failure;
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0)
+    failure = std::string("bind: ") + std::strerror(errno);
+  ::close(fd);
+  return failure;
+}
+
+} // namespace
+
 // -- launcher_cluster_resolver --------------------------------------------------------------------
 
 std::string launcher_cluster_resolver::host_of(const launcher_options& options) {
@@ -199,8 +239,14 @@ void launcher_cluster_resolver::place(const placement& where, const launcher_opt
                                                        : where.local_rank_variable) +
                     " " + std::to_string(local_rank_) +
                     " is not a port; expected a sum in 1..65535");
+  if (where.local_size && *where.local_size > size_)
+    throw_error(errc::invalid_argument,
+                where.local_size_variable + " is " + std::to_string(*where.local_size) + " but " +
+                    size_variable_ + " is " + std::to_string(size_) + "; expected at most " +
+                    size_variable_ + " ranks on a node");
   rpc_layer_ = options.rpc_layer;
-  own_address_ = host_of(options) + ":" + std::to_string(options.port_base + local_rank_);
+  derived_from_.clear();
+  several_nodes_.clear();
 
   std::string source = chief_address_variable;
   auto chief = env_value(lookup, chief_address_variable);
@@ -216,17 +262,58 @@ void launcher_cluster_resolver::place(const placement& where, const launcher_opt
     throw_error(errc::invalid_argument, source + " is " + quote(*chief) +
                                             "; expected the chief's \"host:port\" with a port "
                                             "in 1..65535");
+  // Nothing gives the chief's address, but the launcher says where the ranks are: on one node,
+  // every rank derives the same loopback address from the job's identity; on several, none can
+  // know rank 0's host.
+  bool on_loopback = false;
+  if (!chief && size_ > 1 && where.local_size) {
+    if (*where.local_size < size_) {
+      several_nodes_ = where.local_size_variable + " is " + std::to_string(*where.local_size) +
+                       " but " + size_variable_ + " is " + std::to_string(size_);
+    } else if (!where.job_id.empty()) {
+      chief = std::string(one_node_chief_host) + ":" +
+              std::to_string(one_node_chief_port(where.job_id));
+      derived_from_ = where.job_id_variable + "=" + quote(where.job_id) + " (every rank on one " +
+                      "node: " + where.local_size_variable + " = " + size_variable_ + " = " +
+                      std::to_string(size_) + ")";
+      // Every rank is on this node: the workers need no other interface, and listening on the
+      // loopback keeps their ports off the network.
+      on_loopback = options.host.empty();
+    }
+  }
+  own_address_ = (on_loopback ? std::string(one_node_chief_host) : host_of(options)) + ":" +
+                 std::to_string(options.port_base + local_rank_);
   // Rank 0 is the chief: without a chief address, its own address is the chief's.
   chief_address_ = chief ? *chief : rank_ == 0 ? own_address_ : std::string();
 }
 
 void launcher_cluster_resolver::require_chief_address(const std::string& how_to_give_one) const {
+  if (!several_nodes_.empty())
+    throw_error(errc::invalid_argument,
+                std::string(chief_address_variable) + " is not set and no default chief " +
+                    "address was given, and the ranks are on several nodes (" + several_nodes_ +
+                    "), so no rank can tell where rank 0 listens; expected rank 0's " +
+                    "\"host:port\" on every rank, rank " + std::to_string(rank_) + " included (" +
+                    launcher_ + ": " + how_to_give_one + ")");
   if (chief_address_.empty())
     throw_error(errc::invalid_argument,
                 std::string(chief_address_variable) + " is not set and no default chief " +
                     "address was given; expected rank 0's \"host:port\" so that rank " +
                     std::to_string(rank_) + " can join the address exchange (" + launcher_ + ": " +
                     how_to_give_one + ")");
+  if (rank_ == 0 && !derived_from_.empty()) {
+    const auto colon = chief_address_.rfind(':');
+    const int port = std::stoi(chief_address_.substr(colon + 1));
+    if (auto failure = cannot_bind_loopback(port))
+      throw_error(errc::invalid_argument,
+                  "rank 0 cannot listen on " + chief_address_ +
+                      ", the chief's address that every rank derived from " + derived_from_ +
+                      " (ports " + std::to_string(one_node_chief_port_first) + ".." +
+                      std::to_string(one_node_chief_port_first + one_node_chief_port_count - 1) +
+                      "): " + *failure + "; expected a free port: give every rank " +
+                      chief_address_variable + "=127.0.0.1:<a free port> (e.g. mpirun -x " +
+                      chief_address_variable + "=127.0.0.1:<port>)");
+  }
 }
 
 void launcher_cluster_resolver::set_addresses(std::vector<std::string> addresses) {

@@ -5,6 +5,7 @@
 
 #include <consort/error.hpp>
 
+#include <optional>
 #include <utility>
 
 namespace consort {
@@ -17,25 +18,37 @@ namespace {
 const std::vector<std::string> local_rank_variables = {"MPI_LOCALRANKID", "PMI_LOCAL_RANK"};
 const std::vector<std::string> local_size_variables = {"MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"};
 
-// The local rank from the first of `names` that is set (0 when none is), checked against the
-// local size when one of `size_names` is set. The second member names the variable ("" for none).
-std::pair<int, std::string> local_rank_of(const cluster_detail::env_values& values,
-                                          const std::vector<std::string>& names,
-                                          const std::vector<std::string>& size_names) {
+// Where this process is on its host.
+struct local_position {
+  int rank = 0;
+  std::string rank_variable; // "" when none gave the rank
+  std::optional<int> size;
+  std::string size_variable; // "" when none gave the size
+};
+
+// The local rank from the first of `names` that is set (0 when none is) and the local size from
+// the first of `size_names` that is set (none when none is), the rank checked against the size.
+local_position local_position_of(const cluster_detail::env_values& values,
+                                 const std::vector<std::string>& names,
+                                 const std::vector<std::string>& size_names) {
+  local_position where;
   auto local = first_of(values, names);
-  if (!local)
-    return {0, ""};
-  const int rank =
-      integer_variable(local->first, local->second, 0, "this process's rank on its host");
+  if (local) {
+    where.rank =
+        integer_variable(local->first, local->second, 0, "this process's rank on its host");
+    where.rank_variable = local->first;
+  }
   if (auto local_size = first_of(values, size_names)) {
-    const int size = integer_variable(local_size->first, local_size->second, 1,
-                                      "the number of processes on this host");
-    if (rank >= size)
-      throw_error(errc::invalid_argument, local->first + " is " + std::to_string(rank) + " but " +
-                                              local_size->first + " is " + std::to_string(size) +
+    where.size = integer_variable(local_size->first, local_size->second, 1,
+                                  "the number of processes on this host");
+    where.size_variable = local_size->first;
+    if (local && where.rank >= *where.size)
+      throw_error(errc::invalid_argument, local->first + " is " + std::to_string(where.rank) +
+                                              " but " + local_size->first + " is " +
+                                              std::to_string(*where.size) +
                                               "; expected a local rank below the local size");
   }
-  return {rank, local->first};
+  return where;
 }
 
 void check_rank_below_size(const std::string& rank_name, int rank, const std::string& size_name,
@@ -52,7 +65,8 @@ void check_rank_below_size(const std::string& rank_name, int rank, const std::st
 
 pmi_cluster_resolver::pmi_cluster_resolver(launcher_options options, const env_lookup& lookup) {
   read_environment(options, lookup);
-  require_chief_address("mpiexec -genv CONSORT_CHIEF_ADDRESS host0:8888");
+  require_chief_address("mpiexec -genv CONSORT_CHIEF_ADDRESS host0:port, with rank 0's node as "
+                        "host0 and a port free there");
 }
 
 pmi_cluster_resolver::pmi_cluster_resolver(launcher_options options,
@@ -75,15 +89,18 @@ void pmi_cluster_resolver::read_environment(const launcher_options& options,
   const int size =
       integer_variable("PMI_SIZE", values.at("PMI_SIZE"), 1, "the number of processes");
   check_rank_below_size("PMI_RANK", rank, "PMI_SIZE", size);
-  const auto [local_rank, local_name] =
-      local_rank_of(values, local_rank_variables, local_size_variables);
+  const auto local = local_position_of(values, local_rank_variables, local_size_variables);
+  // Hydra names no job in the environment (the KVS name travels over PMI_FD), so the local size
+  // tells only when the ranks are on several nodes; no chief address is derived from it.
   place({.launcher = "PMI",
          .resolver = "pmi_cluster_resolver",
          .size_variable = "PMI_SIZE",
          .rank = rank,
          .size = size,
-         .local_rank = local_rank,
-         .local_rank_variable = local_name},
+         .local_rank = local.rank,
+         .local_rank_variable = local.rank_variable,
+         .local_size = local.size,
+         .local_size_variable = local.size_variable},
         options, lookup);
 }
 
@@ -91,7 +108,8 @@ void pmi_cluster_resolver::read_environment(const launcher_options& options,
 
 pmix_cluster_resolver::pmix_cluster_resolver(launcher_options options, const env_lookup& lookup) {
   read_environment(options, lookup);
-  require_chief_address("give every process CONSORT_CHIEF_ADDRESS=host0:8888");
+  require_chief_address("give every process CONSORT_CHIEF_ADDRESS=host0:port, with rank 0's node "
+                        "as host0 and a port free there");
 }
 
 pmix_cluster_resolver::pmix_cluster_resolver(launcher_options options,
@@ -106,9 +124,12 @@ void pmix_cluster_resolver::read_environment(const launcher_options& options,
   const std::vector<std::string> size_names = {"PMI_SIZE", "OMPI_COMM_WORLD_SIZE"};
   const std::vector<std::string> local_names = {"MPI_LOCALRANKID", "PMI_LOCAL_RANK",
                                                 "OMPI_COMM_WORLD_LOCAL_RANK"};
+  const std::vector<std::string> local_size_names = {"MPI_LOCALNRANKS", "PMI_LOCAL_SIZE",
+                                                     "OMPI_COMM_WORLD_LOCAL_SIZE"};
   std::vector<std::string> names = {"PMIX_RANK", "PMIX_NAMESPACE"};
   names.insert(names.end(), size_names.begin(), size_names.end());
   names.insert(names.end(), local_names.begin(), local_names.end());
+  names.insert(names.end(), local_size_names.begin(), local_size_names.end());
   const auto values = cluster_detail::read_variables(lookup, names);
   cluster_detail::require_variables("PMIx's environment", values, names, {"PMIX_RANK"},
                                     "PMIX_RANK, as a PMIx launcher sets it");
@@ -130,14 +151,20 @@ void pmix_cluster_resolver::read_environment(const launcher_options& options,
   const int size =
       integer_variable(size_variable->first, size_variable->second, 1, "the number of processes");
   check_rank_below_size("PMIX_RANK", rank, size_variable->first, size);
-  const auto [local_rank, local_name] = local_rank_of(values, local_names, {});
+  const auto local = local_position_of(values, local_names, local_size_names);
+  // PMIX_NAMESPACE names the job (the PMIx standard's namespace, alike on every rank of it).
+  const auto job = values.find("PMIX_NAMESPACE");
   place({.launcher = "PMIx",
          .resolver = "pmix_cluster_resolver",
          .size_variable = size_variable->first,
          .rank = rank,
          .size = size,
-         .local_rank = local_rank,
-         .local_rank_variable = local_name},
+         .local_rank = local.rank,
+         .local_rank_variable = local.rank_variable,
+         .local_size = local.size,
+         .local_size_variable = local.size_variable,
+         .job_id = job != values.end() ? job->second : std::string(),
+         .job_id_variable = job != values.end() ? job->first : std::string()},
         options, lookup);
 }
 

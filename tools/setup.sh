@@ -15,6 +15,7 @@ packages=(
   clang-format      # the format check of tools/test.sh
   iproute2          # `ip netns` for the multi-worker test on distinct addresses (tests/multiworker)
   libeigen3-dev     # Eigen 3.4 (header-only): the float32 GEMMs of the training demo (examples/train)
+  openmpi-bin       # Open MPI 4.1's mpirun: the multi-worker test under a real mpirun (tests/multiworker)
 )
 
 missing=()

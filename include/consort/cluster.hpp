@@ -520,6 +520,25 @@ struct launcher_options {
 /// The options of `mpi_cluster_resolver`, under the name they had before the other launchers.
 using mpi_options = launcher_options;
 
+/// Where the chief of a launcher's job listens when every rank is on one node and nothing gives
+/// the chief's address (no CONSORT_CHIEF_ADDRESS, no `launcher_options::default_chief_address`):
+/// the loopback address, at a port that every rank derives alike from the job's identity that the
+/// launcher puts in every rank's environment (Open MPI's and PMIx's PMIX_NAMESPACE), so that the
+/// ranks agree on it without talking. The ports lie in [first, first + count) = 24576..32767,
+/// below Linux's default ephemeral range (32768..60999), where neither outgoing connections nor
+/// the workers' own listeners (which take ephemeral ports) land, and above the ports that
+/// `tools/consort-launch` picks (10000 up to 10000 below the ephemeral range).
+inline constexpr const char* one_node_chief_host = "127.0.0.1";
+inline constexpr int one_node_chief_port_first = 24576;
+inline constexpr int one_node_chief_port_count = 8192;
+
+/// The chief's port for the one-node job whose identity is `job_id` (e.g. PMIX_NAMESPACE's value):
+/// `one_node_chief_port_first` + (64-bit FNV-1a of `job_id`) % `one_node_chief_port_count`. The
+/// same id gives the same port in every process; two jobs on one node share a port only when their
+/// ids collide in it (1 in 8192 for a pair of jobs), and the second chief then fails at start-up,
+/// naming CONSORT_CHIEF_ADDRESS.
+int one_node_chief_port(const std::string& job_id);
+
 /// The base of the resolvers for jobs whose launcher gives every process its rank and the number
 /// of processes, but not the other processes' addresses: Open MPI's `mpirun`, torchrun (and
 /// Kubeflow's PyTorchJob), MPICH's and Intel MPI's `mpiexec` (PMI), PMIx launchers. Every rank is
@@ -530,8 +549,14 @@ using mpi_options = launcher_options;
 /// list of all addresses in rank order (the rendezvous's view), and the list may be stored with
 /// `set_addresses`. This resolver does no networking itself. The chief's address is, in this
 /// order: CONSORT_CHIEF_ADDRESS; what the launcher gives (torchrun's MASTER_ADDR and MASTER_PORT;
-/// the MPI launchers give none); `launcher_options::default_chief_address`; on rank 0 only, its
-/// own address. A rank other than 0 with none fails at construction.
+/// the MPI launchers give none); `launcher_options::default_chief_address`; when the launcher says
+/// that every rank is on this node (a local size equal to the size: Open MPI's
+/// OMPI_COMM_WORLD_LOCAL_SIZE, PMIx with one of the local sizes it reads) and names the job
+/// (PMIX_NAMESPACE), `one_node_chief_host`:`one_node_chief_port(job)`, every rank then listening
+/// on the loopback too (`own_address()`, unless `launcher_options::host` is given); on rank 0
+/// only, its own address. A rank other than 0 with none fails at construction, and so does every
+/// rank, rank 0 included, when the launcher says that the ranks are on several nodes (a local
+/// size below the size): no rank can tell where rank 0 is then, and the message says what to pass.
 ///
 /// Until the exchange `cluster_spec()` is a sparse worker job holding only what is known: the
 /// chief at index 0 and this process at its rank. `num_workers()` and `worker_rank()` are right
@@ -591,6 +616,15 @@ protected:
     int local_rank = 0;
     /// The variable that gave the local rank, for messages; "" when none did.
     std::string local_rank_variable;
+    /// The number of ranks on this node and the variable that gave it; none when the launcher
+    /// does not say (the chief's address is then never derived, and several nodes never
+    /// detected).
+    std::optional<int> local_size = std::nullopt;
+    std::string local_size_variable = {};
+    /// The job's identity, the same on every rank and different from job to job (PMIX_NAMESPACE),
+    /// and the variable that gave it; "" when the launcher gives none.
+    std::string job_id = {};
+    std::string job_id_variable = {};
   };
 
   /// A chief address the launcher gives, and the variables it came from (for messages).
@@ -603,14 +637,20 @@ protected:
 
   /// Sets what `placement` says, this process's address from `options`, and the chief address
   /// (CONSORT_CHIEF_ADDRESS, else `from_launcher` when it has an address, else the options'
-  /// default, else rank 0's own).
-  /// @throws error(invalid_argument) when a port would leave 1..65535 or a chief address is not
-  ///         "host:port".
+  /// default, else the one-node address when `where` says that every rank is on this node and
+  /// names the job, else rank 0's own).
+  /// @throws error(invalid_argument) when a port would leave 1..65535, a chief address is not
+  ///         "host:port", or the local size is above the size.
   void place(const placement& where, const launcher_options& options, const env_lookup& lookup,
              const launcher_chief& from_launcher = {});
 
+  /// Called by the constructors that have no addresses yet, once `place` has run.
   /// @throws error(invalid_argument) when no chief address is known (a rank other than 0 without
-  ///         CONSORT_CHIEF_ADDRESS or a default), naming what would have given one.
+  ///         CONSORT_CHIEF_ADDRESS, a default or the one-node address), or, on every rank, when
+  ///         none is given and the ranks are on several nodes, naming what would have given one
+  ///         (`how_to_give_one`); on rank 0 with the one-node address, when it cannot bind that
+  ///         address (a quick bind and close, so that the chief fails at once, naming
+  ///         CONSORT_CHIEF_ADDRESS, rather than when it starts to serve).
   void require_chief_address(const std::string& how_to_give_one) const;
 
   /// The host peers reach this process at: `options.host`, else `gethostname()`; an IPv6 literal
@@ -628,19 +668,33 @@ private:
   std::string chief_address_;
   std::string rpc_layer_;
   std::vector<std::string> addresses_;
+  // Set by `place` for `require_chief_address`: where the one-node chief address came from
+  // ("" when it was not derived), and why the ranks are on several nodes ("" when they are not,
+  // or a chief address was given).
+  std::string derived_from_;
+  std::string several_nodes_;
 };
 
 // -- mpi_cluster_resolver -------------------------------------------------------------------------
 
 /// Resolves a job started by Open MPI's `mpirun` (`launcher_cluster_resolver`).
 ///
-/// Read from the environment, all three required:
+/// Read from the environment, the first three required:
 /// - OMPI_COMM_WORLD_RANK: this process's rank = its worker index;
 /// - OMPI_COMM_WORLD_SIZE: the number of workers;
 /// - OMPI_COMM_WORLD_LOCAL_RANK: its position on its node, which offsets its port
-///   (`own_address()` = host:port_base + local rank).
-/// The chief's address: CONSORT_CHIEF_ADDRESS (`mpirun -x CONSORT_CHIEF_ADDRESS=host0:8888`), else
-/// `launcher_options::default_chief_address`, else (rank 0 only) its own address.
+///   (`own_address()` = host:port_base + local rank);
+/// - OMPI_COMM_WORLD_LOCAL_SIZE (optional): the number of ranks on its node;
+/// - PMIX_NAMESPACE, else OMPI_MCA_ess_base_jobid (optional): the job's identity (Open MPI 4.1
+///   sets both to its job id, e.g. "645005313"; Open MPI 5 sets PMIX_NAMESPACE, e.g.
+///   "prterun-host0-1234@1").
+/// The chief's address: CONSORT_CHIEF_ADDRESS (`mpirun -x CONSORT_CHIEF_ADDRESS=host0:port`), else
+/// `launcher_options::default_chief_address`, else, when every rank is on one node
+/// (OMPI_COMM_WORLD_LOCAL_SIZE = OMPI_COMM_WORLD_SIZE) and the job has an identity,
+/// 127.0.0.1:`one_node_chief_port(identity)`, so that a plain `mpirun -np 4 ./my_job` works on
+/// one machine; else (rank 0 only) its own address. Ranks on several nodes
+/// (OMPI_COMM_WORLD_LOCAL_SIZE below OMPI_COMM_WORLD_SIZE) without a chief address all fail at
+/// construction, saying to pass `-x CONSORT_CHIEF_ADDRESS=host0:port`.
 class mpi_cluster_resolver : public launcher_cluster_resolver {
 public:
   /// Reads the variables above through `lookup`.
@@ -721,8 +775,11 @@ private:
 /// - MPI_LOCALRANKID (Hydra), else PMI_LOCAL_RANK (Cray PMI) (optional, 0 when neither is set):
 ///   this process's position on its host; MPI_LOCALNRANKS, else PMI_LOCAL_SIZE (optional): the
 ///   number of processes there.
-/// The chief's address as for Open MPI: CONSORT_CHIEF_ADDRESS (`mpiexec -genv
-/// CONSORT_CHIEF_ADDRESS host0:8888`), else the default, else (rank 0 only) its own.
+/// The chief's address: CONSORT_CHIEF_ADDRESS (`mpiexec -genv CONSORT_CHIEF_ADDRESS host0:port`),
+/// else the default, else (rank 0 only) its own. Unlike Open MPI's, Hydra's environment names no
+/// job (it sets only PMI_RANK, PMI_SIZE, PMI_FD or PMI_PORT and PMI_ID, MPI_LOCALRANKID and
+/// MPI_LOCALNRANKS), so no chief address is derived even on one node; ranks on several nodes
+/// (MPI_LOCALNRANKS, else PMI_LOCAL_SIZE, below PMI_SIZE) without one all fail at construction.
 class pmi_cluster_resolver : public launcher_cluster_resolver {
 public:
   /// Reads the variables above through `lookup`.
@@ -748,8 +805,11 @@ private:
 /// own URI); the job's size is published through `PMIx_Get(PMIX_JOB_SIZE)`, which consort does
 /// not call. So the size comes from a variable that a launcher sets beside PMIx: PMI_SIZE, else
 /// OMPI_COMM_WORLD_SIZE; with neither, construction fails rather than guess.
-/// The local rank: MPI_LOCALRANKID, else PMI_LOCAL_RANK, else OMPI_COMM_WORLD_LOCAL_RANK, else 0.
-/// The chief's address as for Open MPI.
+/// The local rank: MPI_LOCALRANKID, else PMI_LOCAL_RANK, else OMPI_COMM_WORLD_LOCAL_RANK, else 0;
+/// the local size (optional): MPI_LOCALNRANKS, else PMI_LOCAL_SIZE, else
+/// OMPI_COMM_WORLD_LOCAL_SIZE. The chief's address as for Open MPI, with PMIX_NAMESPACE as the
+/// job's identity: on one node (a local size equal to the size) 127.0.0.1 at a port derived from
+/// it; on several nodes, CONSORT_CHIEF_ADDRESS is required on every rank.
 class pmix_cluster_resolver : public launcher_cluster_resolver {
 public:
   /// Reads the variables above through `lookup`.

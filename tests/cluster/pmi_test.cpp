@@ -82,7 +82,38 @@ TEST(PmiClusterResolverTest, AnotherRankWithoutAChiefAddressFailsSayingHowToGive
   EXPECT_TRUE(fails_with([&] { pmi_cluster_resolver(on_host_b, fake_env(env)); },
                          errc::invalid_argument,
                          {"CONSORT_CHIEF_ADDRESS is not set", "rank 1",
-                          "mpiexec -genv CONSORT_CHIEF_ADDRESS host0:8888"}));
+                          "mpiexec -genv CONSORT_CHIEF_ADDRESS host0:port"}));
+}
+
+TEST(PmiClusterResolverTest, OnOneNodeNoChiefAddressIsDerivedForHydraNamesNoJob) {
+  // MPI_LOCALNRANKS = PMI_SIZE: one node, but Hydra's environment has no job identity to derive a
+  // port from, so rank 0 keeps its own address and the others still need CONSORT_CHIEF_ADDRESS.
+  auto env = hydra(0, 3, 0, 3);
+  env.erase("CONSORT_CHIEF_ADDRESS");
+  EXPECT_EQ(pmi_cluster_resolver(on_host_b, fake_env(env)).chief_address(), "b:8888");
+  env = hydra(2, 3, 2, 3);
+  env.erase("CONSORT_CHIEF_ADDRESS");
+  EXPECT_TRUE(fails_with([&] { pmi_cluster_resolver(on_host_b, fake_env(env)); },
+                         errc::invalid_argument, {"CONSORT_CHIEF_ADDRESS is not set", "rank 2"}));
+}
+
+TEST(PmiClusterResolverTest, OnSeveralNodesWithoutAChiefAddressEveryRankFailsAtOnce) {
+  for (int rank : {0, 1, 2, 3}) {
+    SCOPED_TRACE(rank);
+    auto env = hydra(rank, 4, rank % 2, 2);
+    env.erase("CONSORT_CHIEF_ADDRESS");
+    EXPECT_TRUE(fails_with([&] { pmi_cluster_resolver(on_host_b, fake_env(env)); },
+                           errc::invalid_argument,
+                           {"CONSORT_CHIEF_ADDRESS is not set", "several nodes",
+                            "MPI_LOCALNRANKS is 2 but PMI_SIZE is 4",
+                            "mpiexec -genv CONSORT_CHIEF_ADDRESS host0:port"}));
+  }
+  // Cray PMI's local size counts too; a chief address makes the job valid.
+  env_map cray = {{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}, {"PMI_LOCAL_SIZE", "1"}};
+  EXPECT_TRUE(fails_with([&] { pmi_cluster_resolver(on_host_b, fake_env(cray)); },
+                         errc::invalid_argument, {"PMI_LOCAL_SIZE is 1 but PMI_SIZE is 4"}));
+  EXPECT_EQ(pmi_cluster_resolver(on_host_b, fake_env(hydra(0, 4, 0, 2))).chief_address(),
+            "head:9000");
 }
 
 TEST(PmiClusterResolverTest, HalfSetEnvironmentsNameWhatIsSetAndWhatIsMissing) {
@@ -98,6 +129,12 @@ TEST(PmiClusterResolverTest, HalfSetEnvironmentsNameWhatIsSetAndWhatIsMissing) {
         pmi_cluster_resolver(on_host_b, fake_env({{"PMI_SIZE", "4"}}));
       },
       errc::invalid_argument, {"PMI_SIZE=\"4\" is set but PMI_RANK is not set"}));
+}
+
+TEST(PmiClusterResolverTest, RejectsALocalSizeAboveTheSize) {
+  EXPECT_TRUE(fails_with([] { pmi_cluster_resolver(on_host_b, fake_env(hydra(1, 2, 1, 3))); },
+                         errc::invalid_argument,
+                         {"MPI_LOCALNRANKS is 3 but PMI_SIZE is 2", "at most PMI_SIZE"}));
 }
 
 TEST(PmiClusterResolverTest, RejectsBadNumbersAndRanksOutsideTheirSizes) {
@@ -148,4 +185,35 @@ TEST(PmixClusterResolverTest, RejectsARankNotBelowTheSize) {
   env["OMPI_COMM_WORLD_SIZE"] = "4";
   EXPECT_TRUE(fails_with([&] { pmix_cluster_resolver(on_host_b, fake_env(env)); },
                          errc::invalid_argument, {"PMIX_RANK is 4", "OMPI_COMM_WORLD_SIZE is 4"}));
+}
+
+TEST(PmixClusterResolverTest, OnOneNodeEveryRankDerivesTheChiefAddressFromTheNamespace) {
+  // prterun with PMI_SIZE and a local size: PMIX_NAMESPACE names the job.
+  const std::string expected =
+      "127.0.0.1:" + std::to_string(consort::one_node_chief_port("prterun-head-1234@1"));
+  for (int rank : {1, 2}) {
+    SCOPED_TRACE(rank);
+    auto env = pmix(rank);
+    env.erase("CONSORT_CHIEF_ADDRESS");
+    env["PMI_SIZE"] = "3";
+    env["MPI_LOCALNRANKS"] = "3";
+    env["MPI_LOCALRANKID"] = std::to_string(rank);
+    pmix_cluster_resolver r({}, fake_env(env));
+    EXPECT_EQ(r.chief_address(), expected);
+    EXPECT_EQ(r.own_address(), "127.0.0.1:" + std::to_string(8888 + rank));
+  }
+}
+
+TEST(PmixClusterResolverTest, OnSeveralNodesWithoutAChiefAddressEveryRankFailsAtOnce) {
+  for (int rank : {0, 3}) {
+    SCOPED_TRACE(rank);
+    auto env = pmix(rank);
+    env.erase("CONSORT_CHIEF_ADDRESS");
+    env["PMI_SIZE"] = "4";
+    env["PMI_LOCAL_SIZE"] = "2";
+    EXPECT_TRUE(fails_with([&] { pmix_cluster_resolver(on_host_b, fake_env(env)); },
+                           errc::invalid_argument,
+                           {"several nodes", "PMI_LOCAL_SIZE is 2 but PMI_SIZE is 4",
+                            "give every process CONSORT_CHIEF_ADDRESS=host0:port"}));
+  }
 }
