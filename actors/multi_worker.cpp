@@ -222,10 +222,9 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   // lists of tasks. Its cluster must not count as complete even when those two are all the tasks
   // (two workers): rank 1 would send a digest of both addresses, and the chief, which knows only
   // its own, would refuse it.
-  const auto* launched = dynamic_cast<const launcher_cluster_resolver*>(resolver.get());
-  const bool learns_addresses = launched && !launched->has_addresses();
   const bool complete =
-      !learns_addresses && std::all_of(tasks.begin(), tasks.end(), [&spec](const task_id& t) {
+      resolver->knows_every_address() &&
+      std::all_of(tasks.begin(), tasks.end(), [&spec](const task_id& t) {
         const auto indices = spec.has_job(t.type) ? spec.task_indices(t.type) : std::vector<int>{};
         return std::find(indices.begin(), indices.end(), t.index) != indices.end();
       });

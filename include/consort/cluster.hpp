@@ -179,6 +179,12 @@ public:
   /// resolver does not know (the default).
   virtual std::map<std::string, int> num_accelerators() const { return {}; }
 
+  /// Whether `cluster_spec()` holds every task's address already. A launcher's resolver (torchrun,
+  /// Open MPI, PMI, PMIx) learns them at the rendezvous: before that its cluster holds only the
+  /// chief and this process, so every worker's would differ (the chief's check of the cluster at
+  /// join then compares the tasks' names only).
+  virtual bool knows_every_address() const { return true; }
+
   // -- derived answers ----------------------------------------------------------------------------
 
   /// This process's task, {task_type(), task_id()}, with "" and 0 for what is not known (a
@@ -572,6 +578,7 @@ public:
 
   /// True once `set_addresses` (or a constructor given addresses) has given every rank's address.
   bool has_addresses() const noexcept { return !addresses_.empty(); }
+  bool knows_every_address() const override { return has_addresses(); }
 
   /// {"worker": all addresses} after the exchange; before it, the sparse
   /// {"worker": {0: chief_address(), rank: own_address()}}.

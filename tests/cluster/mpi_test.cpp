@@ -133,8 +133,12 @@ TEST(MpiClusterResolverTest, RejectsAChiefAddressThatIsNotHostPort) {
 
 TEST(MpiClusterResolverTest, SetAddressesGivesTheWholeDenseCluster) {
   mpi_cluster_resolver r(on_host_b, fake_env(ompi_with_chief(2, 3, 0)));
+  // Before the exchange the cluster is partial: the chief's check at join must not digest it.
+  const consort::cluster_resolver& as_resolver = r;
+  EXPECT_FALSE(as_resolver.knows_every_address());
   r.set_addresses({"a:8888", "c:8888", "b:8888"});
   EXPECT_TRUE(r.has_addresses());
+  EXPECT_TRUE(as_resolver.knows_every_address());
   EXPECT_EQ(r.cluster_spec(), cluster_spec::dense({{"worker", {"a:8888", "c:8888", "b:8888"}}}));
   EXPECT_EQ(r.chief_address(), "a:8888");
   EXPECT_EQ(r.master("worker", 1), "c:8888");
