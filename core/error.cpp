@@ -47,6 +47,12 @@ const char* to_string(errc code) noexcept {
     return "device_error";
   case errc::peer_left:
     return "peer_left";
+  case errc::membership_changed:
+    return "membership_changed";
+  case errc::data_loss:
+    return "data_loss";
+  case errc::io_error:
+    return "io_error";
   }
   // A value outside the enumeration (e.g. one deserialised from a newer peer).
   return "unknown_errc";

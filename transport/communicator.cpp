@@ -159,14 +159,84 @@ void communicator::run_or_post(lane l, std::function<void()> job) {
   job();
 }
 
-void communicator::abort(const std::string& cause) {
+void communicator::abort(const std::string& cause, errc code) {
   {
     std::lock_guard<std::mutex> guard{lost_mtx_};
     if (!lost_.empty())
       return;
     lost_ = cause;
+    lost_code_ = code;
   }
-  ctx_->abort(cause);
+  ctx_->abort(cause, code);
+}
+
+caf::expected<std::shared_ptr<communicator>> communicator::shrink(const std::vector<int>& lost,
+                                                                  uint64_t epoch,
+                                                                  const connect_group& connect,
+                                                                  deadline until) {
+  if (epoch <= members_.epoch)
+    return make_caf_error(errc::invalid_argument,
+                          "shrinking the group of epoch " + std::to_string(members_.epoch) +
+                              " into epoch " + std::to_string(epoch) +
+                              "; expected a later epoch than the group's own");
+  std::vector<bool> gone(static_cast<size_t>(size_), false);
+  std::string names;
+  for (int r : lost) {
+    if (r < 0 || r >= size_)
+      return make_caf_error(errc::invalid_argument, "shrinking a group of " +
+                                                        std::to_string(size_) +
+                                                        " workers: lost rank " + std::to_string(r) +
+                                                        " is not one of its ranks; expected 0.." +
+                                                        std::to_string(size_ - 1));
+    if (r == rank_)
+      return make_caf_error(errc::invalid_argument,
+                            "shrinking a group of " + std::to_string(size_) +
+                                " workers: " + member_name(r) +
+                                " is among the lost ranks but is the one shrinking; a lost "
+                                "member does not take part in the next epoch");
+    if (!gone[static_cast<size_t>(r)])
+      names += (names.empty() ? "" : ", ") + member_name(r);
+    gone[static_cast<size_t>(r)] = true;
+  }
+  group_members next{epoch, {}};
+  int new_rank = -1;
+  int new_size = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (gone[static_cast<size_t>(r)])
+      continue;
+    if (r == rank_)
+      new_rank = new_size;
+    ++new_size;
+    if (!members_.names.empty())
+      next.names.push_back(members_.names[static_cast<size_t>(r)]);
+  }
+  if (new_size < 2)
+    return make_caf_error(errc::invalid_argument,
+                          "shrinking a group of " + std::to_string(size_) + " workers without " +
+                              names + " leaves " + std::to_string(new_size) +
+                              " member; a group needs at least 2 (one worker alone needs none)");
+  // The calls of this epoch end here, on every member: those in flight would wait for the lost
+  // members or meet survivors that already left for the next epoch.
+  abort("the group of workers changed: epoch " + std::to_string(members_.epoch) + " lost " +
+            (names.empty() ? std::string{"no member"} : names) + "; the next epoch has " +
+            std::to_string(new_size) + " workers",
+        errc::membership_changed);
+  auto ctx = connect(new_rank, new_size, next.epoch, until);
+  if (!ctx)
+    return ctx.error();
+  if (!*ctx || (*ctx)->rank() != new_rank || (*ctx)->size() != new_size)
+    return make_caf_error(errc::invalid_argument,
+                          "shrinking to epoch " + std::to_string(next.epoch) +
+                              ": the connected context is not rank " + std::to_string(new_rank) +
+                              " of " + std::to_string(new_size));
+  return std::make_shared<communicator>(std::move(*ctx), devices_per_worker_, std::move(next),
+                                        close_timeout_);
+}
+
+std::string communicator::member_name(int r) const {
+  if (static_cast<size_t>(r) < members_.names.size())
+    return members_.names[static_cast<size_t>(r)];
+  return worker_name(r);
 }
 
 std::string communicator::lost_cause() const {
@@ -175,8 +245,10 @@ std::string communicator::lost_cause() const {
 }
 
 caf::error communicator::lost_error(const std::string& what) const {
-  return make_caf_error(errc::peer_lost,
-                        what + " cannot run: the group of workers is broken: " + lost_cause());
+  std::lock_guard<std::mutex> guard{lost_mtx_};
+  if (lost_code_ == errc::membership_changed)
+    return make_caf_error(lost_code_, what + " cannot run: " + lost_);
+  return make_caf_error(lost_code_, what + " cannot run: the group of workers is broken: " + lost_);
 }
 
 } // namespace consort::transport

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -43,6 +44,15 @@ struct group_members {
   /// Task names in rank order ("worker:0", ...); empty: "worker <rank>".
   std::vector<std::string> names;
 };
+
+class communicator;
+
+/// How the members that remain reach each other in the next epoch: builds this worker's context
+/// of a group of `size` workers in which it has rank `rank`, for membership epoch `epoch` (TCP: a
+/// new mesh whose handshake carries the epoch; shared memory: a segment of that epoch), within
+/// `until`. Every member that remains calls it with the same `size` and `epoch`.
+using connect_group =
+    std::function<caf::expected<context_ptr>(int rank, int size, uint64_t epoch, deadline until)>;
 
 /// Thread safety: thread-safe; `run` is called on a lane thread (from jobs given to `post`) or on
 /// the thread of a worker's lone replica (`run_or_post`); a lane runs one call at a time.
@@ -80,9 +90,24 @@ public:
   /// meanwhile waits for this one). Must not be called from a lane thread.
   void run_or_post(lane l, std::function<void()> job);
 
-  /// Aborts the group: every pending and later call fails with peer_lost carrying `cause` (a
-  /// member was lost, or the group must stop). The first cause is kept.
-  void abort(const std::string& cause);
+  /// Aborts the group: every pending and later call fails with `code` carrying `cause` (a
+  /// member was lost, or the group must stop). The first cause (and its code) is kept.
+  void abort(const std::string& cause, errc code = errc::peer_lost);
+
+  /// The next epoch's group of the members that remain once the ranks in `lost` are gone (as
+  /// `ncclCommShrink` builds one from a parent communicator): this group is aborted first, so
+  /// every call pending or made later on it fails with `membership_changed` naming the lost
+  /// members (a call that failed before keeps its error); then `connect` builds the context of
+  /// the members that remain, in which they keep their order (ranks renumbered from 0), and the
+  /// result is a group of epoch `epoch` with the same replicas per worker and the
+  /// names of the members that remain. Every member that remains calls it with the same `lost`
+  /// and `epoch`, the membership epoch of the next group (greater than this one's; a re-formation
+  /// that failed, because another member was lost meanwhile, is retried with a later one).
+  /// Errors: `invalid_argument` (`lost` names a rank outside the group or this worker, it leaves
+  /// fewer than two members: a group of one worker needs no communicator, or `epoch` is not
+  /// later), and whatever `connect` reports (another member lost meanwhile, `until` passed).
+  caf::expected<std::shared_ptr<communicator>> shrink(const std::vector<int>& lost, uint64_t epoch,
+                                                      const connect_group& connect, deadline until);
 
   /// The cause given to `abort`, empty while the group is whole.
   std::string lost_cause() const;
@@ -117,6 +142,8 @@ private:
   caf::expected<std::vector<tensor>> data_phase(const descriptor_exchange& exchange,
                                                 group_call& call, call_clock& clock);
   caf::error lost_error(const std::string& what) const;
+  /// Member `r`'s task name, or "worker <r>" when the group has no names.
+  std::string member_name(int r) const;
 
   context_ptr ctx_;
   int rank_;
@@ -125,8 +152,9 @@ private:
   group_members members_;
   std::chrono::milliseconds close_timeout_;
   mutable std::mutex lost_mtx_;
-  std::string lost_;     // guarded by lost_mtx_
-  bool stopped_ = false; // guarded by lost_mtx_
+  std::string lost_;                 // guarded by lost_mtx_
+  errc lost_code_ = errc::peer_lost; // guarded by lost_mtx_
+  bool stopped_ = false;             // guarded by lost_mtx_
   lane_state lanes_[2];
 };
 

@@ -56,6 +56,19 @@ enum class errc : uint8_t {
   /// the call was never started there. The message names the worker and its reason. Calls it
   /// completed before leaving are complete on every worker; later calls need a new group.
   peer_left,
+  /// The group of workers changed while the call was in flight (an elastic group lost or gained a
+  /// member and re-formed in a new membership epoch): the call failed on every worker of the old
+  /// group and never completes. The message names the epoch and the member lost or joined. A
+  /// training loop catches it, rolls back to its last commit and goes on in the new group.
+  membership_changed,
+  /// Stored data failed its checks: a checkpoint file that is truncated, torn or corrupted (a
+  /// checksum mismatch, a header that is not the format's). The message names the file, and the
+  /// tensor where one is to blame, with what was expected and what was found.
+  data_loss,
+  /// The operating system refused a file operation (open, write, fsync, rename): a full disk, a
+  /// missing directory, no permission. The message names the call, the path and the system's
+  /// reason.
+  io_error,
 };
 
 /// Returns the enumerator name of `code`, e.g. "collective_timeout".

@@ -39,6 +39,9 @@ const std::vector<std::pair<errc, std::string>> every_code = {
     {errc::wait_timeout, "wait_timeout"},
     {errc::device_error, "device_error"},
     {errc::peer_left, "peer_left"},
+    {errc::membership_changed, "membership_changed"},
+    {errc::data_loss, "data_loss"},
+    {errc::io_error, "io_error"},
 };
 } // namespace
 

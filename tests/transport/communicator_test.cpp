@@ -2,7 +2,7 @@
 // W communicators over an in-memory group, one thread per worker. The same calls through the
 // whole engine are tests/actors/cross_worker_test.cpp; these pin the transport layer's contract:
 // the descriptor exchange and its checks, the fused and the algorithm data phases, and the life of
-// a group (abort, stop).
+// a group (abort, stop, shrink into the next epoch).
 
 #include "transport/communicator.hpp"
 
@@ -10,13 +10,16 @@
 
 #include <consort/caf_error.hpp>
 #include <consort/transport/local.hpp>
+#include <consort/transport/tcp.hpp>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -247,6 +250,240 @@ TEST(GroupCommunicatorTest, StopLeavesCleanlyOnceAndLaterPostsFailAtOnceOnTheCal
     ran = !comms[0]->run(lane::step, call); // fails: the group was stopped
   });
   EXPECT_TRUE(ran) << "a post after stop runs on the caller and fails at once";
+}
+
+/// W communicators of epoch 1 over one in-memory group, named "worker:0" ...
+std::vector<std::shared_ptr<communicator>> make_named_comms(int workers) {
+  std::vector<std::shared_ptr<communicator>> comms;
+  for (auto& ctx : transport::local::make_group(workers)) {
+    transport::group_members members{1, {}};
+    for (int w = 0; w < workers; ++w)
+      members.names.push_back("worker:" + std::to_string(w));
+    comms.push_back(std::make_shared<communicator>(ctx, 1, std::move(members)));
+  }
+  return comms;
+}
+
+/// A `connect_group` over one in-memory group of `size` made for the members that remain.
+transport::connect_group local_connect(std::vector<transport::context_ptr> next) {
+  return [next = std::move(next)](int rank, int size, uint64_t,
+                                  transport::deadline) -> caf::expected<transport::context_ptr> {
+    if (size != static_cast<int>(next.size()))
+      return make_caf_error(errc::invalid_argument, "unexpected size " + std::to_string(size));
+    return next[static_cast<size_t>(rank)];
+  };
+}
+
+/// A `connect_group` that forms a real TCP mesh on 127.0.0.1 for the epoch it is given; the
+/// members publish their listen addresses on a board shared by the test's threads (what the
+/// membership view carries between processes).
+class tcp_rendezvous {
+public:
+  transport::connect_group connect(std::chrono::milliseconds timeout) {
+    return [this, timeout](int rank, int size, uint64_t epoch,
+                           transport::deadline) -> caf::expected<transport::context_ptr> {
+      transport::tcp::mesh_options opts;
+      opts.rank = rank;
+      opts.size = size;
+      opts.listen_address = "127.0.0.1:0";
+      opts.group_id = 7;
+      opts.epoch = epoch;
+      opts.connect_timeout = timeout;
+      auto ctx = transport::tcp::listen(opts);
+      if (!ctx)
+        return ctx.error();
+      std::unique_lock<std::mutex> lock{mtx_};
+      addresses_[rank] = (*ctx)->listen_address();
+      cv_.notify_all();
+      // Waits for every member's address, as a view would bring them; a member that never comes
+      // ends the wait at the mesh's own timeout.
+      if (!cv_.wait_for(lock, timeout, [&] { return static_cast<int>(addresses_.size()) == size; }))
+        return make_caf_error(errc::collective_timeout, "rank " + std::to_string(rank) +
+                                                            " of epoch " + std::to_string(epoch) +
+                                                            ": not every member published its "
+                                                            "address within the timeout");
+      std::vector<std::string> all;
+      for (auto& [r, a] : addresses_)
+        all.push_back(a);
+      lock.unlock();
+      if (auto err = (*ctx)->connect(all))
+        return err;
+      return transport::context_ptr{*ctx};
+    };
+  }
+
+private:
+  std::mutex mtx_;
+  std::condition_variable cv_;
+  std::map<int, std::string> addresses_;
+};
+
+// ncclCommShrink's contract: worker 2 of 4 hangs while the others wait in a call; the three
+// that remain shrink the group, the call fails everywhere with membership_changed naming the lost
+// worker, and the next epoch's group (ranks renumbered in order, names kept) completes its calls.
+TEST(GroupCommunicatorTest, ShrinkFailsTheCallInFlightAndTheNextEpochOfTheOthersCompletesItsCalls) {
+  auto comms = make_named_comms(4);
+  const std::vector<int> remain{0, 1, 3};
+  // Worker 2 hangs: it never calls again, so only the shrink can end the others' call before its
+  // deadline (10 s, scaled).
+  std::vector<std::future<result>> in_flight;
+  for (int w : remain)
+    in_flight.push_back(std::async(std::launch::async, [&, w] {
+      auto call = all_reduce_of(tensor::from<float>({float(w)}));
+      return comms[static_cast<size_t>(w)]->run(lane::step, call);
+    }));
+  auto connect = local_connect(transport::local::make_group(3));
+  std::vector<std::future<caf::expected<std::shared_ptr<communicator>>>> shrinking;
+  const auto until = transport::clock::now() + test::scaled(10s);
+  for (int w : remain)
+    shrinking.push_back(std::async(std::launch::async, [&, w] {
+      return comms[static_cast<size_t>(w)]->shrink({2}, 2, connect, until);
+    }));
+  for (auto& f : in_flight) {
+    auto r = f.get();
+    EXPECT_EQ(code_of(r), errc::membership_changed) << text_of(r);
+    EXPECT_NE(text_of(r).find("lost worker:2"), std::string::npos) << text_of(r);
+  }
+  std::vector<std::shared_ptr<communicator>> next;
+  for (auto& f : shrinking) {
+    auto c = f.get();
+    ASSERT_TRUE(c) << to_consort_error(c.error(), "").what();
+    next.push_back(*c);
+  }
+  for (size_t i = 0; i < next.size(); ++i) {
+    EXPECT_EQ(next[i]->rank(), static_cast<int>(i));
+    EXPECT_EQ(next[i]->size(), 3);
+    EXPECT_EQ(next[i]->members().epoch, 2u);
+    EXPECT_EQ(next[i]->members().names,
+              (std::vector<std::string>{"worker:0", "worker:1", "worker:3"}));
+  }
+  // A later call on the old group fails with the change, naming the lost worker.
+  auto later = all_reduce_of(tensor::from<float>({1}));
+  auto old = comms[0]->run(lane::step, later);
+  EXPECT_EQ(code_of(old), errc::membership_changed) << text_of(old);
+  EXPECT_NE(text_of(old).find("epoch 1 lost worker:2; the next epoch has 3 workers"),
+            std::string::npos)
+      << text_of(old);
+  // The new group: old ranks 0, 1, 3 contribute 0, 1 and 3.
+  auto out = run_all(next, [&](int r) {
+    return all_reduce_of(tensor::from<float>({float(remain[static_cast<size_t>(r)])}));
+  });
+  for (auto& r : out) {
+    ASSERT_TRUE(r) << text_of(r);
+    EXPECT_EQ(r->front().to_vector<float>(), (std::vector<float>{4.0f}));
+  }
+}
+
+// The same over real sockets: the members that remain form a new TCP mesh whose handshake
+// carries the next epoch, and a large all-reduce (the ring, not the fused exchange) completes.
+TEST(GroupCommunicatorTest, ShrinkOverTcpFormsAMeshOfTheNextEpoch) {
+  auto comms = make_named_comms(3);
+  comms[0]->abort("killed"); // the chief is lost: the others carry on without it
+  tcp_rendezvous board;
+  auto connect =
+      board.connect(std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s)));
+  const auto until = transport::clock::now() + test::scaled(10s);
+  std::vector<std::future<caf::expected<std::shared_ptr<communicator>>>> shrinking;
+  for (int w : {1, 2})
+    shrinking.push_back(std::async(std::launch::async, [&, w] {
+      return comms[static_cast<size_t>(w)]->shrink({0}, 5, connect, until);
+    }));
+  std::vector<std::shared_ptr<communicator>> next;
+  for (auto& f : shrinking) {
+    auto c = f.get();
+    ASSERT_TRUE(c) << to_consort_error(c.error(), "").what();
+    next.push_back(*c);
+  }
+  EXPECT_EQ(next[0]->members().names, (std::vector<std::string>{"worker:1", "worker:2"}));
+  EXPECT_EQ(next[1]->members().epoch, 5u);
+  auto out = run_all(next, [](int r) {
+    return all_reduce_of(tensor::from(std::vector<float>(100000, float(r + 1))));
+  });
+  for (auto& r : out) {
+    ASSERT_TRUE(r) << text_of(r);
+    auto v = r->front().to_vector<float>();
+    EXPECT_EQ(v.front(), 3.0f);
+    EXPECT_EQ(v.back(), 3.0f);
+  }
+}
+
+// A second loss during re-formation: of the three members that remain, one dies before it
+// connects. The others' shrink fails within its deadline (no hang), and retrying without the
+// second lost member, in a later epoch, succeeds.
+TEST(GroupCommunicatorTest, ASecondLossDuringShrinkFailsItInTimeAndALaterEpochWithoutItSucceeds) {
+  auto comms = make_named_comms(4);
+  comms[3]->abort("killed");
+  tcp_rendezvous first;
+  const auto short_wait =
+      std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(300ms));
+  auto connect = first.connect(short_wait);
+  const auto until = transport::clock::now() + test::scaled(10s);
+  // Worker 2 dies before it connects: only 0 and 1 try epoch 2.
+  std::vector<std::future<caf::expected<std::shared_ptr<communicator>>>> shrinking;
+  for (int w : {0, 1})
+    shrinking.push_back(std::async(std::launch::async, [&, w] {
+      return comms[static_cast<size_t>(w)]->shrink({3}, 2, connect, until);
+    }));
+  for (auto& f : shrinking) {
+    auto c = f.get();
+    ASSERT_FALSE(c);
+    EXPECT_EQ(to_consort_error(c.error(), "").code(), errc::collective_timeout)
+        << to_consort_error(c.error(), "").what();
+  }
+  tcp_rendezvous second;
+  auto retry =
+      second.connect(std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s)));
+  shrinking.clear();
+  for (int w : {0, 1})
+    shrinking.push_back(std::async(std::launch::async, [&, w] {
+      return comms[static_cast<size_t>(w)]->shrink({2, 3}, 3, retry, until);
+    }));
+  std::vector<std::shared_ptr<communicator>> next;
+  for (auto& f : shrinking) {
+    auto c = f.get();
+    ASSERT_TRUE(c) << to_consort_error(c.error(), "").what();
+    next.push_back(*c);
+  }
+  EXPECT_EQ(next[0]->members().epoch, 3u);
+  auto out =
+      run_all(next, [](int r) { return all_reduce_of(tensor::from<float>({float(r + 1)})); });
+  for (auto& r : out) {
+    ASSERT_TRUE(r) << text_of(r);
+    EXPECT_EQ(r->front().to_vector<float>(), (std::vector<float>{3.0f}));
+  }
+}
+
+TEST(GroupCommunicatorTest, ShrinkRefusesWhatCannotFormTheNextGroupAndSaysWhy) {
+  auto comms = make_named_comms(3);
+  auto never = [](int, int, uint64_t,
+                  transport::deadline) -> caf::expected<transport::context_ptr> {
+    ADD_FAILURE() << "connect must not be called for a refused shrink";
+    return make_caf_error(errc::invalid_argument, "not called");
+  };
+  const auto until = transport::clock::now() + test::scaled(10s);
+  auto expect_refused = [&](const std::vector<int>& lost, uint64_t epoch, const std::string& says) {
+    auto c = comms[0]->shrink(lost, epoch, never, until);
+    ASSERT_FALSE(c);
+    auto e = to_consort_error(c.error(), "");
+    EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+    EXPECT_NE(std::string{e.what()}.find(says), std::string::npos) << e.what();
+  };
+  expect_refused({3}, 2, "lost rank 3 is not one of its ranks; expected 0..2");
+  expect_refused({0}, 2, "worker:0 is among the lost ranks but is the one shrinking");
+  expect_refused({1, 2}, 2, "without worker:1, worker:2 leaves 1 member; a group needs at least 2");
+  expect_refused({1}, 1, "into epoch 1; expected a later epoch");
+  // None of these touched the group: it still runs calls.
+  EXPECT_EQ(comms[0]->lost_cause(), "");
+  // What connect reports comes back as it is.
+  auto failing = [](int, int, uint64_t,
+                    transport::deadline) -> caf::expected<transport::context_ptr> {
+    return make_caf_error(errc::peer_lost, "worker:2 was lost while the group re-formed");
+  };
+  auto c = comms[0]->shrink({1}, 2, failing, until);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(to_consort_error(c.error(), "").code(), errc::peer_lost);
+  EXPECT_NE(std::string{to_consort_error(c.error(), "").what()}.find("while the group re-formed"),
+            std::string::npos);
 }
 
 } // namespace
