@@ -476,6 +476,27 @@ env_lookup process_environment() {
 // -- choosing a resolver
 // ---------------------------------------------------------------------------
 
+namespace {
+
+/// The launcher resolvers' options from the environment: the host at which the other workers
+/// reach this one from CONSORT_WORKER_HOST (tools/consort-launch --nnodes sets it), else this
+/// host's name.
+launcher_options launcher_options_from(const env_lookup& lookup) {
+  launcher_options options;
+  if (auto host = cluster_detail::env_value(lookup, worker_host_variable)) {
+    const bool spaced = host->find_first_of(" \t\n") != std::string::npos;
+    if (spaced || (host->front() == '[' && host->back() != ']'))
+      throw_error(errc::invalid_argument,
+                  std::string(worker_host_variable) + " is " + cluster_detail::quote(*host) +
+                      "; expected the host name or IP address (IPv6 with or without brackets) at "
+                      "which the other workers reach this one, without a port");
+    options.host = *host;
+  }
+  return options;
+}
+
+} // namespace
+
 std::shared_ptr<cluster_resolver> resolve_cluster(const env_lookup& lookup) {
   using cluster_detail::env_value;
   using cluster_detail::started_by_srun;
@@ -485,18 +506,18 @@ std::shared_ptr<cluster_resolver> resolve_cluster(const env_lookup& lookup) {
   if (env_value(lookup, "TF_CONFIG"))
     return std::make_shared<tf_config_cluster_resolver>(tf_config_overrides{}, lookup);
   if (env_value(lookup, "RANK") || env_value(lookup, "WORLD_SIZE"))
-    return std::make_shared<torchrun_cluster_resolver>(launcher_options{}, lookup);
+    return std::make_shared<torchrun_cluster_resolver>(launcher_options_from(lookup), lookup);
   if (env_value(lookup, "OMPI_COMM_WORLD_RANK"))
-    return std::make_shared<mpi_cluster_resolver>(mpi_options{}, lookup);
+    return std::make_shared<mpi_cluster_resolver>(launcher_options_from(lookup), lookup);
   if (auto rank = env_value(lookup, "PMI_RANK")) {
     if (started_by_srun(lookup, *rank, env_value(lookup, "PMI_SIZE"), false))
       return std::make_shared<slurm_cluster_resolver>(slurm_options{}, lookup);
-    return std::make_shared<pmi_cluster_resolver>(launcher_options{}, lookup);
+    return std::make_shared<pmi_cluster_resolver>(launcher_options_from(lookup), lookup);
   }
   if (auto rank = env_value(lookup, "PMIX_RANK")) {
     if (started_by_srun(lookup, *rank, std::nullopt, true))
       return std::make_shared<slurm_cluster_resolver>(slurm_options{}, lookup);
-    return std::make_shared<pmix_cluster_resolver>(launcher_options{}, lookup);
+    return std::make_shared<pmix_cluster_resolver>(launcher_options_from(lookup), lookup);
   }
   if (env_value(lookup, "SLURM_PROCID"))
     return std::make_shared<slurm_cluster_resolver>(slurm_options{}, lookup);

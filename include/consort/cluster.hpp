@@ -508,6 +508,12 @@ private:
 /// "host:port". It overrides what the launcher says (torchrun's MASTER_ADDR and MASTER_PORT).
 inline constexpr const char* chief_address_variable = "CONSORT_CHIEF_ADDRESS";
 
+/// The variable that gives a launcher's worker the host name or IP address at which the other
+/// workers reach it (`launcher_options::host` for the resolvers that `resolve_cluster` makes);
+/// unset: this host's name. `tools/consort-launch --nnodes` sets it to the address of the
+/// interface that reaches the rendezvous endpoint.
+inline constexpr const char* worker_host_variable = "CONSORT_WORKER_HOST";
+
 /// Options of the launcher resolvers (`mpi_cluster_resolver`, `torchrun_cluster_resolver`,
 /// `pmi_cluster_resolver`, `pmix_cluster_resolver`).
 struct launcher_options {

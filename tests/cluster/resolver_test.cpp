@@ -511,3 +511,29 @@ TEST(ResolveClusterTest, WorkerTasksAreInRankOrderChiefFirst) {
   EXPECT_EQ(consort::worker_tasks(mpi),
             (std::vector<task_id>{{"worker", 0}, {"worker", 1}, {"worker", 2}}));
 }
+
+// tools/consort-launch --nnodes gives every worker the address at which the other nodes reach it:
+// every launcher resolver that resolve_cluster makes announces that host instead of this host's
+// name, and a malformed value fails at once, naming the variable (an empty one counts as unset).
+TEST(ResolveClusterTest, ConsortWorkerHostIsTheAddressALauncherWorkerAnnounces) {
+  using consort::resolve_cluster;
+  using consort::test::fake_env;
+  for (const auto& launcher :
+       {torchrun_env, merged({open_mpi, {{"CONSORT_CHIEF_ADDRESS", "n1:1"}}}),
+        merged({hydra, {{"CONSORT_CHIEF_ADDRESS", "n1:1"}}})}) {
+    auto env = merged({launcher, {{"CONSORT_WORKER_HOST", "10.1.2.3"}}});
+    auto r = resolve_cluster(fake_env(env));
+    const auto me = r->task();
+    const auto address = r->cluster_spec().task_address(me.type, me.index);
+    EXPECT_EQ(address.substr(0, address.rfind(':')), "10.1.2.3") << address;
+    env["CONSORT_WORKER_HOST"] = "fd00::7"; // IPv6 gets its brackets before the port
+    r = resolve_cluster(fake_env(env));
+    EXPECT_EQ(r->cluster_spec().task_address(me.type, me.index).rfind("[fd00::7]:", 0), 0u);
+    for (const char* bad : {"two words", "[fd00::7"}) {
+      env["CONSORT_WORKER_HOST"] = bad;
+      EXPECT_TRUE(fails_with([&] { resolve_cluster(fake_env(env)); }, errc::invalid_argument,
+                             {"CONSORT_WORKER_HOST is \"", "expected the host name or IP address"}))
+          << bad;
+    }
+  }
+}

@@ -3,7 +3,8 @@
 # propagation (the others are stopped, the status is passed on), the job timeout, usage errors,
 # the cluster secret (generated per launch, or the caller's), and each worker's GPUs
 # (CUDA_VISIBLE_DEVICES from --gpus, the caller's list or nvidia-smi; a fake nvidia-smi stands in
-# for a machine with GPUs, so this runs without one), and each worker's CPUs (--bind).
+# for a machine with GPUs, so this runs without one), each worker's CPUs (--bind), and one node's
+# part of a job on several (--nnodes: torchrun's variables, and the usage errors).
 # Usage: launch_test.sh <path to consort-launch>
 set -uo pipefail
 launch=$1
@@ -19,7 +20,8 @@ cat > "$tmp/job.sh" <<'JOB'
 #!/usr/bin/env bash
 echo "$$" > "$PIDS/$CONSORT_LAUNCH_RANK"
 echo "rank=$CONSORT_LAUNCH_RANK size=$CONSORT_LAUNCH_SIZE devices=$CONSORT_DEVICES_PER_WORKER"
-echo "tf=$TF_CONFIG"
+echo "tf=${TF_CONFIG-unset}"
+echo "torchrun=${RANK-unset}/${WORLD_SIZE-unset} local=${LOCAL_RANK-unset}/${LOCAL_WORLD_SIZE-unset} master=${MASTER_ADDR-unset}:${MASTER_PORT-unset} host=${CONSORT_WORKER_HOST-unset}"
 echo "secret=${CONSORT_CLUSTER_SECRET:-}"
 echo "cvd=${CUDA_VISIBLE_DEVICES-unset}"
 echo "cpus=$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/self/status) launch_cpus=${CONSORT_LAUNCH_CPUS-unset}"
@@ -170,6 +172,47 @@ out=$("$launch" -n 2 --bind socket -- "$tmp/job.sh" 2>&1)
 rc=$?
 check "an unknown --bind is a usage error" [ "$rc" -eq 2 ]
 check "an unknown --bind says what is expected" grep -qF -- "--bind takes auto, core or none, got 'socket'" <<<"$out"
+
+# 7. One node's part of a job on several nodes: node 1 of 2 with 2 workers gives ranks 2 and 3
+#    of 4 torchrun's variables (no TF_CONFIG, even when the caller has one), and the address of
+#    its route to the endpoint; the secret must come from the caller.
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$(TF_CONFIG=stale CONSORT_CLUSTER_SECRET=s3cret "$launch" --nnodes 2 --node-rank 1 \
+  --rdzv-endpoint 127.0.0.1:29400 -n 2 -- "$tmp/job.sh" 2>&1)
+rc=$?
+check "node 1 of 2 succeeds" [ "$rc" -eq 0 ]
+for i in 0 1; do
+  r=$((2 + i))
+  check "worker:$r is rank $r of 4 with torchrun's variables" \
+    grep -qx "\[worker:$r\] torchrun=$r/4 local=$i/2 master=127.0.0.1:29400 host=127.0.0.1" <<<"$out"
+  check "worker:$r has no TF_CONFIG" grep -qx "\[worker:$r\] tf=unset" <<<"$out"
+  check "worker:$r has the caller's secret" grep -qx "\[worker:$r\] secret=s3cret" <<<"$out"
+done
+out=$(CONSORT_CLUSTER_SECRET=s3cret "$launch" --nnodes 2 --node-rank 0 --rdzv-endpoint 127.0.0.1:29400 \
+  --local-addr 10.1.2.3 -n 1 -- "$tmp/job.sh" 2>&1)
+check "--local-addr is the workers' CONSORT_WORKER_HOST" grep -qx "\[worker:0\] torchrun=0/2 local=0/1 master=127.0.0.1:29400 host=10.1.2.3" <<<"$out"
+usage_error() { # usage_error NAME EXPECTED_TEXT ARGS...
+  local name=$1 text=$2
+  shift 2
+  local o r
+  o=$("$launch" "$@" -- "$tmp/job.sh" 2>&1)
+  r=$?
+  check "$name is a usage error" [ "$r" -eq 2 ]
+  check "$name says what is expected" grep -qF -- "$text" <<<"$o"
+}
+usage_error "--nnodes without a secret" "--nnodes 2 needs CONSORT_CLUSTER_SECRET, the same on every node" \
+  --nnodes 2 --node-rank 0 --rdzv-endpoint 127.0.0.1:29400 -n 1
+export CONSORT_CLUSTER_SECRET=s3cret
+usage_error "a node rank outside the nodes" "--node-rank needs this node's index in 0..1 (--nnodes 2), got '2'" \
+  --nnodes 2 --node-rank 2 --rdzv-endpoint 127.0.0.1:29400 -n 1
+usage_error "--nnodes without an endpoint" "--nnodes 2 needs --rdzv-endpoint HOST:PORT" \
+  --nnodes 2 --node-rank 0 -n 1
+usage_error "an endpoint without a port" "got 'host0'" --nnodes 2 --node-rank 0 --rdzv-endpoint host0 -n 1
+usage_error "--chief with --nnodes" "--chief names a TF_CONFIG chief task" \
+  --nnodes 2 --node-rank 0 --rdzv-endpoint 127.0.0.1:29400 -n 1 --chief
+usage_error "--node-rank without --nnodes" "--node-rank and --rdzv-endpoint go with --nnodes N" \
+  --node-rank 1 -n 1
+unset CONSORT_CLUSTER_SECRET
 
 [ "$failures" -eq 0 ] && echo "launch_test: all checks passed" || echo "launch_test: $failures check(s) failed"
 exit "$failures"
