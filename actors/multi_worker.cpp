@@ -13,6 +13,8 @@
 #include "actors/gpu_collectives.hpp"
 #include "actors/runtime.hpp"
 #include "actors/strategy_access.hpp"
+#include "actors/worker_devices.hpp"
+#include "device/gpu.hpp"
 #include "transport/communicator.hpp"
 
 #include <algorithm>
@@ -46,29 +48,56 @@ std::string env_or(const char* name, std::string fallback) {
   return value && *value ? std::string{value} : std::move(fallback);
 }
 
-/// This worker's devices: the option, else CONSORT_DEVICES_PER_WORKER CPU devices, else CPU:0.
-std::vector<std::string> worker_devices(const multi_worker_options& mw) {
-  if (!mw.devices.empty())
-    return mw.devices;
-  auto text = env_or("CONSORT_DEVICES_PER_WORKER", "1");
-  char* end = nullptr;
-  auto count = std::strtol(text.c_str(), &end, 10);
-  if (end == text.c_str() || *end != '\0' || count < 1 || count > 1024)
-    throw_error(errc::invalid_argument,
-                "CONSORT_DEVICES_PER_WORKER is \"" + text +
-                    "\"; expected the number of CPU replicas of each worker, from 1 to 1024");
-  std::vector<std::string> out;
-  for (long i = 0; i < count; ++i)
-    out.push_back("CPU:" + std::to_string(i));
-  return out;
-}
-
 /// The host part of "host:port" ("[v6]:port" keeps its brackets).
 std::string host_of(const std::string& address) {
   auto colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0)
     throw_error(errc::invalid_argument, "task address \"" + address + "\" is not \"host:port\"");
   return address.substr(0, colon);
+}
+
+/// Where this worker is among the workers of its host: a launcher's local rank and size, else the
+/// worker tasks of the cluster at this task's host (TF_CONFIG, Slurm).
+detail::worker_placement placement_of(const cluster_resolver& resolver) {
+  detail::worker_placement where;
+  where.own_gpus = env_or("CONSORT_OWN_GPUS", "") == "1";
+  if (resolver.is_local() || resolver.num_workers() <= 1)
+    return where;
+  if (auto* launched = dynamic_cast<const launcher_cluster_resolver*>(&resolver)) {
+    where.local_index = launched->local_rank();
+    where.local_workers = launched->local_size().value_or(1);
+    return where;
+  }
+  const auto spec = resolver.cluster_spec();
+  const auto me = resolver.task();
+  const auto own_host = host_of(spec.task_address(me.type, me.index));
+  int count = 0;
+  for (const auto& t : worker_tasks(resolver)) {
+    if (host_of(spec.task_address(t.type, t.index)) != own_host)
+      continue;
+    if (t == me)
+      where.local_index = count;
+    ++count;
+  }
+  where.local_workers = std::max(count, 1);
+  return where;
+}
+
+/// This worker's devices: the option, else its own GPUs or its slice of its host's, else
+/// CONSORT_DEVICES_PER_WORKER CPU devices, else CPU:0 (actors/worker_devices.hpp).
+std::vector<std::string> worker_devices(const multi_worker_options& mw,
+                                        const cluster_resolver& resolver) {
+  if (!mw.devices.empty())
+    return mw.devices;
+  auto choice = detail::default_worker_devices(
+      detail::gpu::count(), std::getenv("CONSORT_DEVICES_PER_WORKER"), placement_of(resolver));
+  if (!choice.note.empty()) {
+    if (mw.log)
+      mw.log(choice.note);
+    else
+      std::cerr << "consort: " << choice.note << std::endl;
+  }
+  return std::move(choice.devices);
 }
 
 /// Whether `host` (as host_of returns it) names this machine's loopback interface.
@@ -167,7 +196,7 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
                     " ms; expected 0 (do not wait for the other workers at shutdown) or more");
   // TF's checks of the cluster and the task belong to the strategy, not to the resolver.
   validate_multi_worker_cluster(*resolver);
-  auto devices = detail::canonical_devices(worker_devices(mw));
+  auto devices = detail::canonical_devices(worker_devices(mw, *resolver));
   auto num_workers = resolver->num_workers();
   if (resolver->is_local() || num_workers <= 1) {
     joined->rt = std::make_unique<detail::runtime>(devices, opts);

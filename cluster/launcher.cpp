@@ -229,6 +229,7 @@ void launcher_cluster_resolver::place(const placement& where, const launcher_opt
   rank_ = where.rank;
   size_ = where.size;
   local_rank_ = where.local_rank;
+  local_size_ = where.local_size;
   launcher_ = where.launcher;
   resolver_ = where.resolver;
   size_variable_ = where.size_variable;

@@ -605,6 +605,10 @@ public:
   /// This process's position among the ranks on its host (0 when the launcher does not say).
   int local_rank() const noexcept { return local_rank_; }
 
+  /// The number of ranks on this process's host, when the launcher says (torchrun's
+  /// LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, ...).
+  std::optional<int> local_size() const noexcept { return local_size_; }
+
   /// host:port_base + local rank: this process's address before the exchange (the runtime
   /// listens on its host). Rank 0's entry in the cluster is the chief address when one is given.
   const std::string& own_address() const noexcept { return own_address_; }
@@ -674,6 +678,7 @@ private:
   int rank_ = 0;
   int size_ = 1;
   int local_rank_ = 0;
+  std::optional<int> local_size_;
   std::string launcher_;
   std::string resolver_;
   std::string size_variable_;

@@ -287,9 +287,10 @@ struct multi_worker_options {
   /// MPICH/Intel MPI, PMIx, Slurm, else a local one-worker cluster).
   std::shared_ptr<const cluster_resolver> resolver;
 
-  /// This worker's devices, in local replica order; every worker must have as many. Empty:
-  /// CONSORT_DEVICES_PER_WORKER CPU replicas ("CPU:0", "CPU:1", ...; set by consort-launch), else
-  /// "CPU:0".
+  /// This worker's devices, in local replica order; every worker must have as many. Empty: the
+  /// worker's own GPUs, or its slice of its host's by local rank, else CPU replicas;
+  /// CONSORT_DEVICES_PER_WORKER (set by consort-launch) says how many (docs/multi_worker.md, "A
+  /// worker's devices").
   std::vector<std::string> devices;
 
   /// How long start-up may take: every worker joining at the chief, then the mesh of

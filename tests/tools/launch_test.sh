@@ -24,6 +24,7 @@ echo "tf=${TF_CONFIG-unset}"
 echo "torchrun=${RANK-unset}/${WORLD_SIZE-unset} local=${LOCAL_RANK-unset}/${LOCAL_WORLD_SIZE-unset} master=${MASTER_ADDR-unset}:${MASTER_PORT-unset} host=${CONSORT_WORKER_HOST-unset}"
 echo "secret=${CONSORT_CLUSTER_SECRET:-}"
 echo "cvd=${CUDA_VISIBLE_DEVICES-unset}"
+echo "own=${CONSORT_OWN_GPUS-unset}"
 echo "cpus=$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/self/status) launch_cpus=${CONSORT_LAUNCH_CPUS-unset}"
 echo "to stderr" >&2
 if [ "${FAIL_RANK:-none}" = "$CONSORT_LAUNCH_RANK" ]; then
@@ -117,6 +118,7 @@ run_gpus() { # run_gpus PATH_PREFIX ARGS...: the launch's output (the caller has
 out=$(run_gpus "$tmp/fake4" -n 2 --devices-per-worker 2 --port 7700)
 check "nvidia-smi's 4 GPUs: worker 0 gets 0,1" [ "$(cvd_of "$out" 0)" = "0,1" ]
 check "nvidia-smi's 4 GPUs: worker 1 gets 2,3" [ "$(cvd_of "$out" 1)" = "2,3" ]
+check "a worker given its GPUs is told they are its own" grep -qx "\[worker:1\] own=1" <<<"$out"
 out=$(run_gpus "$tmp/fake4" -n 4 --port 7710)
 check "one GPU per worker: worker 3 gets GPU 3" [ "$(cvd_of "$out" 3)" = "3" ]
 rm -rf "$PIDS"; mkdir -p "$PIDS"
@@ -126,6 +128,7 @@ out=$(run_gpus "$tmp/fake4" -n 2 --gpus GPU-a1,3 --port 7730)
 check "--gpus names them (UUIDs too)" [ "$(cvd_of "$out" 0),$(cvd_of "$out" 1)" = "GPU-a1,3" ]
 out=$(run_gpus "$tmp/fake1" -n 2 --port 7740)
 check "too few GPUs in auto: CUDA_VISIBLE_DEVICES is left unset" [ "$(cvd_of "$out" 0)$(cvd_of "$out" 1)" = "unsetunset" ]
+check "too few GPUs in auto: no worker is told it owns them" [ "$(grep -c "own=unset" <<<"$out")" -eq 2 ]
 check "too few GPUs in auto: a note says so" grep -qF "2 worker(s) x 1 device(s) need 2 GPUs and nvidia-smi shows 1" <<<"$out"
 out=$(run_gpus "$tmp/fake1" -n 2 --gpus 0 --port 7750)
 rc=$?
