@@ -16,6 +16,7 @@ packages=(
   iproute2          # `ip netns` for the multi-worker test on distinct addresses (tests/multiworker)
   libeigen3-dev     # Eigen 3.4 (header-only): the float32 GEMMs of the training demo (examples/train)
   openmpi-bin       # Open MPI 4.1's mpirun: the multi-worker test under a real mpirun (tests/multiworker)
+  libopenmpi-dev    # Open MPI's headers: a user's MPI program with consort, checked against MPI (tests/multiworker)
 )
 
 missing=()
