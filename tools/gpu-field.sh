@@ -139,6 +139,12 @@ for steps in 1 10; do
   grep -h "^verify" "$out/verify_gpu_$steps.log" >>"$summary"
 done
 
+# 6. multi_worker_mirrored_strategy's default devices under the launcher: the one worker it gives
+#    the GPU (CONSORT_OWN_GPUS) takes it, and every collective matches the CPU reference.
+part mw_job_gpu_default 90 bash tools/consort-launch -n 1 --timeout 80 -- \
+  ./build/tests/multiworker/mw_job collectives
+grep -hE "devices |checks passed" "$out/mw_job_gpu_default.log" >>"$summary"
+
 note "== gpu-field: $([ "$failed" -eq 0 ] && echo "every part passed" || echo "a part failed or timed out"); logs in $out/logs.tar.gz"
 # The device tool brings back a handful of files: every log goes into one archive beside the summary.
 (cd "$out" && find . -maxdepth 1 -type f ! -name summary.txt ! -name logs.tar.gz -printf '%P\n' |

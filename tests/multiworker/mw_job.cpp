@@ -125,6 +125,12 @@ int collectives() {
   auto D = static_cast<int>(mw.num_local_replicas());
   auto R = mw.num_replicas_in_sync();
   me = "worker " + std::to_string(mw.worker_rank());
+  {
+    std::string devices;
+    for (const auto& d : mw.worker_devices())
+      devices += (devices.empty() ? "" : ",") + d;
+    std::cout << me << ": devices " << devices << std::endl;
+  }
   check(R == W * D, "num_replicas_in_sync == workers x devices");
   check(std::string{mw.name()} == "MultiWorkerMirroredStrategy", "name");
   mirrored_strategy ref(cpu_devices(R));
