@@ -13,6 +13,7 @@
 
 #include <consort/caf_error.hpp>
 #include <consort/error.hpp>
+#include <consort/transport/algorithms.hpp>
 #include <consort/transport/pair.hpp>
 #include <consort/transport/shm.hpp>
 #include <consort/transport/tcp.hpp>
@@ -32,12 +33,14 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <dirent.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -118,6 +121,85 @@ TEST(ShmTransportTest, ReceiveBeforeSendDeliversTheBytes) {
   EXPECT_FALSE(recv->wait(later()));
   EXPECT_FALSE(send->wait(later()));
   EXPECT_EQ(string_of(into), "world");
+}
+
+/// Sets an environment variable for a scope, restoring what was there.
+class scoped_env {
+public:
+  scoped_env(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name))
+      old_ = old;
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+  ~scoped_env() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  scoped_env(const scoped_env&) = delete;
+  scoped_env& operator=(const scoped_env&) = delete;
+
+private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// Open MPI's mpi_yield_when_idle: on when the group's ranks outnumber the CPUs this process may
+// run on, unless the launcher bound it to cores of its own; the option, then the environment,
+// override that.
+TEST(ShmTransportTest, WaitsYieldTheCoreExactlyWhenTheRanksOutnumberTheCpus) {
+  scoped_env no_choice{"CONSORT_YIELD_WHEN_IDLE", nullptr};
+  scoped_env not_bound{"CONSORT_LAUNCH_CPUS", nullptr};
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cpus = CPU_COUNT(&set);
+  EXPECT_FALSE(shm::yields_when_idle(std::nullopt, cpus));
+  EXPECT_TRUE(shm::yields_when_idle(std::nullopt, cpus + 1));
+  EXPECT_TRUE(shm::yields_when_idle(true, 1));
+  EXPECT_FALSE(shm::yields_when_idle(false, cpus + 1));
+  {
+    scoped_env bound{"CONSORT_LAUNCH_CPUS", "0"};
+    EXPECT_FALSE(shm::yields_when_idle(std::nullopt, cpus + 1));
+  }
+  {
+    scoped_env on{"CONSORT_YIELD_WHEN_IDLE", "1"};
+    EXPECT_TRUE(shm::yields_when_idle(std::nullopt, 1));
+    EXPECT_FALSE(shm::yields_when_idle(false, 1)) << "the option comes before the environment";
+  }
+  scoped_env off{"CONSORT_YIELD_WHEN_IDLE", "0"};
+  EXPECT_FALSE(shm::yields_when_idle(std::nullopt, cpus + 1));
+}
+
+// A yielding wait still completes every kind of exchange: a ring all-reduce among more ranks than
+// this machine may have cores, small and larger than the ring.
+TEST(ShmTransportTest, AGroupThatYieldsWhileWaitingCompletesItsAllReduces) {
+  CONSORT_TEST_SKIP_WITHOUT_SHM();
+  auto opts = small_rings();
+  opts.yield_when_idle = true;
+  opts.yield_spin = std::chrono::microseconds{200};
+  auto group = shm::make_group(4, opts);
+  for (std::size_t n : {std::size_t{1}, std::size_t{100000}}) {
+    std::vector<std::future<std::vector<float>>> ranks;
+    for (int r = 0; r < 4; ++r)
+      ranks.push_back(std::async(std::launch::async, [&, r] {
+        std::vector<float> v(n, static_cast<float>(r + 1));
+        auto err = transport::ring_all_reduce{group[static_cast<std::size_t>(r)], v.data(), n,
+                                              dtype::float32, reduce_op::sum}
+                       .run();
+        EXPECT_FALSE(err) << to_consort_error(err, "").what();
+        return v;
+      }));
+    for (auto& f : ranks) {
+      auto v = f.get();
+      EXPECT_EQ(v.front(), 10.0f);
+      EXPECT_EQ(v.back(), 10.0f);
+    }
+  }
 }
 
 TEST(ShmTransportTest, SendGathersItsPartsInOrder) {

@@ -1,12 +1,16 @@
 // The lifecycle of an shm context (shm_impl.hpp): construction (its links to the peers' rings and
 // its entry in the segment), its pairs and new operations, refusing operations once it aborted or
-// closed, abort, destruction (the state seen by the peers, then every operation failed), and
-// make_context.
+// closed, abort, destruction (the state seen by the peers, then every operation failed),
+// make_context, and whether its waits yield the core (yields_when_idle).
 
 #include "transport/shm/shm_impl.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
+
+#include <sched.h>
 
 #include <linux/futex.h>
 #include <unistd.h>
@@ -24,8 +28,32 @@ void copy_reason(rank_block& b, const std::string& why) {
 
 } // namespace
 
+} // namespace consort::transport::shm::impl
+
+namespace consort::transport::shm {
+
+bool yields_when_idle(std::optional<bool> choice, int ranks) {
+  if (choice)
+    return *choice;
+  if (const char* env = std::getenv("CONSORT_YIELD_WHEN_IDLE"); env && *env)
+    return std::string_view{env} != "0";
+  // Bound by the launcher to cores of its own: the launcher says when it had to share them.
+  if (const char* bound = std::getenv("CONSORT_LAUNCH_CPUS"); bound && *bound)
+    return false;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0)
+    return false;
+  return ranks > CPU_COUNT(&set);
+}
+
+} // namespace consort::transport::shm
+
+namespace consort::transport::shm::impl {
+
 shm_context::shm_context(segment_ptr seg, int rank, const options& opts)
     : seg_(std::move(seg)), rank_(rank), size_(seg_->ranks()), opts_(opts),
+      yield_(yields_when_idle(opts.yield_when_idle, size_)),
       links_(static_cast<std::size_t>(size_)) {
   for (int p = 0; p < size_; ++p) {
     if (p == rank_)
@@ -79,7 +107,8 @@ void shm_context::make_pairs() {
 
 op_ptr shm_context::new_op(bool is_send, int peer, uint64_t tag) {
   return std::make_shared<shm_op>(weak_from_this(), seg_, waiters_, is_send, rank_, peer, tag,
-                                  opts_.spin, opts_.liveness_interval);
+                                  yield_ ? opts_.yield_spin : opts_.spin, opts_.liveness_interval,
+                                  yield_);
 }
 
 bool shm_context::refused(errc& code, std::string& cause) {

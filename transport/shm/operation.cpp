@@ -5,6 +5,7 @@
 #include "transport/shm/shm_impl.hpp"
 
 #include <algorithm>
+#include <sched.h>
 #include <sstream>
 
 namespace consort::transport::shm::impl {
@@ -18,6 +19,19 @@ std::string shm_op::describe() const {
 }
 
 inline bool shm_op::spin_until_done(deadline spin_until) {
+  if (yield_) {
+    // Oversubscribed: every poll hands the core to whoever else is runnable on it (the peer that
+    // must answer), and comes back at once when no one is.
+    for (uint32_t i = 1;; ++i) {
+      if (auto ctx = ctx_.lock())
+        ctx->poll();
+      if (done())
+        return true;
+      if ((i & 15) == 0 && clock::now() >= spin_until)
+        return false;
+      sched_yield();
+    }
+  }
   for (uint32_t i = 1;; ++i) {
     if ((i & 15) == 0) {
       if (auto ctx = ctx_.lock())

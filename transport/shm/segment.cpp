@@ -37,6 +37,12 @@ caf::error check_options(const options& opts, int size) {
     return make_caf_error(errc::invalid_argument,
                           "shm transport: options.liveness_interval must be positive; got " +
                               std::to_string(opts.liveness_interval.count()) + " ms");
+  if (opts.spin.count() < 0 || opts.yield_spin.count() < 0)
+    return make_caf_error(errc::invalid_argument,
+                          "shm transport: options.spin and options.yield_spin must be 0 or more; "
+                          "got " +
+                              std::to_string(opts.spin.count()) + " and " +
+                              std::to_string(opts.yield_spin.count()) + " us");
   return {};
 }
 

@@ -48,10 +48,10 @@ public:
 
   shm_op(std::weak_ptr<shm_context> ctx, segment_ptr seg, waiter_count_ptr waiters, bool is_send,
          int self, int peer, uint64_t tag, std::chrono::microseconds spin,
-         std::chrono::milliseconds nap)
+         std::chrono::milliseconds nap, bool yield)
       : is_send(is_send), self(self), peer(peer), tag(tag), posted(clock::now()),
         ctx_(std::move(ctx)), seg_(std::move(seg)), waiters_(std::move(waiters)), spin_(spin),
-        nap_(nap) {}
+        nap_(nap), yield_(yield) {}
 
   caf::error wait(deadline until) override;
 
@@ -136,6 +136,8 @@ private:
   waiter_count_ptr waiters_;
   std::chrono::microseconds spin_;
   std::chrono::milliseconds nap_;
+  /// Yield the core between polls (options::yield_when_idle).
+  bool yield_;
 };
 
 using op_ptr = std::shared_ptr<shm_op>;
@@ -310,6 +312,8 @@ private:
   const int rank_;
   const int size_;
   const options opts_;
+  /// Waits yield the core between polls (options::yield_when_idle).
+  const bool yield_;
   std::vector<peer_link> links_;
   std::vector<std::unique_ptr<pair>> pairs_;
 

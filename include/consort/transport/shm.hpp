@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,7 +63,22 @@ struct options {
 
   /// How long `operation::wait` polls the rings itself before it blocks.
   std::chrono::microseconds spin{50};
+
+  /// Whether a waiting thread yields its core between polls (`sched_yield`), as Open MPI's
+  /// `mpi_yield_when_idle`, and polls for `yield_spin` instead of `spin` before it blocks. When
+  /// more ranks run on the host than it has cores, a rank that spins holds the core its peer needs
+  /// to answer, and one that blocks pays a wake-up per hop; a yielding one hands the core over and
+  /// takes it back as soon as the answer is there. Unset: CONSORT_YIELD_WHEN_IDLE ("1" or "0")
+  /// when set, else on exactly when the group has more ranks than this process may run on (its
+  /// CPU affinity), unless tools/consort-launch bound it to cores of its own (CONSORT_LAUNCH_CPUS
+  /// set: the launcher sets CONSORT_YIELD_WHEN_IDLE=1 itself when it had to share cores).
+  std::optional<bool> yield_when_idle;
+  std::chrono::microseconds yield_spin{2000};
 };
+
+/// Whether a group of `ranks` ranks on this host waits by yielding (options::yield_when_idle):
+/// `choice` when set, else as that field says. Exposed for tests and benchmarks.
+bool yields_when_idle(std::optional<bool> choice, int ranks);
 
 /// Whether this machine can run the transport: POSIX shared memory under /dev/shm that takes a
 /// small segment. Returns an empty string when it can, otherwise why not.
