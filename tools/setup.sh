@@ -17,6 +17,9 @@ packages=(
   libeigen3-dev     # Eigen 3.4 (header-only): the float32 GEMMs of the training demo (examples/train)
   openmpi-bin       # Open MPI 4.1's mpirun: the multi-worker test under a real mpirun (tests/multiworker)
   libopenmpi-dev    # Open MPI's headers: a user's MPI program with consort, checked against MPI (tests/multiworker)
+  slurmctld         # Slurm 22.05's controller: a one-node Slurm under srun (tests/multiworker/slurm_test.sh)
+  slurmd            # Slurm's node daemon, for the same test
+  slurm-client      # srun, scontrol, sinfo, squeue, scancel, for the same test
 )
 
 missing=()
