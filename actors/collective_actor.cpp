@@ -93,7 +93,8 @@ bool detail::completes_on_arrival(const collective_board& board, bool gpu) {
 
 nest detail::collect_alone(collective_board& board, const collective_call& call) {
   if (board.cfg.cross)
-    return alone_on_worker(*board.cfg.cross, call, board.cfg.num_replicas_in_sync);
+    return alone_on_worker(*board.cfg.cross, call, board.cfg.num_replicas_in_sync,
+                           board.recorder.get());
   auto leaves = flatten(call.request.value);
   int64_t axis = call.request.axis;
   auto problem = check_arguments(call, leaves, 1, &axis);
@@ -101,7 +102,22 @@ nest detail::collect_alone(collective_board& board, const collective_call& call)
     throw error(errc::invalid_argument, problem);
   auto sig = detail::signature_from(call, leaves);
   sig.axis = axis;
-  return detail::compute(sig, {std::move(leaves)}, call.request.value);
+  auto* recorder = board.recorder.get();
+  if (recorder == nullptr || !recorder->enabled())
+    return detail::compute(sig, {std::move(leaves)}, call.request.value);
+  auto h = recorder->collective(call.step, call.seq, call.replica, detail::flight_signature_of(sig),
+                                detail::flight_state::waiting, {});
+  try {
+    auto out = detail::compute(sig, {std::move(leaves)}, call.request.value);
+    recorder->ended(h, errc::none);
+    return out;
+  } catch (const error& e) {
+    recorder->ended(h, e.code());
+    throw;
+  } catch (...) {
+    recorder->ended(h, errc::invalid_argument);
+    throw;
+  }
 }
 
 std::shared_ptr<detail::collective_board> make_collective_board(collective_config cfg) {

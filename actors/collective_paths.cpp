@@ -38,6 +38,26 @@ transport::group_call cross_call_of(const slot& s) {
   return cross_call_for(s.sig, s.what, s.step, s.seq, s.timeout);
 }
 
+/// Records a complete slot on its way to the other workers (queued until its turn on the lane),
+/// under the next job-wide number; the call's exchange marks who arrived.
+recorded_call record_slot(self_ptr self, const slot& s, transport::group_call& cc,
+                          flight_state state) {
+  recorded_call rec;
+  auto* recorder = self->state.recorder.get();
+  if (recorder == nullptr || !recorder->enabled())
+    return rec;
+  rec.recorder = recorder;
+  int replica = -1;
+  for (const auto& c : s.calls)
+    if (c) {
+      replica = c->replica;
+      break;
+    }
+  rec.h = recorder->collective(s.step, s.seq, replica, flight_signature_of(s.sig), state, {});
+  cc.arrivals = recorder->arrivals(rec.h);
+  return rec;
+}
+
 /// The result of a complete slot, in replica-id (= local) order.
 nest compute(const slot& s) {
   std::vector<std::vector<tensor>> leaves;
@@ -124,6 +144,7 @@ bool hand_off_nccl(self_ptr self, slot& s) {
     st.cross_nccl = std::make_shared<local_nccl>();
   auto cc = cross_call_of(s);
   cc.signature += " on NCCL";
+  auto rec = record_slot(self, s, cc, flight_state::queued);
   local_nccl::group_spec spec;
   spec.nranks = num_in_sync(st);
   spec.first_rank = st.cfg.replica_ids.front();
@@ -156,11 +177,17 @@ bool hand_off_nccl(self_ptr self, slot& s) {
   auto structure = s.calls.front()->request.value;
   auto* cross = st.cfg.cross.get();
   std::function<void()> job = [cross, cc = std::move(cc), structure = std::move(structure),
-                               states = std::move(states), nccl = st.cross_nccl,
-                               devices]() mutable {
+                               states = std::move(states), nccl = st.cross_nccl, devices, rec,
+                               keep = st.recorder]() mutable {
     // Read on the lane, where the communicators are used (jobs run in order).
     cc.flags = nccl->needs_build(devices) ? rebuild_flag : 0;
+    if (rec.recorder != nullptr)
+      rec.recorder->started(rec.h);
     auto out = cross->run(transport::communicator::lane::step, cc);
+    if (!out)
+      out = rec.finish(out.error(), cc.timeout);
+    else
+      (void)rec.finish({}, cc.timeout);
     const size_t per = flatten(structure).size();
     for (size_t r = 0; r < states.size(); ++r) {
       if (!out) {
@@ -203,10 +230,14 @@ void hand_off(self_ptr self, slot& s) {
   }
   auto structure = s.calls.front()->request.value;
   auto* cross = st.cfg.cross.get();
+  auto cc = cross_call_of(s);
+  auto rec = record_slot(self, s, cc, flight_state::queued);
   std::function<void()> job =
-      [cross, cc = cross_call_of(s), sig = s.sig, leaves = std::move(leaves), root_pos,
+      [cross, cc = std::move(cc), sig = s.sig, leaves = std::move(leaves), root_pos,
        structure = std::move(structure), states = std::move(states), queues = queues_of(s),
-       timeout = s.timeout, what = s.what]() mutable {
+       timeout = s.timeout, what = s.what, rec, keep = st.recorder]() mutable {
+        if (rec.recorder != nullptr)
+          rec.recorder->started(rec.h);
         try {
           make_ready(queues, timeout, what);
           local_part(cc, sig, leaves, root_pos);
@@ -215,6 +246,10 @@ void hand_off(self_ptr self, slot& s) {
           cc.local_failure = error_of(e);
         }
         auto out = cross->run(transport::communicator::lane::step, cc);
+        if (!out)
+          out = rec.finish(out.error(), cc.timeout);
+        else
+          (void)rec.finish({}, cc.timeout);
         caf::expected<nest> result = caf::error{};
         if (out) {
           try {
@@ -244,10 +279,15 @@ void hand_off_failure(self_ptr self, slot& s) {
   s.handed_off = true;
   auto cc = cross_call_of(s);
   cc.local_failure = s.failure;
+  // It still takes its job-wide number: the other workers count it too.
+  auto rec = record_slot(self, s, cc, flight_state::queued);
   auto* cross = st.cfg.cross.get();
-  cross->post(transport::communicator::lane::step, [cross, cc = std::move(cc)]() mutable {
-    (void)cross->run(transport::communicator::lane::step, cc);
-  });
+  cross->post(transport::communicator::lane::step,
+              [cross, cc = std::move(cc), rec, keep = st.recorder]() mutable {
+                (void)cross->run(transport::communicator::lane::step, cc);
+                if (rec.recorder != nullptr)
+                  rec.recorder->ended(rec.h, to_consort_error(cc.local_failure, "").code());
+              });
 }
 
 /// Runs a complete slot on NCCL when local_nccl can; false leaves it to the host kernels. NCCL
@@ -285,16 +325,28 @@ void complete_slot(self_ptr self, slot& s) {
     return;
   }
   // (In-process only: across workers the data phase runs on the cross-worker lane.)
-  if (try_nccl(self, s))
+  auto* recorder = self->state.recorder.get();
+  flight_recorder::handle h;
+  if (recorder != nullptr && recorder->enabled())
+    h = recorder->collective(s.step, s.seq, s.calls.front() ? s.calls.front()->replica : -1,
+                             flight_signature_of(s.sig), flight_state::waiting, {});
+  if (try_nccl(self, s)) {
+    if (h)
+      recorder->ended(h, s.failure ? to_consort_error(s.failure, "").code() : errc::none);
     return;
+  }
   try {
     if (std::any_of(s.calls.begin(), s.calls.end(), [](const auto& c) { return c && c->gpu; }))
       make_ready(queues_of(s), s.timeout, s.what);
     auto result = compute(s);
     for (auto& r : s.replies)
       r.deliver(result);
+    if (h)
+      recorder->ended(h, errc::none);
   } catch (const std::exception& e) {
     fail_slot(self, s, error_of(e));
+    if (h)
+      recorder->ended(h, to_consort_error(s.failure, "").code());
   }
 }
 

@@ -8,6 +8,7 @@
 // driver is the board, whether they run on a replica's thread, and how to arm the deadline tick.
 
 #include "actors/call_matcher.hpp"
+#include "actors/flight_recorder.hpp"
 #include "actors/gpu_collectives.hpp"
 #include "actors/protocol.hpp"
 
@@ -42,6 +43,9 @@ struct collective_board {
   /// Across workers: this worker's ranks of the communicator over every worker's GPU replicas
   /// (used on the step lane only).
   std::shared_ptr<detail::local_nccl> cross_nccl;
+  /// The worker's flight recorder (actors/flight_recorder.hpp); null or off: nothing recorded.
+  /// Set before the first call and never changed (read without the lock by collect_alone).
+  std::shared_ptr<flight_recorder> recorder;
 };
 
 /// Who drives the matcher, with the board's lock held: the collective actor (in a handler) or a

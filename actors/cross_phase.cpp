@@ -236,7 +236,7 @@ caf::expected<nest> cross_gather(transport::communicator& cross, std::chrono::mi
 }
 
 nest alone_on_worker(transport::communicator& cross, const collective_call& call,
-                     int num_replicas_in_sync) {
+                     int num_replicas_in_sync, flight_recorder* recorder) {
   auto leaves = flatten(call.request.value);
   auto sig = signature_from(call, leaves);
   const int64_t given_axis = sig.axis;
@@ -270,10 +270,20 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
     as_given.axis = named.axis;
     return describe_slot(as_given, named.step, named.seq);
   };
+  // The call's job-wide number: this worker's lane runs its calls in the order every worker does.
+  recorded_call rec;
+  if (recorder != nullptr && recorder->enabled()) {
+    rec.recorder = recorder;
+    rec.h = recorder->collective(call.step, call.seq, call.replica, flight_signature_of(sig),
+                                 flight_state::waiting, {});
+    cc.arrivals = recorder->arrivals(rec.h);
+  }
   if (!problem.empty()) {
     // The other workers learn the reason in this call's descriptor, as from the actor's path.
     cc.local_failure = make_caf_error(errc::invalid_argument, problem);
     (void)cross.run(transport::communicator::lane::step, cc);
+    if (rec.recorder != nullptr)
+      rec.recorder->ended(rec.h, errc::invalid_argument);
     throw error(errc::invalid_argument, problem);
   }
   if (reads_in_place(sig, leaves)) {
@@ -295,7 +305,8 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
   }
   auto out = cross.run(transport::communicator::lane::step, cc);
   if (!out)
-    throw to_consort_error(out.error(), "");
+    throw to_consort_error(rec.finish(out.error(), cc.timeout), "");
+  (void)rec.finish({}, cc.timeout);
   return pack_as(call.request.value, *out);
 }
 

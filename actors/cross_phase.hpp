@@ -7,6 +7,7 @@
 // (collective_actor.cpp); the communicator (transport/communicator.hpp) moves the bytes.
 
 #include "actors/call_checks.hpp"
+#include "actors/flight_recorder.hpp"
 #include "actors/protocol.hpp"
 #include "transport/communicator.hpp"
 
@@ -33,8 +34,10 @@ void local_part(transport::group_call& cc, const call_signature& sig,
 /// the argument checks, then the communicator's call, with no hop to the collective actor or a
 /// lane thread. An argument error still meets the other workers (they fail with its reason).
 /// @throws error with the code every worker reports.
+/// `recorder` (may be null) records the call under its job-wide number, and a failure names it
+/// with the recorder's diagnosis.
 nest alone_on_worker(transport::communicator& cross, const collective_call& call,
-                     int num_replicas_in_sync);
+                     int num_replicas_in_sync, flight_recorder* recorder = nullptr);
 
 /// Strategy.reduce with several workers: this worker's partial, then the cross-worker
 /// all-reduce (MEAN divides by the true count over every worker), leaf by leaf. Call `index` of

@@ -10,6 +10,7 @@
 #include <consort/transport/shm.hpp>
 #include <consort/transport/tcp.hpp>
 
+#include "actors/flight_recorder.hpp"
 #include "actors/gpu_collectives.hpp"
 #include "actors/runtime.hpp"
 #include "actors/strategy_access.hpp"
@@ -189,6 +190,8 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
     resolver = resolve_cluster();
   joined->resolver = resolver;
   detail::validated(opts);
+  // Checked before anything starts: a malformed CONSORT_FLIGHT_RECORDER_ENTRIES fails here.
+  const auto recorder_entries = detail::flight_recorder::entries_for(opts.flight_recorder_entries);
   if (mw.close_timeout.count() < 0)
     throw_error(errc::invalid_argument,
                 "multi_worker_options::close_timeout is " +
@@ -299,8 +302,16 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   };
   auto target = std::make_shared<loss_target>();
   target->contexts.push_back(*ctx);
-  service->on_lost([target, log](const membership::lost_event& event) {
+  // The flight recorder exists from here on, so that a loss before the first step is in it too.
+  std::vector<std::string> names;
+  for (const auto& t : tasks)
+    names.push_back(to_string(t));
+  auto recorder =
+      std::make_shared<detail::flight_recorder>(recorder_entries, rank, std::move(names));
+  service->on_lost([target, log, recorder](const membership::lost_event& event) {
     log("lost " + event.cause);
+    recorder->note("lost " + event.cause);
+    recorder->dump_on_failure("lost " + event.cause);
     std::lock_guard<std::mutex> guard{target->mtx};
     if (target->cause.empty())
       target->cause = "lost " + event.cause;
@@ -384,6 +395,7 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   setup.cross = std::move(cross);
   for (auto b : view->nccl_unique_id)
     setup.nccl_unique_id.push_back(static_cast<uint8_t>(b));
+  setup.recorder = std::move(recorder);
   setup.on_shutdown = [service, log](const caf::error& closed) {
     if (closed)
       log(to_consort_error(closed, "leaving the other workers").what());

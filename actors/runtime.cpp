@@ -3,6 +3,7 @@
 #include "actors/runtime.hpp"
 
 #include "actors/collective_paths.hpp"
+#include "actors/flight_recorder.hpp"
 #include "transport/communicator.hpp"
 
 #include "actors/protocol.hpp"
@@ -72,6 +73,19 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
   d.devices = std::move(devices);
   d.opts = opts;
   d.mw = std::move(mw);
+  // The flight recorder first: a malformed CONSORT_FLIGHT_RECORDER_ENTRIES fails before anything
+  // starts.
+  if (!d.mw.recorder) {
+    std::vector<std::string> names;
+    if (d.mw.cross)
+      names = d.mw.cross->members().names;
+    if (names.empty())
+      for (int w = 0; w < d.mw.num_workers; ++w)
+        names.push_back("worker:" + std::to_string(w));
+    d.mw.recorder = std::make_shared<flight_recorder>(
+        flight_recorder::entries_for(opts.flight_recorder_entries), d.mw.worker_rank,
+        std::move(names));
+  }
   d.first_id = d.mw.worker_rank * static_cast<int>(d.devices.size());
   d.in_sync = d.mw.num_workers * static_cast<int>(d.devices.size());
   configure_actor_system(d.cfg);
@@ -95,6 +109,7 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
   ccfg.nccl_unique_id = d.mw.nccl_unique_id;
   // Shared with the replicas: a CPU replica matches its calls there on its own thread.
   ccfg.board = make_collective_board(ccfg);
+  ccfg.board->recorder = d.mw.recorder;
   // GPU replicas of this process alone: their NCCL communicators are built now, not at the first
   // collective, where NCCL's initialisation would wait for the replicas' streams (issue 13).
   // A build that fails here is tried again by the first collective, which fails the step with
@@ -144,13 +159,20 @@ future<per_replica<nest>> runtime::submit(step_function fn) {
     return closed_future<step_results>();
   // Launched from this thread: the replicas get the step without a hop through the scheduler,
   // and the last one to finish completes the future.
-  impl_->launcher->launch(
-      std::make_shared<const step_function>(std::move(fn)), [state](step_join& join) {
+  auto* recorder = impl_->mw.recorder.get();
+  const auto launched = flight_recorder::clock::now();
+  auto join = impl_->launcher->launch(
+      std::make_shared<const step_function>(std::move(fn)), [state, recorder](step_join& join) {
+        recorder->step_ended(join.step(), !join.failure());
         if (join.failure())
           state->set_error(std::make_exception_ptr(to_consort_error(join.failure(), "run")));
         else
           state->set_value(join.take_results());
       });
+  // Its number is known once launched (the step may even have ended): recorded with the time
+  // it was launched at.
+  if (join)
+    recorder->step_started(join->step(), launched);
   return fut;
 }
 
@@ -248,6 +270,10 @@ void runtime::set_owner(strategy* owner) noexcept {
 
 const strategy_options& runtime::options() const noexcept {
   return impl_->opts;
+}
+
+flight_recorder& runtime::recorder() const noexcept {
+  return *impl_->mw.recorder;
 }
 
 caf::actor_system& runtime::system() noexcept {

@@ -25,6 +25,8 @@ class communicator;
 
 namespace consort::detail {
 
+class flight_recorder;
+
 /// What a runtime needs to be one worker of several (multi_worker_mirrored_strategy).
 struct multi_worker_setup {
   /// This worker's rank (the chief is 0) and the number of workers; every worker has the same
@@ -39,6 +41,9 @@ struct multi_worker_setup {
   /// Runs at shutdown once the cross-worker lanes have stopped (`closed`: the error of their
   /// clean close, if any): leaves the cluster.
   std::function<void(const caf::error& closed)> on_shutdown;
+  /// The worker's flight recorder when the caller made it (to record membership events); null:
+  /// the runtime makes one from the strategy's options.
+  std::shared_ptr<flight_recorder> recorder;
 };
 
 /// Checks a device list and returns it in canonical spelling ("cpu:0" -> "CPU:0").
@@ -92,6 +97,9 @@ public:
   /// The strategy object that owns this runtime, given to merge_call's functions; the strategy
   /// sets it when it is built and when it moves.
   void set_owner(strategy* owner) noexcept;
+
+  /// The worker's flight recorder (never null; maybe off).
+  flight_recorder& recorder() const noexcept;
 
   /// The actor system, for tests that speak the actor protocol next to a running strategy.
   caf::actor_system& system() noexcept;

@@ -9,7 +9,9 @@
 #include "device/gpu.hpp"
 
 #include "actors/context_scope.hpp"
+#include "actors/flight_recorder.hpp"
 #include "actors/runtime.hpp"
+#include "actors/variable_state.hpp"
 
 #include <algorithm>
 #include <set>
@@ -105,34 +107,48 @@ std::vector<nest> as_nests(const per_replica<tensor>& value) {
 
 strategy::strategy(std::vector<std::string> devices, strategy_options opts, kind k)
     : kind_(k), rt_(std::make_unique<detail::runtime>(canonical_devices(devices), validated(opts))),
+      variables_(detail::make_variable_registry(this)),
       cross_device_ops_(std::make_unique<reduction_to_one_device>()) {
   rt_->set_owner(this);
 }
 
 strategy::strategy(std::unique_ptr<detail::runtime> rt, kind k)
-    : kind_(k), rt_(std::move(rt)), cross_device_ops_(std::make_unique<reduction_to_one_device>()) {
+    : kind_(k), rt_(std::move(rt)), variables_(detail::make_variable_registry(this)),
+      cross_device_ops_(std::make_unique<reduction_to_one_device>()) {
   rt_->set_owner(this);
   // Under MultiWorkerMirroredStrategy, TF's CrossDeviceOps is the collective all-reduce.
   if (k == kind::multi_worker)
     cross_device_ops_ = std::make_unique<collective_all_reduce>(*rt_);
 }
 
-strategy::~strategy() = default;
+strategy::~strategy() {
+  // Variables may outlive their strategy: they keep their local copies, and calls that need the
+  // strategy fail with error(shutdown).
+  if (variables_)
+    detail::set_variable_owner(*variables_, nullptr);
+}
 
 strategy::strategy(strategy&& other) noexcept
-    : kind_(other.kind_), rt_(std::move(other.rt_)),
+    : kind_(other.kind_), rt_(std::move(other.rt_)), variables_(std::move(other.variables_)),
       cross_device_ops_(std::move(other.cross_device_ops_)) {
   if (rt_)
     rt_->set_owner(this);
+  if (variables_)
+    detail::set_variable_owner(*variables_, this);
 }
 
 strategy& strategy::operator=(strategy&& other) noexcept {
   if (this != &other) {
+    if (variables_)
+      detail::set_variable_owner(*variables_, nullptr);
     kind_ = other.kind_;
     rt_ = std::move(other.rt_);
+    variables_ = std::move(other.variables_);
     cross_device_ops_ = std::move(other.cross_device_ops_);
     if (rt_)
       rt_->set_owner(this);
+    if (variables_)
+      detail::set_variable_owner(*variables_, this);
   }
   return *this;
 }
@@ -303,6 +319,14 @@ const consort::cross_device_ops& strategy::cross_device_ops() const noexcept {
 
 void strategy::shutdown() {
   rt_->shutdown();
+}
+
+std::string strategy::dump_flight_recorder(const std::string& path) const {
+  return rt_->recorder().dump(path, "strategy::dump_flight_recorder");
+}
+
+std::string strategy::diagnose() const {
+  return rt_->recorder().diagnose();
 }
 
 one_device_strategy::one_device_strategy(const std::string& device, strategy_options opts)

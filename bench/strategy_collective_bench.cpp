@@ -10,7 +10,13 @@
 //   tools/consort-launch -n 2 -- ./build/bench/strategy_collective_bench [--min-bytes 4]
 //       [--max-bytes 64M] [--factor 4] [--warmup 3] [--iters 20] [--large-bytes 16M]
 //       [--large-iters 0] [--ops all_reduce,all_gather,broadcast] [--step-barriers 2]
-//       [--dtype float32|float16|bfloat16] [--json FILE]
+//       [--dtype float32|float16|bfloat16] [--recorder on|off] [--json FILE]
+//
+// The flight recorder (docs/debugging.md) is on unless `--recorder off`. Rank 0 also times the
+// recorder's own work per collective (an entry made, its arrivals marked, its end recorded, on
+// one thread, 200 000 times) and prints it as a share of the smallest all_reduce's p50 of the
+// same run; `--recorder off` against `--recorder on` in one sitting gives the end-to-end
+// difference (bench/README.md, "The flight recorder's cost").
 //
 // Per iteration, on every worker: a barrier (a strategy.run whose step all-reduces one float),
 // then the timed strategy.run, whose step all-reduces one float `--step-barriers` times (barriers
@@ -38,6 +44,8 @@
 #include "common.hpp"
 
 #include <consort/consort.hpp>
+
+#include "actors/flight_recorder.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -215,6 +223,50 @@ std::vector<std::string> split(const std::string& text) {
   return out;
 }
 
+/// The flight recorder's work per collective on one thread (what a lone replica's call adds:
+/// an entry with its signature, the arrivals the exchange marks, its end), as a share of the
+/// smallest all_reduce's p50 measured in this run.
+void print_recorder_cost(const std::vector<row_result>& rows, int workers) {
+  const row_result* smallest = nullptr;
+  for (const auto& r : rows)
+    if (r.op == "all_reduce" && (smallest == nullptr || r.bytes < smallest->bytes))
+      smallest = &r;
+  if (smallest == nullptr)
+    return;
+  std::vector<std::string> names;
+  for (int w = 0; w < workers; ++w)
+    names.push_back("worker:" + std::to_string(w));
+  detail::flight_recorder rec(2000, 0, names);
+  detail::flight_signature sig;
+  sig.type = element_type;
+  sig.rank = 1;
+  sig.dims[0] = 1;
+  sig.leaves = 1;
+  sig.bytes = 4;
+  constexpr int calls = 200'000;
+  const uint64_t everyone = (uint64_t{1} << std::min(workers, 63)) - 1;
+  std::vector<double> per_call;
+  for (int round = 0; round < 5; ++round) {
+    auto t0 = steady_clock::now();
+    for (int i = 0; i < calls; ++i) {
+      auto h =
+          rec.collective(static_cast<uint64_t>(i), 0, 0, sig, detail::flight_state::waiting, {});
+      rec.arrivals(h)->fetch_or(everyone, std::memory_order_relaxed);
+      rec.ended(h, errc::none);
+    }
+    auto t1 = steady_clock::now();
+    per_call.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / calls);
+  }
+  std::sort(per_call.begin(), per_call.end());
+  const double ns = per_call[per_call.size() / 2];
+  std::printf("# flight recorder: %.0f ns per collective (median of 5 x %d on one thread) = "
+              "%.3f %% of the %lld B all_reduce's p50 (%.1f us), %.3f %% of its strategy.run's "
+              "p50 (%.1f us) in this run\n",
+              ns, calls, 100.0 * ns / (smallest->call.p50 * 1e3),
+              static_cast<long long>(smallest->bytes), smallest->call.p50,
+              100.0 * ns / (smallest->run.p50 * 1e3), smallest->run.p50);
+}
+
 int run(int argc, char** argv) {
   bench::options opts("strategy_collective_bench",
                       "all_reduce, all_gather and broadcast of float32 between worker processes "
@@ -232,6 +284,7 @@ int run(int argc, char** argv) {
   opts.add("step-barriers", "2",
            "all-reduces of one float inside the step before the timed call (at least 1)");
   opts.add("dtype", "float32", "element type: float32, float16 or bfloat16");
+  opts.add("recorder", "on", "the flight recorder: on (2000 entries) or off");
   opts.add("json", "", "rank 0 also writes the results (with every sample) as JSON to this file");
   opts.parse(argc, argv);
   const auto min_bytes = opts.bytes("min-bytes");
@@ -267,8 +320,13 @@ int run(int argc, char** argv) {
   else if (type_name != "float32")
     opts.fail("unknown --dtype '" + type_name + "' (float32, float16, bfloat16)");
   const auto width = static_cast<int64_t>(size_of(element_type));
+  const auto recorder = opts.str("recorder");
+  if (recorder != "on" && recorder != "off")
+    opts.fail("unknown --recorder '" + recorder + "' (on, off)");
+  strategy_options sopts;
+  sopts.flight_recorder_entries = recorder == "on" ? 2000 : 0;
 
-  multi_worker_mirrored_strategy mw;
+  multi_worker_mirrored_strategy mw(sopts);
   const int rank = mw.worker_rank();
   const int workers = mw.num_workers();
   const int n = mw.num_replicas_in_sync();
@@ -281,11 +339,11 @@ int run(int argc, char** argv) {
   if (rank == 0) {
     std::printf("# consort strategy_collective_bench  path=multi_worker_mirrored_strategy "
                 "workers=%d replicas=%d devices=%zu/worker warmup=%lld iters=%lld "
-                "large_bytes=%lld large_iters=%lld step_barriers=%lld dtype=%s\n",
+                "large_bytes=%lld large_iters=%lld step_barriers=%lld dtype=%s recorder=%s\n",
                 workers, n, mw.num_local_replicas(), static_cast<long long>(warmup),
                 static_cast<long long>(iters), static_cast<long long>(large_bytes),
                 static_cast<long long>(large_iters), static_cast<long long>(step_barriers),
-                to_string(element_type));
+                to_string(element_type), recorder.c_str());
     std::printf("# machine: nproc=%u cpu=%s\n", bench::nproc(), bench::cpu_model().c_str());
     std::printf("# step: ctx.all_reduce(\"SUM\", x) | ctx.all_gather(x, 0) | ctx.broadcast(x, 0) "
                 "of %s x, inputs built once per size\n",
@@ -379,6 +437,8 @@ int run(int argc, char** argv) {
   if (rank == 0)
     std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(total_wrong),
                 total_wrong == 0 ? "OK" : "FAILED");
+  if (rank == 0)
+    print_recorder_cost(rows, workers);
 
   auto path = opts.str("json");
   if (rank == 0 && !path.empty()) {

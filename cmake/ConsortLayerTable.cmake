@@ -8,7 +8,8 @@ set(CONSORT_LAYERS core device cluster transport actors testing)
 
 # core: errors and their CAF glue, reduce ops, futures, per_replica; nothing of tensors.
 set(CONSORT_LAYER_core_USES "")
-# device: tensors and nests on CPU and GPU, the host and CUDA kernels, NCCL communicators.
+# device: tensors and nests on CPU and GPU, the host and CUDA kernels, NCCL communicators, and
+# checkpoint files of tensors.
 set(CONSORT_LAYER_device_USES core)
 # cluster: the cluster spec and its resolvers (TF_CONFIG, Slurm, Open MPI); the device layer for
 # the GPUs a resolver reports (num_accelerators).
@@ -34,11 +35,12 @@ set(CONSORT_LAYER_testing_DIRS testing)
 # be listed here (the check fails on one that is not), and it is checked with its layer's rules.
 set(CONSORT_LAYER_core_HEADERS
   asio.hpp caf_error.hpp collective_kind.hpp config.hpp error.hpp future.hpp per_replica.hpp reduce_op.hpp)
-set(CONSORT_LAYER_device_HEADERS device.hpp nest.hpp ops.hpp tensor.hpp)
+set(CONSORT_LAYER_device_HEADERS checkpoint.hpp device.hpp nest.hpp ops.hpp tensor.hpp)
 set(CONSORT_LAYER_cluster_HEADERS cluster.hpp)
 set(CONSORT_LAYER_transport_HEADERS
   transport/algorithms.hpp transport/local.hpp transport/membership.hpp transport/pair.hpp
   transport/shm.hpp transport/tcp.hpp)
 set(CONSORT_LAYER_actors_HEADERS
-  consort.hpp cross_device_ops.hpp dataset.hpp regroup.hpp replica_context.hpp strategy.hpp)
+  consort.hpp cross_device_ops.hpp dataset.hpp regroup.hpp optimizer.hpp replica_context.hpp
+  strategy.hpp variable.hpp)
 set(CONSORT_LAYER_testing_HEADERS testing.hpp)

@@ -20,6 +20,7 @@ packages=(
   slurmctld         # Slurm 22.05's controller: a one-node Slurm under srun (tests/multiworker/slurm_test.sh)
   slurmd            # Slurm's node daemon, for the same test
   slurm-client      # srun, scontrol, sinfo, squeue, scancel, for the same test
+  python3-numpy     # the numpy reader of consort's checkpoint files (tests/core, docs/checkpoints.md)
 )
 
 missing=()

@@ -41,6 +41,7 @@ struct collective_options {
 };
 
 class strategy;
+class variable;
 
 namespace detail {
 /// The engine side of a replica_context: the replica actor implements it (private to the library:
@@ -173,7 +174,30 @@ public:
       return mine;
   }
 
+  // -- variables --------------------------------------------------------------------------------
+
+  /// This replica's copy of `v` (a variable of the strategy running the step), on its device.
+  /// @throws error(invalid_argument) for an empty handle or a variable of another strategy.
+  tensor read(const variable& v) const;
+
+  /// Sets `v` to `x` (TF's `assign` in replica context). A sync-on-read variable: this replica's
+  /// copy only. A mirrored variable: by its aggregation, SUM or MEAN of every replica's `x` (an
+  /// all-reduce over every replica of every worker) or replica 0's `x` (ONLY_FIRST_REPLICA, a
+  /// broadcast), applied to every copy; every replica makes the call, as a collective.
+  /// @throws error(invalid_argument) for a mirrored variable with aggregation NONE (TF's
+  ///         message), or as `read`; error(shape_mismatch | dtype_mismatch) when `x` does not
+  ///         have the variable's shape and dtype; the collective's errors.
+  void assign(const variable& v, const tensor& x);
+  /// Adds `x` as `assign` sets it (a mirrored variable with SUM grows by the sum of every
+  /// replica's `x`).
+  void assign_add(const variable& v, const tensor& x);
+  /// Subtracts `x` as `assign_add` adds it.
+  void assign_sub(const variable& v, const tensor& x);
+
 private:
+  /// `assign` (sign 0), `assign_add` (1) or `assign_sub` (-1).
+  void update_variable(const variable& v, const tensor& x, int sign, const char* call);
+
   template <class F, size_t... I, class... Args>
   static std::vector<nest> invoke_merge(F& fn, strategy& s,
                                         const std::vector<std::vector<nest>>& all,

@@ -7,6 +7,7 @@
 #include <consort/per_replica.hpp>
 #include <consort/replica_context.hpp>
 #include <consort/tensor.hpp>
+#include <consort/variable.hpp>
 
 #include <chrono>
 #include <functional>
@@ -29,6 +30,9 @@ struct strategy_options {
   std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
   /// Threads of the actor scheduler (0: two, or one on a one-core machine).
   size_t scheduler_threads = 0;
+  /// Collectives the flight recorder keeps (docs/debugging.md): -1 takes
+  /// CONSORT_FLIGHT_RECORDER_ENTRIES when set, else 2000; 0 turns it off.
+  int64_t flight_recorder_entries = -1;
 };
 
 /// The step a replica runs: its local index is `ctx.local_replica_index()`.
@@ -39,6 +43,7 @@ namespace detail {
 class runtime;
 struct joined_cluster;
 struct strategy_access;
+struct variable_registry;
 
 template <class T>
 decltype(auto) unwrap_arg(const T& arg, size_t local_index) {
@@ -178,9 +183,12 @@ public:
   /// integer MEAN is float64.
   tensor reduce(op_arg op, const per_replica<tensor>& value, std::optional<int64_t> axis) const;
   nest reduce(op_arg op, const per_replica<nest>& value, std::optional<int64_t> axis) const;
-  /// A plain value (not per_replica): returned as is by one-device strategies (reduced along
-  /// `axis` if given); under a multi-replica strategy MEAN returns it and SUM is
-  /// error(unsupported), because its per-replica meaning is ambiguous.
+  /// A plain value (not per_replica): one-device and default strategies return it (reduced
+  /// along `axis` if given). Under a multi-replica `mirrored_strategy` it stands for the same
+  /// value on every replica: MEAN, MIN and MAX return it, SUM and PROD are error(unsupported),
+  /// because the replicas' share of it is ambiguous (TF allows only MEAN). Under
+  /// `multi_worker_mirrored_strategy` it is one contribution per worker: SUM sums it across the
+  /// workers (MEAN averages it, MIN, MAX and PROD combine it), a collective every worker makes.
   tensor reduce(op_arg op, const tensor& value, std::optional<int64_t> axis) const;
 
   /// `reduce` without blocking the caller: the work runs on the strategy's actors.
@@ -208,6 +216,47 @@ public:
     return {value};
   }
 
+  /// Every local copy of `v`, in local replica order.
+  /// @throws error(invalid_argument) inside a step, or for an empty handle.
+  std::vector<tensor> local_results(const variable& v) const;
+
+  // -- variables --------------------------------------------------------------------------------
+
+  /// Creates a variable with one copy per local replica on the replica's device (tf.Variable
+  /// created under `strategy.scope()`). A mirrored variable (the default, synchronization
+  /// on_write) starts as `initial_value` on every replica; under `multi_worker_mirrored_strategy`
+  /// with several workers, worker 0's initial value is broadcast to every worker, so all start
+  /// from the same bytes whatever each computed. That is a collective: every worker creates the
+  /// same variables, in the same order. A sync-on-read variable (on_read) needs aggregation SUM
+  /// or MEAN; its copies start as `initial_value` too (so a SUM aggregate of zeros reads zero).
+  /// `name` must be unique within the strategy (it is the variable's name in a checkpoint).
+  /// @throws error(invalid_argument) inside a step, for an empty name or a name already taken, an
+  ///         invalid `initial_value`, a sync-on-read variable without SUM or MEAN, or MEAN of a
+  ///         non-floating dtype; across workers the collective's errors, explained
+  ///         (collective_mismatch when workers gave initial values of other shapes or dtypes).
+  variable create_variable(const std::string& name, const tensor& initial_value,
+                           variable_options options = {});
+
+  /// The variables of this strategy in creation order (an optimizer's slots, made on its first
+  /// step, after the variables created before it).
+  std::vector<variable> variables() const;
+
+  /// The name and value (`variable::value()`, read outside a step) of every variable, in
+  /// creation order: what a checkpoint saves (`save_checkpoint`, `checkpoint_manager::save`). Under
+  /// several workers it reads sync-on-read variables, a collective: every worker calls it.
+  /// @throws error(invalid_argument) inside a step; the errors of `variable::value()`.
+  std::vector<named_tensor> variable_values() const;
+
+  /// Sets every variable to the tensor of its name in `values` (what `variable_values` gave, or
+  /// `load_checkpoint(...).tensors`), outside a step, by `variable::assign`: every local copy of
+  /// a mirrored variable, and a sync-on-read one so that its aggregate reads the saved value.
+  /// Names in `values` that no variable has are ignored. Nothing is assigned unless every
+  /// variable has its tensor, with its dtype and shape.
+  /// @throws error(invalid_argument) inside a step; error(structure_mismatch) naming the
+  ///         variables `values` lacks; error(dtype_mismatch | shape_mismatch) naming the variable,
+  ///         what it is and what `values` holds.
+  void assign_variables(const std::vector<named_tensor>& values);
+
   // -- input and devices ------------------------------------------------------------------------
 
   /// Splits every global batch of `ds` across the replicas (see `split_batch`).
@@ -231,6 +280,19 @@ public:
   /// error(shutdown). Called by the destructor.
   void shutdown();
 
+  // -- debugging --------------------------------------------------------------------------------
+
+  /// Writes this worker's flight recorder (its last collectives with their job-wide numbers,
+  /// states and who they wait for, its step starts and ends, membership events) as JSON to `path`,
+  /// or, when `path` is empty, to `$CONSORT_DUMP_DIR` (else the working directory) as
+  /// `consort-flight-<task>-<pid>.json`; returns the path (docs/debugging.md).
+  /// @throws error(invalid_argument) when the recorder is off or the file cannot be written.
+  std::string dump_flight_recorder(const std::string& path = "") const;
+
+  /// What the flight recorder says about this worker now, in one paragraph: the last collective
+  /// done and every collective pending or failed since, with the workers whose part is missing.
+  std::string diagnose() const;
+
 protected:
   /// The engine (its derived strategies and detail::strategy_access use it).
   detail::runtime& runtime() const noexcept { return *rt_; }
@@ -252,6 +314,7 @@ private:
 
   kind kind_;
   std::unique_ptr<detail::runtime> rt_;
+  std::shared_ptr<detail::variable_registry> variables_;
   std::unique_ptr<consort::cross_device_ops> cross_device_ops_;
 };
 

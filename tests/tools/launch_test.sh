@@ -27,7 +27,9 @@ echo "cvd=${CUDA_VISIBLE_DEVICES-unset}"
 echo "own=${CONSORT_OWN_GPUS-unset}"
 echo "cpus=$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/self/status) launch_cpus=${CONSORT_LAUNCH_CPUS-unset}"
 echo "to stderr" >&2
-if [ "${FAIL_RANK:-none}" = "$CONSORT_LAUNCH_RANK" ]; then
+echo "restart=${CONSORT_RESTART_COUNT-unset}"
+# FAIL_ROUNDS: the failing rank fails only in the first FAIL_ROUNDS rounds (--max-restarts).
+if [ "${FAIL_RANK:-none}" = "$CONSORT_LAUNCH_RANK" ] && [ "${CONSORT_RESTART_COUNT:-0}" -lt "${FAIL_ROUNDS:-1000}" ]; then
   # Fail only once every peer is up, so that stopping them is what the test observes.
   for ((i = 0; i < CONSORT_LAUNCH_SIZE; i++)); do
     while [ ! -s "$PIDS/$i" ]; do read -r -t 0.01 <> <(:) || true; done
@@ -67,6 +69,29 @@ for i in 0 2; do
   pid=$(cat "$PIDS/$i")
   check "worker:$i was stopped" bash -c "! kill -0 $pid 2>/dev/null"
 done
+
+# 3b. --max-restarts: a worker that fails in the first round only; every worker is started again,
+#     told the round, and the job succeeds. One that keeps failing ends the job once the restarts
+#     are spent, with its status.
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$(FAIL_RANK=1 FAIL_ROUNDS=1 "$launch" -n 3 --port 7350 --grace 2 --max-restarts 2 -- "$tmp/job.sh" 2>&1)
+rc=$?
+check "a failure within --max-restarts: the job succeeds" [ "$rc" -eq 0 ]
+check "the restart is announced" grep -qF "consort-launch: restarting every worker (restart 1 of 2)" <<<"$out"
+for i in 0 1 2; do
+  check "worker:$i ran in round 0 and round 1" \
+    bash -c "grep -qx '\[worker:$i\] restart=0' <<<\"\$1\" && grep -qx '\[worker:$i\] restart=1' <<<\"\$1\"" _ "$out"
+done
+check "no third round" bash -c "! grep -q 'restart=2' <<<\"\$1\"" _ "$out"
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$(FAIL_RANK=1 FAIL_ROUNDS=9 "$launch" -n 2 --port 7360 --grace 2 --max-restarts 2 -- "$tmp/job.sh" 2>&1)
+rc=$?
+check "a failure in every round: the worker's status after 2 restarts" [ "$rc" -eq 3 ]
+check "three rounds ran" [ "$(grep -c '^\[worker:1\] restart=' <<<"$out")" -eq 3 ]
+check "spent restarts are reported" grep -qF "no restarts left (--max-restarts 2); the job failed" <<<"$out"
+out=$("$launch" -n 2 --max-restarts -1 -- "$tmp/job.sh" 2>&1)
+check "a negative --max-restarts is a usage error" [ "$?" -eq 2 ]
+check "a negative --max-restarts says what is expected" grep -qF -- "--max-restarts needs a count >= 0, got '-1'" <<<"$out"
 
 # 4. A job that never finishes is stopped at --timeout with status 124.
 rm -rf "$PIDS"; mkdir -p "$PIDS"

@@ -209,9 +209,19 @@ caf::error descriptor_exchange::exchange_direct() {
       err = make_caf_error(errc::invalid_argument,
                            "its descriptor has " + std::to_string(op->message_bytes()) +
                                " bytes, fewer than " + std::to_string(sizeof(call_descriptor)));
-    if (err)
+    if (err) {
+      // The descriptors that did arrive say who reached the call (the flight recorder's view).
+      for (int q = 0; q < size_ && call_.arrivals != nullptr; ++q) {
+        const auto& other = recvs[static_cast<size_t>(q)];
+        if (q != rank_ && q != p && other && other->done() &&
+            other->message_bytes() >= sizeof(call_descriptor))
+          call_.arrivals->fetch_or(uint64_t{1} << q, std::memory_order_relaxed);
+      }
       return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",
                                          "receive from", p, err));
+    }
+    if (call_.arrivals != nullptr)
+      call_.arrivals->fetch_or(uint64_t{1} << p, std::memory_order_relaxed);
     got_[static_cast<size_t>(p)] = op->message_bytes();
     std::memcpy(&all_[p], slot(p), sizeof(call_descriptor));
   }
@@ -234,6 +244,9 @@ caf::error descriptor_exchange::exchange_ring() {
                          clock_.next());
   if (auto err = gather.run())
     return failure(err);
+  if (call_.arrivals != nullptr)
+    call_.arrivals->store(size_ >= 64 ? ~uint64_t{0} : (uint64_t{1} << size_) - 1,
+                          std::memory_order_relaxed);
   return {};
 }
 
@@ -253,22 +266,46 @@ caf::error descriptor_exchange::check_outcomes() const {
 }
 
 caf::error descriptor_exchange::check_agreement() {
-  const auto& a = all_[0];
-  for (int w = 1; w < size_; ++w) {
+  auto same_call = [](const call_descriptor& a, const call_descriptor& b) {
+    return a.step == b.step && a.seq == b.seq && a.kind == b.kind &&
+           (a.kind != static_cast<uint8_t>(collective_kind::all_reduce) || a.op == b.op) &&
+           (a.kind != static_cast<uint8_t>(collective_kind::all_gather) || a.axis == b.axis) &&
+           (a.kind != static_cast<uint8_t>(collective_kind::broadcast) || a.root == b.root);
+  };
+  // Each worker is compared with the one most workers agree with (worker 0 on a tie), so that
+  // the error names the odd one out (every worker sees the same descriptors, so all pick alike).
+  auto reference = [&](auto&& same) {
+    int best = 0;
+    int best_count = -1;
+    for (int r = 0; r < size_; ++r) {
+      int count = 0;
+      for (int w = 0; w < size_; ++w)
+        count += same(all_[r], all_[w]) ? 1 : 0;
+      if (count > best_count) {
+        best = r;
+        best_count = count;
+      }
+    }
+    return best;
+  };
+  const int ref = reference(same_call);
+  const auto& a = all_[ref];
+  for (int w = 0; w < size_; ++w) {
     const auto& b = all_[w];
-    if (a.step != b.step || a.seq != b.seq || a.kind != b.kind ||
-        (a.kind == static_cast<uint8_t>(collective_kind::all_reduce) && a.op != b.op) ||
-        (a.kind == static_cast<uint8_t>(collective_kind::all_gather) && a.axis != b.axis) ||
-        (a.kind == static_cast<uint8_t>(collective_kind::broadcast) && a.root != b.root)) {
+    if (!same_call(a, b)) {
       std::ostringstream out;
-      out << "collective mismatch between workers at " << call_.name() << ": " << worker_name(0)
+      out << "collective mismatch between workers at " << call_.name() << ": " << worker_name(ref)
           << " is at " << describe(a) << " but " << worker_name(w) << " is at " << describe(b)
           << "; every replica on every worker must make the same collective calls in the same "
              "order";
       return make_caf_error(errc::collective_mismatch, out.str());
     }
   }
-  for (int w = 1; w < size_; ++w) {
+  const int sig_ref = reference([](const call_descriptor& x, const call_descriptor& y) {
+    return x.signature_hash == y.signature_hash && x.num_leaves == y.num_leaves;
+  });
+  for (int w = 0; w < size_; ++w) {
+    const auto& a = all_[sig_ref];
     const auto& b = all_[w];
     // An all-gather's parts differ in size between workers (ragged), so some may travel with
     // their descriptor and some not: only an all-reduce's workers must agree on it.
@@ -282,10 +319,10 @@ caf::error descriptor_exchange::check_agreement() {
     if (auto err = signature_texts(texts))
       return err;
     std::ostringstream out;
-    out << "collective mismatch between workers at " << call_.name() << ": " << worker_name(0)
-        << " passed " << texts[0] << " but " << worker_name(w) << " passed "
-        << texts[static_cast<size_t>(w)] << "; structure, dtypes and shapes must agree on every "
-        << "worker";
+    out << "collective mismatch between workers at " << call_.name() << ": " << worker_name(sig_ref)
+        << " passed " << texts[static_cast<size_t>(sig_ref)] << " but " << worker_name(w)
+        << " passed " << texts[static_cast<size_t>(w)]
+        << "; structure, dtypes and shapes must agree on every worker";
     return make_caf_error(errc::collective_mismatch, out.str());
   }
   return {};

@@ -25,6 +25,7 @@
 #include <caf/expected.hpp>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -86,6 +87,10 @@ struct group_call {
   /// together).
   uint8_t flags = 0;
   uint8_t all_flags = 0;
+  /// When set, the descriptor exchange sets bit w as worker w's descriptor arrives (this worker's
+  /// own included by the caller), also when the call then fails: the flight recorder's view of
+  /// who reached the call (actors/flight_recorder.hpp). Up to 64 workers.
+  std::atomic<uint64_t>* arrivals = nullptr;
   /// Broadcasts bytes from worker 0 to every worker over the group (for `data_phase`).
   using share_fn = std::function<caf::error(std::vector<uint8_t>&)>;
   /// When set, replaces the transport's data phase (NCCL for GPU replicas): called once every

@@ -1,0 +1,106 @@
+// Keras's SGD under a strategy: every replica's gradients all-reduced in buckets (one collective
+// per bucket, its tensors fused by the library's nest all-reduce), then the same update applied
+// by each replica to its own copy of every variable.
+
+#include <consort/nest.hpp>
+#include <consort/optimizer.hpp>
+
+#include "actors/variable_state.hpp"
+
+#include <cmath>
+#include <string>
+
+namespace consort {
+
+sgd::sgd(sgd_options options) : options_(options) {
+  if (!std::isfinite(options_.learning_rate) || options_.learning_rate < 0)
+    throw_error(errc::invalid_argument, "sgd: learning_rate must be finite and >= 0; got " +
+                                            std::to_string(options_.learning_rate));
+  if (!(options_.momentum >= 0 && options_.momentum <= 1))
+    throw_error(errc::invalid_argument, "sgd: momentum must be in [0, 1] (Keras's rule); got " +
+                                            std::to_string(options_.momentum));
+  if (options_.gradient_reduction != reduce_op::sum &&
+      options_.gradient_reduction != reduce_op::mean)
+    throw_error(errc::invalid_argument,
+                std::string{"sgd: gradient_reduction must be SUM or MEAN; got "} +
+                    to_string(options_.gradient_reduction));
+}
+
+namespace {
+
+void check_pair(replica_context& ctx, const tensor& grad, const variable& v, size_t i) {
+  const auto where = "apply_gradients: pair " + std::to_string(i);
+  if (!v.valid())
+    throw_error(errc::invalid_argument, where + " has an empty variable handle");
+  if (v.synchronization() != variable_synchronization::on_write)
+    throw_error(errc::invalid_argument,
+                where + ": variable \"" + v.name() +
+                    "\" is sync-on-read (ON_READ); an optimizer updates mirrored variables "
+                    "(ON_WRITE), whose copies it keeps equal");
+  if (!is_floating(v.dtype()))
+    throw_error(errc::invalid_argument, where + ": variable \"" + v.name() + "\" is " +
+                                            to_string(v.dtype()) +
+                                            "; SGD updates floating variables only");
+  (void)ctx.read(v); // refuses a variable of another strategy
+  detail::check_update_value(detail::variable_state::of(v), grad, "apply_gradients");
+}
+
+} // namespace
+
+void sgd::apply_gradients(replica_context& ctx,
+                          const std::vector<std::pair<tensor, variable>>& grads_and_vars) {
+  if (grads_and_vars.empty())
+    throw_error(errc::invalid_argument,
+                "apply_gradients needs at least one (gradient, variable) pair; got none");
+  for (size_t i = 0; i < grads_and_vars.size(); ++i)
+    check_pair(ctx, grads_and_vars[i].first, grads_and_vars[i].second, i);
+
+  // 1. All-reduce the gradients, bucket by bucket, in the order given.
+  std::vector<tensor> reduced;
+  reduced.reserve(grads_and_vars.size());
+  nest::list_type bucket;
+  size_t bucket_bytes = 0;
+  auto flush = [&] {
+    if (bucket.empty())
+      return;
+    for (auto& t : flatten(ctx.all_reduce(options_.gradient_reduction, nest::list(bucket))))
+      reduced.push_back(std::move(t));
+    bucket.clear();
+    bucket_bytes = 0;
+  };
+  for (const auto& [grad, v] : grads_and_vars) {
+    if (!bucket.empty() && bucket_bytes + grad.num_bytes() > options_.bucket_bytes)
+      flush();
+    bucket.emplace_back(grad);
+    bucket_bytes += grad.num_bytes();
+  }
+  flush();
+
+  // 2. Every replica holds the same reduced gradients: each updates its own copies.
+  const auto index = static_cast<size_t>(ctx.local_replica_index());
+  const double lr = options_.learning_rate;
+  const double m = options_.momentum;
+  for (size_t i = 0; i < grads_and_vars.size(); ++i) {
+    const auto& v = grads_and_vars[i].second;
+    const auto& g = reduced[i];
+    auto& state = detail::variable_state::of(v);
+    if (m == 0) {
+      state.update(index, [&](const tensor& w) { return detail::scaled_sum(w, 1.0, g, -lr); });
+      continue;
+    }
+    auto slot = detail::zeros_slot(v, v.name() + "/momentum");
+    tensor velocity;
+    detail::variable_state::of(slot).update(index, [&](const tensor& old) {
+      velocity = detail::scaled_sum(old, m, g, -lr);
+      return velocity;
+    });
+    if (options_.nesterov)
+      state.update(index, [&](const tensor& w) {
+        return detail::scaled_sum(detail::scaled_sum(w, 1.0, velocity, m), 1.0, g, -lr);
+      });
+    else
+      state.update(index, [&](const tensor& w) { return detail::add_host(w, velocity, 1); });
+  }
+}
+
+} // namespace consort

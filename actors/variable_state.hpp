@@ -1,0 +1,100 @@
+#pragma once
+
+// What a consort::variable handle names, and the list of a strategy's variables. Private to the
+// library: include/consort/variable.hpp only forward-declares variable_state.
+
+#include <consort/strategy.hpp>
+#include <consort/variable.hpp>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace consort::detail {
+
+struct variable_state;
+
+/// The variables of one strategy, in creation order, and the strategy itself while it exists.
+///
+/// Thread safety: thread-safe; `mu` guards `owner` and `list`.
+struct variable_registry {
+  std::mutex mu;
+  /// The strategy that owns the registry: updated when the strategy moves, null once it is gone.
+  strategy* owner = nullptr;
+  std::vector<std::shared_ptr<variable_state>> list;
+};
+
+/// `t` labelled with (between CPU devices, which share host memory) or copied to `device`.
+inline tensor placed_on(const tensor& t, const std::string& device) {
+  return t.device() == device ? t : t.to(device);
+}
+
+/// One local replica's copy of a variable.
+///
+/// Thread safety: `mu` guards `value`. In a step only the copy's own replica writes it; outside a
+/// step the caller writes every copy.
+struct variable_copy {
+  std::mutex mu;
+  tensor value;
+};
+
+/// What a variable handle names.
+struct variable_state {
+  std::string name;
+  consort::dtype type = consort::dtype::float32;
+  shape_t shape;
+  variable_options options;
+  /// The devices of the local replicas, in local order (the strategy's `worker_devices`).
+  std::vector<std::string> devices;
+  int num_replicas_in_sync = 1;
+  std::shared_ptr<variable_registry> registry;
+  /// One per local replica, in local order; the vector itself never changes after creation.
+  std::vector<std::unique_ptr<variable_copy>> copies;
+
+  /// The strategy that created the variable. @throws error(shutdown) when it no longer exists.
+  strategy& owner(const char* call) const;
+  /// The value of local copy `index`.
+  tensor read(size_t index) const;
+  /// Replaces local copy `index` with `fn(current value)`; the result is placed on the copy's
+  /// device.
+  template <class F>
+  void update(size_t index, F&& fn) {
+    auto& copy = *copies[index];
+    std::lock_guard<std::mutex> guard(copy.mu);
+    copy.value = placed_on(fn(copy.value), devices[index]);
+  }
+  /// The variable's handle.
+  static variable handle(std::shared_ptr<variable_state> state) {
+    return variable(std::move(state));
+  }
+  /// The state behind `v`. @throws error(invalid_argument) for an empty handle.
+  static variable_state& of(const variable& v) { return v.state(); }
+};
+
+/// A registry owned by `owner` (a strategy calls it when it is built).
+std::shared_ptr<variable_registry> make_variable_registry(strategy* owner);
+/// Sets the registry's owner (null: the strategy is gone).
+void set_variable_owner(variable_registry& registry, strategy* owner) noexcept;
+
+/// Registers a mirrored variable of zeros shaped like `like`, named `name`, with copies on the
+/// devices of `like`, without any collective (zeros are the same bytes on every worker): the
+/// slots of an optimizer, made on first use inside a step. Returns the existing variable when
+/// one of that name exists already and has `like`'s shape and dtype.
+/// @throws error(invalid_argument) when a variable of that name but another shape or dtype exists.
+variable zeros_slot(const variable& like, const std::string& name);
+
+/// Element-wise `a + b` (`sign` 1) or `a - b` (`sign` -1) on the host, in the dtype of both (which
+/// must agree with their shapes). @throws error(dtype_mismatch) for bool.
+tensor add_host(const tensor& a, const tensor& b, int sign);
+
+/// Element-wise `alpha * a + beta * b` on the host, in the dtype of `a` and `b` (the factors
+/// converted to it first; float16 and bfloat16 computed in float32).
+/// @throws error(dtype_mismatch) for bool.
+tensor scaled_sum(const tensor& a, double alpha, const tensor& b, double beta);
+
+/// Checks that `x` can update `v`: its shape and dtype. `call` names the operation.
+/// @throws error(shape_mismatch | dtype_mismatch) naming the variable, and both shapes or dtypes.
+void check_update_value(const variable_state& v, const tensor& x, const char* call);
+
+} // namespace consort::detail

@@ -1,0 +1,45 @@
+# Checks that every ```cpp block of a document is a verbatim excerpt of a source file (run by
+# CTest, see CMakeLists.txt), so that a page quoting an example cannot drift from the program that
+# CTest builds and runs:
+#   cmake -DDOC=<page.md> -DSOURCE=<example.cpp> -P check_excerpts.cmake
+# String operations only, no CMake lists: code contains `;`, `[` and `]`.
+
+cmake_minimum_required(VERSION 3.20)
+
+if(NOT DOC OR NOT SOURCE)
+  message(FATAL_ERROR "usage: cmake -DDOC=<page.md> -DSOURCE=<source.cpp> -P ${CMAKE_CURRENT_LIST_FILE}")
+endif()
+
+file(READ "${DOC}" doc)
+file(READ "${SOURCE}" source)
+set(open_fence "```cpp\n")
+string(LENGTH "${open_fence}" open_length)
+set(blocks 0)
+set(missing 0)
+while(TRUE)
+  string(FIND "${doc}" "${open_fence}" start)
+  if(start EQUAL -1)
+    break()
+  endif()
+  math(EXPR start "${start} + ${open_length}")
+  string(SUBSTRING "${doc}" ${start} -1 doc)
+  string(FIND "${doc}" "```" stop)
+  if(stop EQUAL -1)
+    message(FATAL_ERROR "${DOC}: a ```cpp block is never closed")
+  endif()
+  string(SUBSTRING "${doc}" 0 ${stop} block)
+  string(SUBSTRING "${doc}" ${stop} -1 doc)
+  math(EXPR blocks "${blocks} + 1")
+  string(FIND "${source}" "${block}" found)
+  if(found EQUAL -1)
+    math(EXPR missing "${missing} + 1")
+    message("--- block ${blocks} of ${DOC} is not in ${SOURCE}:\n${block}---")
+  endif()
+endwhile()
+if(blocks EQUAL 0)
+  message(FATAL_ERROR "${DOC} has no ```cpp block to check")
+endif()
+if(NOT missing EQUAL 0)
+  message(FATAL_ERROR "${missing} of ${blocks} C++ block(s) of ${DOC} are not verbatim excerpts of ${SOURCE}")
+endif()
+message(STATUS "${DOC}: all ${blocks} C++ blocks are excerpts of ${SOURCE}")
