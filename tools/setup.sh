@@ -20,6 +20,8 @@ packages=(
   slurmctld         # Slurm 22.05's controller: a one-node Slurm under srun (tests/multiworker/slurm_test.sh)
   slurmd            # Slurm's node daemon, for the same test
   slurm-client      # srun, scontrol, sinfo, squeue, scancel, for the same test
+  zlib1g-dev        # zlib: gzip'd data files of the training demo (consort-train --data FILE.csv.gz)
+  python3-sklearn   # only for its data file sklearn/datasets/data/digits.csv.gz: the demo's real data (tests/train)
   python3-numpy     # the numpy reader of consort's checkpoint files (tests/core, docs/checkpoints.md)
 )
 

@@ -7,19 +7,36 @@
 //   ./build/examples/train/consort-train                   # every GPU, else 1 CPU replica per core
 //   ./build/examples/train/consort-train --devices GPU:0   # one GPU (verified on one CPU)
 //   tools/consort-launch -n 2 -- ./build/examples/train/consort-train --hidden 1024 --layers 3
+//   ./build/examples/train/consort-train --checkpoint-dir /tmp/ckpt   # again: resumes
+//   ./build/examples/train/consort-train --data digits.csv.gz --steps 300   # real data (below)
 //
 // Each step: distribute_dataset hands each replica its slice of the global batch; each replica
 // computes the summed loss and the gradients of its slice; the gradients are all-reduced (SUM) in
 // fused buckets, each started as soon as the backward pass has produced it, and divided by the
 // global batch, so partial batches weigh correctly. docs/train.md explains the options.
+//
+// With --checkpoint-dir the chief saves a checkpoint every --checkpoint-every steps, at the end,
+// and when SIGTERM or SIGINT asks the job to stop (every worker stops after the same step; the
+// exit status is then 128 + the signal's number). Started again with the same command, every
+// worker resumes from the newest good checkpoint. The last line, `weights sha256: HEX`, names the
+// final parameters, so that an interrupted and resumed run can be compared with one that was not.
+//
+// With --data FILE the demo learns a CSV file (optionally gzip'd) of numeric features and an
+// integer label (csv_data.hpp has the format), standardized by the training rows' statistics;
+// --test-fraction (0.2 with --data, 0 for the spiral) holds out rows chosen by --seed, and the
+// chief evaluates the final weights on them (`held-out:` line). Every worker reads the file.
 
+#include "csv_data.hpp"
 #include "trainer.hpp"
 
 #include <consort/consort.hpp>
 
+#include <openssl/evp.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,7 +44,10 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -42,10 +62,23 @@ struct options : train::train_options {
   int replicas = 0;    // 0: CONSORT_DEVICES_PER_WORKER, else one per core (2..8)
   std::string devices; // --devices: a comma-separated list instead of --replicas
   bool verify = true;
-  double tolerance = -1; // --tolerance; -1: train::verify_tolerance
-  int64_t verify_steps = 10;
+  double tolerance = -1;     // --tolerance; -1: train::verify_tolerance
+  int64_t verify_steps = 10; // 1 with --data unless given (docs/train.md, "Real data")
+  bool verify_steps_given = false;
   std::string plot;
   std::string trace;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every_steps = 100;
+  // -- real data (docs/train.md, "Real data") --
+  std::string data;          // --data FILE; empty: the synthetic spiral
+  std::string label_column;  // --label-column NAME|NUMBER; empty: the last column
+  double test_fraction = -1; // -1: 0.2 with --data, 0 without
+  int max_classes = 1000;
+  bool examples_given = false;
+  bool data_options_given = false; // --label-column or --max-classes
+  /// The SHA-256 of the training rows when they are not the spiral's default (--data or
+  /// --test-fraction): a checkpoint of other training rows is refused.
+  std::string data_identity;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -56,7 +89,10 @@ struct options : train::train_options {
       << "                     [--seed N] [--examples N] [--hidden N] [--layers N]\n"
       << "                     [--bucket-bytes N] [--overlap | --no-overlap]\n"
       << "                     [--target-loss X] [--verify | --no-verify] [--verify-steps N]\n"
-      << "                     [--tolerance X] [--plot loss.svg] [--trace t.json]\n";
+      << "                     [--tolerance X] [--plot loss.svg] [--trace t.json]\n"
+      << "                     [--checkpoint-dir DIR [--checkpoint-every N]]\n"
+      << "                     [--data FILE.csv[.gz] [--label-column NAME|NUMBER]\n"
+      << "                      [--max-classes N]] [--test-fraction F]\n";
   std::exit(2);
 }
 
@@ -88,9 +124,26 @@ options parse(int argc, char** argv) {
       o.learning_rate = number(i, "--lr");
     else if (a == "--seed")
       o.seed = static_cast<uint64_t>(number(i, "--seed"));
-    else if (a == "--examples")
+    else if (a == "--examples") {
       o.examples = static_cast<int64_t>(number(i, "--examples"));
-    else if (a == "--hidden")
+      o.examples_given = true;
+    } else if (a == "--data") {
+      if (i + 1 >= argc || argv[i + 1][0] == '\0')
+        usage("--data needs a CSV file (optionally gzip'd)");
+      o.data = argv[++i];
+    } else if (a == "--label-column") {
+      if (i + 1 >= argc || argv[i + 1][0] == '\0')
+        usage("--label-column needs a header name or a column number (1 is the first)");
+      o.label_column = argv[++i];
+      o.data_options_given = true;
+    } else if (a == "--test-fraction") {
+      o.test_fraction = number(i, "--test-fraction");
+      if (!(o.test_fraction < 1))
+        usage("--test-fraction must be at least 0 and below 1; got " + std::string{argv[i]});
+    } else if (a == "--max-classes") {
+      o.max_classes = static_cast<int>(std::min(number(i, "--max-classes"), 1e9));
+      o.data_options_given = true;
+    } else if (a == "--hidden")
       o.hidden = static_cast<int>(number(i, "--hidden"));
     else if (a == "--layers")
       o.layers = static_cast<int>(number(i, "--layers"));
@@ -98,9 +151,10 @@ options parse(int argc, char** argv) {
       o.target_loss = number(i, "--target-loss");
     else if (a == "--tolerance")
       o.tolerance = number(i, "--tolerance");
-    else if (a == "--verify-steps")
+    else if (a == "--verify-steps") {
       o.verify_steps = static_cast<int64_t>(number(i, "--verify-steps"));
-    else if (a == "--overlap")
+      o.verify_steps_given = true;
+    } else if (a == "--overlap")
       o.overlap = true;
     else if (a == "--no-overlap")
       o.overlap = false;
@@ -124,6 +178,12 @@ options parse(int argc, char** argv) {
       o.verify = true;
     else if (a == "--no-verify")
       o.verify = false;
+    else if (a == "--checkpoint-dir") {
+      if (i + 1 >= argc || argv[i + 1][0] == '\0')
+        usage("--checkpoint-dir needs a directory");
+      o.checkpoint_dir = argv[++i];
+    } else if (a == "--checkpoint-every")
+      o.checkpoint_every_steps = static_cast<int64_t>(number(i, "--checkpoint-every"));
     else if (a == "--plot" || a == "--trace") {
       if (i + 1 >= argc)
         usage(a + " needs a file name");
@@ -139,6 +199,22 @@ options parse(int argc, char** argv) {
     usage("--devices and --replicas both say which replicas to run; give one of them");
   if (o.verify_steps < 1)
     usage("--verify-steps must be at least 1");
+  if (o.checkpoint_every_steps < 1)
+    usage("--checkpoint-every must be at least 1");
+  if (!o.data.empty() && o.examples_given)
+    usage("--examples sizes the synthetic spiral; --data trains on every row of its file");
+  if (o.data.empty() && o.data_options_given)
+    usage("--label-column and --max-classes describe a --data file; give --data FILE");
+  if (o.max_classes < 2)
+    usage("--max-classes must be at least 2");
+  if (o.test_fraction < 0)
+    o.test_fraction = o.data.empty() ? 0 : 0.2;
+  // Real data checks the first step: no layout can flip a ReLU there (every one starts from the
+  // same weights, and each row's forward pass has the same bits), while later steps may, and a
+  // flip moves single weights by far more than reordered sums do (digits at --lr 0.1: 4e-3 after
+  // 5 steps of 2 replicas).
+  if (!o.data.empty() && !o.verify_steps_given)
+    o.verify_steps = 1;
   if (o.verify)
     o.snapshot_step = std::min(o.verify_steps, o.steps);
   return o;
@@ -237,11 +313,200 @@ std::vector<std::string> default_devices() {
   return out;
 }
 
+// -- checkpoints -------------------------------------------------------------------------------
+
+/// The signal that asked the job to stop (SIGTERM, SIGINT), 0 while none has. The handler only
+/// stores it; the training loop reads it at the next step (train_options::stop_requested).
+std::atomic<int> stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "stored from a signal handler");
+
+extern "C" void on_stop_signal(int signo) {
+  stop_signal.store(signo);
+}
+
+/// SIGTERM and SIGINT ask for a checkpoint and a stop at the next step boundary, as TF's
+/// PreemptionCheckpointHandler does. A second one changes nothing: launchers and schedulers often
+/// deliver one stop twice (to the process and to its group), and the checkpoint must not be cut
+/// short by it; SIGKILL ends the process at once.
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+
+/// The options that decide the trained bytes besides the layout, as saved with each checkpoint:
+/// a checkpoint of other options cannot continue this run.
+std::map<std::string, std::string> run_identity(const options& o) {
+  char lr[32];
+  std::snprintf(lr, sizeof lr, "%.17g", o.learning_rate);
+  std::map<std::string, std::string> identity{{"global_batch", std::to_string(o.global_batch)},
+                                              {"learning_rate", lr},
+                                              {"seed", std::to_string(o.seed)},
+                                              {"examples", std::to_string(o.examples)},
+                                              {"hidden", std::to_string(o.hidden)},
+                                              {"layers", std::to_string(o.layers)}};
+  if (!o.data_identity.empty())
+    identity["training_rows_sha256"] = o.data_identity;
+  return identity;
+}
+
+/// A checkpoint this run cannot continue: main says why and exits with status 2, after the
+/// strategy has shut down (usage() would exit under its feet).
+struct refused_checkpoint : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Refuses a checkpoint whose run had other options, naming the first that differs.
+void check_same_run(const options& o, const loaded_checkpoint& last) {
+  for (const auto& [key, value] : run_identity(o)) {
+    auto it = last.data.metadata.user.find(key);
+    const std::string theirs = it == last.data.metadata.user.end() ? "(none)" : it->second;
+    if (theirs != value)
+      throw refused_checkpoint("--checkpoint-dir: " + last.path + " was written by a run with " +
+                               key + " " + theirs + ", this one has " + value +
+                               "; give the same options to resume it, or another --checkpoint-dir");
+  }
+  if (last.data.metadata.step > o.steps)
+    throw refused_checkpoint("--checkpoint-dir: " + last.path + " is at step " +
+                             std::to_string(last.data.metadata.step) + ", past --steps " +
+                             std::to_string(o.steps));
+}
+
+/// The SHA-256 of the parameters' bytes, leaf after leaf in flatten order (dict keys sorted), in
+/// hex.
+std::string weights_sha256(const nest& params) {
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)
+    throw std::runtime_error("SHA-256 is not available from OpenSSL");
+  for (const auto& leaf : flatten(params)) {
+    const tensor host = leaf.to("CPU:0");
+    EVP_DigestUpdate(ctx.get(), host.raw_data(), host.num_bytes());
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_DigestFinal_ex(ctx.get(), digest, &size);
+  std::string hex;
+  for (unsigned int i = 0; i < size; ++i) {
+    char byte[3];
+    std::snprintf(byte, sizeof byte, "%02x", digest[i]);
+    hex += byte;
+  }
+  return hex;
+}
+
+// -- data ------------------------------------------------------------------------------------
+
+/// The rows the run trains on and those it holds out, and the chief's line about them.
+struct loaded_data {
+  train::data_split split;
+  std::string description; // empty for the spiral without a split
+};
+
+/// The spiral (and its split, with --test-fraction), or the --data file, split by --seed and
+/// standardized by the training rows. Sets `o.classes` (from every row, held-out ones included),
+/// `o.examples` (the file's rows) and `o.data_identity`. Called before the strategy starts, so a
+/// bad file ends the worker at once: exit status 2 and the reader's message.
+loaded_data load_data(options& o) {
+  loaded_data out;
+  char fraction[64];
+  std::snprintf(fraction, sizeof fraction, "--test-fraction %g, --seed %llu", o.test_fraction,
+                static_cast<unsigned long long>(o.seed));
+  try {
+    if (o.data.empty()) {
+      train::synthetic_options spiral;
+      spiral.examples = o.examples;
+      spiral.seed = o.seed;
+      auto all = train::make_dataset(spiral);
+      o.classes = spiral.classes;
+      if (o.test_fraction == 0) {
+        out.split.train = all;
+        return out;
+      }
+      out.split = train::split_rows(all, o.test_fraction, o.seed);
+      out.description = "synthetic spiral, " + std::to_string(o.examples) + " rows";
+    } else {
+      train::csv_options csv;
+      csv.label_column = o.label_column;
+      csv.max_classes = o.max_classes;
+      auto file = train::read_csv(o.data, csv);
+      o.classes = file.classes;
+      o.examples = file.data.y.num_elements();
+      out.split = train::split_rows(file.data, o.test_fraction, o.seed);
+      train::standardize(out.split);
+      out.description =
+          o.data + (file.gzipped ? " (gzip)" : "") + ": " + std::to_string(o.examples) + " rows, " +
+          std::to_string(file.data.x.shape()[1]) + " features, label column " +
+          std::to_string(file.label_column) +
+          (file.has_header ? " \"" + file.label_name + "\" (header row)" : " (no header row)") +
+          ", " + std::to_string(file.classes) +
+          " classes; features standardized by the "
+          "training rows";
+    }
+  } catch (const train::data_error& e) {
+    std::fprintf(stderr, "consort-train: --data %s\n", e.what());
+    std::exit(2);
+  } catch (const std::invalid_argument& e) {
+    usage(e.what());
+  }
+  out.description += "; " + std::to_string(out.split.train.y.num_elements()) + " train, " +
+                     std::to_string(out.split.test.y.num_elements()) + " held out (" + fraction +
+                     ")";
+  o.data_identity = weights_sha256(out.split.train.as_nest());
+  return out;
+}
+
+/// With --checkpoint-dir: resumes `o` from the newest good checkpoint (every worker reads it),
+/// arranges the saves (the chief writes) and the stop on SIGTERM/SIGINT.
+void arrange_checkpoints(options& o, std::optional<checkpoint_manager>& manager,
+                         const train::dataset_tensors& data,
+                         const multi_worker_mirrored_strategy& strategy) {
+  if (o.checkpoint_dir.empty())
+    return;
+  const bool chief = strategy.worker_rank() == 0;
+  manager.emplace(o.checkpoint_dir);
+  install_stop_handlers();
+  o.stop_requested = [] {
+    return stop_signal.load() != 0;
+  };
+  o.checkpoint_every = o.checkpoint_every_steps;
+  if (auto last = manager->restore_latest()) {
+    check_same_run(o, *last);
+    train::mlp_shape shape{static_cast<int>(data.x.shape()[1]), o.hidden,
+                           train::classes_of(o, data), o.layers};
+    o.initial_params = restore_nest(train::init_params(shape, o.seed), last->data);
+    o.start_step = last->data.metadata.step;
+    if (chief)
+      std::printf("resumed from checkpoint at step %lld (%s)\n",
+                  static_cast<long long>(o.start_step), last->path.c_str());
+  }
+  if (!chief)
+    return;
+  checkpoint_metadata meta;
+  meta.num_workers = strategy.num_workers();
+  meta.num_replicas_in_sync = strategy.num_replicas_in_sync();
+  meta.user = run_identity(o);
+  // No generator draws after the initial parameters: the seed is the whole RNG state.
+  meta.rng_state.assign(reinterpret_cast<const char*>(&o.seed), sizeof o.seed);
+  o.on_checkpoint = [&manager, meta](int64_t step, const nest& params) mutable {
+    meta.step = step;
+    meta.dataset_position = step; // batches consumed; step s reads batch s % batches
+    auto path = manager->save(named_leaves(params), meta);
+    std::printf("saved checkpoint at step %lld: %s\n", static_cast<long long>(step), path.c_str());
+    std::fflush(stdout);
+  };
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
   auto o = parse(argc, argv);
   try {
+    // Before the strategy starts: a bad file ends every worker at once, with nothing to shut down.
+    const auto loaded = load_data(o);
+    const train::dataset_tensors& data = loaded.split.train;
     multi_worker_options mw;
     if (!o.devices.empty())
       mw.devices = devices_of(o.devices);
@@ -253,10 +518,6 @@ int main(int argc, char** argv) {
     multi_worker_mirrored_strategy strategy({}, mw);
     bool chief = strategy.worker_rank() == 0;
     int worker = strategy.worker_rank();
-    train::synthetic_options data_opts;
-    data_opts.examples = o.examples;
-    data_opts.seed = o.seed;
-    auto data = train::make_dataset(data_opts);
     std::string device_list;
     for (const auto& device : strategy.worker_devices())
       device_list += (device_list.empty() ? "" : ",") + device;
@@ -266,15 +527,22 @@ int main(int argc, char** argv) {
                   "%lld steps, buckets of %zu bytes, %s\n",
                   strategy.num_workers(), strategy.num_local_replicas(), device_list.c_str(),
                   strategy.num_replicas_in_sync(), static_cast<long long>(data.x.shape()[1]),
-                  o.layers, o.hidden, data_opts.classes, static_cast<long long>(o.examples),
+                  o.layers, o.hidden, train::classes_of(o, data),
+                  static_cast<long long>(data.y.num_elements()),
                   static_cast<long long>(o.global_batch), static_cast<long long>(o.steps),
                   o.bucket_bytes, o.overlap ? "overlap on" : "overlap off");
+    if (chief && !loaded.description.empty())
+      std::printf("data: %s\n", loaded.description.c_str());
     if (chief && parse_device(strategy.worker_devices()[0]).kind == device_kind::gpu)
       std::printf("GEMMs on the GPU: %s\n", train::gpu_gemm_backend().c_str());
+    std::optional<checkpoint_manager> manager;
+    arrange_checkpoints(o, manager, data, strategy);
     train::tracer trace(!o.trace.empty());
     auto result = train::train_on(strategy, o, data, trace, worker,
                                   chief ? progress_printer(o.steps) : train::progress_fn{});
-    if (chief) {
+    if (chief && result.curve.loss.empty())
+      std::printf("trained: no step left after step %lld\n", static_cast<long long>(result.steps));
+    else if (chief) {
       std::printf("trained: %lld steps, final loss %.4f, accuracy %.3f; %.0f examples/s, %.2f s "
                   "in collectives (summed over local replicas)\n",
                   static_cast<long long>(result.steps), result.curve.loss.back(),
@@ -288,6 +556,13 @@ int main(int argc, char** argv) {
                       static_cast<long long>(result.steps), result.elapsed_s);
       }
     }
+    // The held-out rows, on the chief only: one forward pass of the final weights on the host.
+    if (chief && loaded.split.test.y.valid() && loaded.split.test.y.num_elements() > 0) {
+      const auto held = train::evaluate(result.params, loaded.split.test);
+      std::printf("held-out: %lld rows, loss %.4f, accuracy %.3f\n",
+                  static_cast<long long>(held.rows), held.loss, held.accuracy);
+    }
+    std::fflush(stdout);
     if (!o.plot.empty() && chief) {
       train::write_plot(o.plot, result.curve);
       std::printf("wrote %s\n", o.plot.c_str());
@@ -298,7 +573,9 @@ int main(int argc, char** argv) {
       if (chief)
         std::printf("wrote %s (open in https://ui.perfetto.dev)\n", path.c_str());
     }
-    if (o.verify) {
+    int status = 0;
+    // A run stopped by a signal has its grace period to use, not a reference run to train.
+    if (o.verify && !result.stopped) {
       // The reference: one replica in this process, same seed and global batch, over the first
       // steps (all of them when the run stopped before the snapshot), on the device of the run's
       // first replica. Every example's forward pass then has the same bits as in the run, only
@@ -309,6 +586,12 @@ int main(int argc, char** argv) {
       same.steps = whole ? result.steps : o.snapshot_step;
       same.target_loss = 0;
       same.snapshot_step = 0;
+      // The reference starts from the seed and saves nothing.
+      same.start_step = 0;
+      same.initial_params = nest{};
+      same.stop_requested = {};
+      same.checkpoint_every = 0;
+      same.on_checkpoint = {};
       const std::string first = strategy.worker_devices()[0];
       const bool on_gpus = parse_device(first).kind == device_kind::gpu;
       const double limit = o.tolerance >= 0 ? o.tolerance : train::verify_tolerance;
@@ -346,10 +629,21 @@ int main(int argc, char** argv) {
                     kernels_ok ? "OK" : "MISMATCH");
         ok = ok && kernels_ok;
       }
-      if (!ok)
-        return 1;
+      status = ok ? 0 : 1;
     }
-    return 0;
+    if (result.stopped) {
+      const int signo = stop_signal.load();
+      if (chief)
+        std::printf("stopped by %s after step %lld; checkpoint saved\n",
+                    signo == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(result.steps));
+      status = status != 0 ? status : 128 + signo;
+    }
+    if (chief)
+      std::printf("weights sha256: %s\n", weights_sha256(result.params).c_str());
+    return status;
+  } catch (const refused_checkpoint& e) {
+    std::fprintf(stderr, "consort-train: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "consort-train: %s\n", e.what());
     return 1;

@@ -130,16 +130,33 @@ std::vector<std::string> production_order(int layers) {
 
 void check(const train_options& o) {
   if (o.steps < 1 || o.global_batch < 1 || o.hidden < 1 || o.layers < 1 || o.examples < 1 ||
-      !(o.learning_rate > 0) || !(o.target_loss >= 0))
+      !(o.learning_rate > 0) || !(o.target_loss >= 0) || o.start_step < 0 ||
+      o.start_step > o.steps || o.checkpoint_every < 0)
     throw_error(errc::invalid_argument,
                 "train_on: expected steps, global_batch, hidden, layers and examples >= 1, "
-                "learning_rate > 0 and target_loss >= 0; got steps " +
+                "learning_rate > 0, target_loss >= 0, 0 <= start_step <= steps and "
+                "checkpoint_every >= 0; got steps " +
                     std::to_string(o.steps) + ", global_batch " + std::to_string(o.global_batch) +
                     ", hidden " + std::to_string(o.hidden) + ", layers " +
                     std::to_string(o.layers) + ", examples " + std::to_string(o.examples) +
                     ", learning_rate " + std::to_string(o.learning_rate) + ", target_loss " +
-                    std::to_string(o.target_loss));
+                    std::to_string(o.target_loss) + ", start_step " + std::to_string(o.start_step) +
+                    ", checkpoint_every " + std::to_string(o.checkpoint_every));
 }
+
+} // namespace
+
+int classes_of(const train_options& o, const dataset_tensors& data) {
+  const auto* labels = data.y.data<int32_t>();
+  const int64_t n = data.y.num_elements();
+  const int largest = n == 0 ? 0 : *std::max_element(labels, labels + n);
+  if (o.classes > 0 && largest >= o.classes)
+    throw_error(errc::invalid_argument, "train_on: a label is " + std::to_string(largest) +
+                                            " and options.classes is " + std::to_string(o.classes));
+  return o.classes > 0 ? o.classes : 1 + largest;
+}
+
+namespace {
 
 /// True when every replica of this worker is a GPU, false when every one is a CPU.
 /// @throws error(invalid_argument) for a mix: each form keeps the parameters in one place.
@@ -164,18 +181,16 @@ bool gpu_replicas(const strategy& strategy) {
 outcome train_on(strategy& strategy, const train_options& o, const dataset_tensors& data,
                  tracer& trace, int worker, const progress_fn& progress) {
   check(o);
-  const auto* labels = data.y.data<int32_t>();
-  mlp_shape shape{static_cast<int>(data.x.shape()[1]), o.hidden,
-                  static_cast<int>(1 + *std::max_element(labels, labels + data.y.num_elements())),
-                  o.layers};
+  mlp_shape shape{static_cast<int>(data.x.shape()[1]), o.hidden, classes_of(o, data), o.layers};
   outcome result;
-  result.params = init_params(shape, o.seed);
+  result.params = o.initial_params.is_dict() ? o.initial_params : init_params(shape, o.seed);
+  result.steps = o.start_step;
   auto ds =
       dataset::from_tensor_slices(nest::dict({{"x", data.x}, {"y", data.y}})).batch(o.global_batch);
   auto dist = strategy.distribute_dataset(ds);
   const auto keys = production_order(o.layers);
   // The gradients in the order they are produced, then the step's totals (loss sum, correct
-  // predictions, rows), which travel in the last bucket.
+  // predictions, rows, replicas asked to stop), which travel in the last bucket.
   std::vector<size_t> sizes;
   std::vector<shape_t> shapes;
   for (const auto& key : keys) {
@@ -183,8 +198,8 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
     sizes.push_back(p.num_bytes());
     shapes.push_back(p.shape());
   }
-  sizes.push_back(3 * sizeof(float));
-  shapes.push_back({3});
+  sizes.push_back(4 * sizeof(float));
+  shapes.push_back({4});
   const auto buckets = plan_buckets(sizes, o.bucket_bytes);
   // Where each tensor lives: its bucket and its offset (in floats) in the bucket's flat buffer.
   // The backward pass writes each gradient there (gradient_slots_fn), so a bucket needs no copy
@@ -277,7 +292,7 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   };
   int64_t seen = 0;
   auto start = steady::now();
-  for (int64_t step = 0; step < o.steps; ++step) {
+  for (int64_t step = o.start_step; step < o.steps; ++step) {
     auto batch = dist.get(step % dist.cardinality());
     auto step_begin = steady::now();
     // The step reads result.params by reference: run returns only after every replica's step has
@@ -353,6 +368,7 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
               totals[0] = lg.loss_sum.item<float>();
               totals[1] = lg.correct.item<float>();
               totals[2] = static_cast<float>(y.num_elements());
+              totals[3] = o.stop_requested && o.stop_requested() ? 1.0f : 0.0f;
             }
             auto reduce_begin = steady::now();
             auto flat_reduced = ctx.all_reduce("SUM", flats[b]);
@@ -396,15 +412,34 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
     auto elapsed = std::chrono::duration<double>(steady::now() - start).count();
     if (progress)
       progress(step + 1, loss, accuracy, static_cast<double>(seen) / std::max(elapsed, 1e-9));
-    if (o.target_loss > 0 && loss <= o.target_loss) {
-      // Every worker sees the same all-reduced totals, so all of them stop at this step.
+    // Every worker sees the same all-reduced totals, so all of them stop at the same step.
+    const bool reached = o.target_loss > 0 && loss <= o.target_loss;
+    const bool one_worker =
+        static_cast<size_t>(strategy.num_replicas_in_sync()) == strategy.num_local_replicas();
+    const bool stop =
+        totals[3] > 0 || (on_gpus && one_worker && o.stop_requested && o.stop_requested());
+    // GPU parameters come to the host through a strategy.run, which every worker must make
+    // alike: the workers that do not save (on_checkpoint empty) fetch them too.
+    const bool checkpointing = o.on_checkpoint || o.checkpoint_every > 0;
+    if (checkpointing && (stop || reached || step + 1 == o.steps ||
+                          (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0))) {
+      const nest host = on_gpus ? fetch_params() : result.params;
+      if (o.on_checkpoint)
+        o.on_checkpoint(step + 1, host);
+    }
+    if (reached) {
       result.reached_target = true;
       result.time_to_target_s = elapsed;
       break;
     }
+    if (stop) {
+      result.stopped = true;
+      break;
+    }
   }
   result.elapsed_s = std::chrono::duration<double>(steady::now() - start).count();
-  if (on_gpus)
+  // (A resumed run with no step left has no GPU copy: its parameters are the ones it was given.)
+  if (on_gpus && result.steps > o.start_step)
     result.params = fetch_params();
   result.examples_per_s = static_cast<double>(seen) / std::max(result.elapsed_s, 1e-9);
   result.collective_s = collective_s;
@@ -451,6 +486,32 @@ difference largest_difference(const nest& a, const nest& b) {
     }
   }
   return worst;
+}
+
+evaluation evaluate(const nest& params, const dataset_tensors& data) {
+  const nest host = map_structure(params, [](const tensor& t) { return t.to("CPU:0"); });
+  const tensor x = data.x.to("CPU:0");
+  const tensor y = data.y.to("CPU:0");
+  evaluation out;
+  out.rows = y.num_elements();
+  const int64_t features = x.shape()[1];
+  constexpr int64_t chunk = 4096;
+  double loss = 0;
+  double correct = 0;
+  for (int64_t begin = 0; begin < out.rows; begin += chunk) {
+    const int64_t n = std::min(chunk, out.rows - begin);
+    const float* xs = x.data<float>() + begin * features;
+    const int32_t* ys = y.data<int32_t>() + begin;
+    auto part = forward_backward(host, tensor::from<float>({xs, xs + n * features}, {n, features}),
+                                 tensor::from<int32_t>({ys, ys + n}, {n}));
+    loss += part.loss_sum.item<float>();
+    correct += part.correct.item<float>();
+  }
+  if (out.rows > 0) {
+    out.loss = loss / static_cast<double>(out.rows);
+    out.accuracy = correct / static_cast<double>(out.rows);
+  }
+  return out;
 }
 
 double max_relative_difference(const nest& a, const nest& b) {

@@ -37,6 +37,10 @@ struct train_options {
   int hidden = 512;
   /// Hidden layers of `hidden` units.
   int layers = 2;
+  /// Classes (the model's logits); 0: 1 + the largest label of the training data. A data file's
+  /// reader sets it from every row, so that a class held out of the training rows still has its
+  /// logit.
+  int classes = 0;
   /// Gradient bucket size in bytes (torch DDP's default bucket_cap_mb, 25 MiB); 0 is one
   /// all-reduce per tensor.
   size_t bucket_bytes = size_t{25} << 20;
@@ -51,6 +55,27 @@ struct train_options {
   /// Keep a copy of the parameters after this many steps in `outcome::snapshot` (0: none); the
   /// demo's --verify compares it with a single replica's.
   int64_t snapshot_step = 0;
+
+  // -- checkpoints (docs/train.md, "Checkpoints and resuming") ----------------------------------
+
+  /// Steps already done: the run starts at this step (its batch is `start_step % batches`), from
+  /// `initial_params`. A resumed run with the same options computes the same bytes as an
+  /// uninterrupted one: a step depends only on the parameters and the step's batch.
+  int64_t start_step = 0;
+  /// The parameters to start from (those of `init_params` when it is not a dict).
+  nest initial_params;
+  /// Asked by every CPU replica in every step; a true answer anywhere stops every worker after
+  /// that step. The answers travel in the step's all-reduced totals, so every worker sees the same
+  /// sum and stops at the same step without a collective of its own. GPU replicas do not ask (the
+  /// totals are on the GPU): there the chief's answer after each step stops a one-worker run.
+  std::function<bool()> stop_requested;
+  /// `on_checkpoint` is called with the host parameters and the steps done after every
+  /// `checkpoint_every` steps (0: never), after the last step and after a stop. Only the chief
+  /// needs one (it writes), but every worker must have the same `checkpoint_every`: on GPU
+  /// replicas each checkpoint brings the parameters to the host with a `strategy.run`, which every
+  /// worker makes.
+  int64_t checkpoint_every = 0;
+  std::function<void(int64_t, const nest&)> on_checkpoint;
 };
 
 /// Chrome/Perfetto trace events ("X" complete events): one process track per worker (pid) and one
@@ -92,8 +117,11 @@ struct outcome {
   history curve;
   /// The parameters after `snapshot_step` steps (empty when the run stopped before).
   nest snapshot;
-  /// Steps run (fewer than asked when the target loss was reached).
+  /// Steps done, counting those before `start_step` (fewer than asked when the target loss was
+  /// reached or a stop was requested).
   int64_t steps = 0;
+  /// Whether `stop_requested` stopped the run.
+  bool stopped = false;
   /// Whether a step reached `target_loss`, and the wall time from the start to the end of it.
   bool reached_target = false;
   double time_to_target_s = 0;
@@ -114,6 +142,24 @@ using progress_fn = std::function<void(int64_t, double, double, double)>;
 ///         errors of the strategy's run (a replica's step failure, a lost peer).
 outcome train_on(strategy& strategy, const train_options& options, const dataset_tensors& data,
                  tracer& trace, int worker, const progress_fn& progress = {});
+
+/// The model's number of classes for `data`: `options.classes`, or 1 + the largest label.
+/// @throws error(invalid_argument) when a label is `options.classes` or more.
+int classes_of(const train_options& options, const dataset_tensors& data);
+
+/// The loss and accuracy of a model over a data set (the demo's held-out rows).
+struct evaluation {
+  int64_t rows = 0;
+  /// The mean cross-entropy loss and the fraction of rows whose highest logit is the label (0
+  /// for no rows).
+  double loss = 0;
+  double accuracy = 0;
+};
+
+/// Evaluates `params` (on any device; copied to the host) on `data` on this thread, in chunks of
+/// 4096 rows (forward_backward on the host model).
+/// @throws forward_backward's errors (a label outside the model's classes).
+evaluation evaluate(const nest& params, const dataset_tensors& data);
 
 /// The largest relative difference between the leaves of two float32 parameter sets (relative to
 /// the larger magnitude, at least 1e-3).

@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -193,6 +194,66 @@ TEST(TrainOn, StopsAtTheTargetLossAndSaysWhen) {
   EXPECT_EQ(never.steps, 3);
 }
 
+TEST(TrainOn, AResumedRunEndsWithTheSameBytesAsAnUninterruptedOne) {
+  // Checkpoints every 4 steps of a 2-replica run; a run resumed from any of them, through a
+  // checkpoint file, ends with the same parameters bit for bit.
+  mirrored_strategy two({"CPU:0", "CPU:1"});
+  tracer off(false);
+  auto o = few_steps(14);
+  o.checkpoint_every = 4;
+  std::map<int64_t, nest> saved;
+  o.on_checkpoint = [&](int64_t step, const nest& params) {
+    saved[step] = map_structure(params, [](const tensor& t) { return t.clone(); });
+  };
+  auto full = train_on(two, o, small_data(), off, 0);
+  std::vector<int64_t> steps;
+  for (const auto& [step, params] : saved)
+    steps.push_back(step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{4, 8, 12, 14})); // every 4, and the last
+  EXPECT_EQ(saved[14], full.params);
+  temp_file file("resume.safetensors");
+  for (int64_t from : {4, 8, 12}) {
+    save_checkpoint(file.path(), named_leaves(saved[from]), checkpoint_metadata{});
+    auto resumed_options = few_steps(14);
+    resumed_options.start_step = from;
+    resumed_options.initial_params = restore_nest(full.params, load_checkpoint(file.path()));
+    auto resumed = train_on(two, resumed_options, small_data(), off, 0);
+    EXPECT_EQ(resumed.steps, 14);
+    EXPECT_EQ(resumed.curve.loss.size(), static_cast<size_t>(14 - from));
+    EXPECT_EQ(resumed.params, full.params) << "resumed from step " << from;
+  }
+  // Nothing left to do: the parameters come back as given.
+  auto done = few_steps(14);
+  done.start_step = 14;
+  done.initial_params = full.params;
+  auto none = train_on(two, done, small_data(), off, 0);
+  EXPECT_EQ(none.steps, 14);
+  EXPECT_TRUE(none.curve.loss.empty());
+  EXPECT_EQ(none.params, full.params);
+}
+
+TEST(TrainOn, AStopRequestOnOneReplicaStopsEveryReplicaAfterThatStepWithACheckpoint) {
+  mirrored_strategy two({"CPU:0", "CPU:1"});
+  tracer off(false);
+  auto o = few_steps(50);
+  // Replica threads ask; the request becomes true from the 6th question on (the 3rd step of
+  // 2 replicas), so the run stops after step 3 at the latest, on every replica at once.
+  std::atomic<int> asked{0};
+  o.stop_requested = [&] {
+    return ++asked > 5;
+  };
+  std::vector<int64_t> checkpoints;
+  o.on_checkpoint = [&](int64_t step, const nest&) {
+    checkpoints.push_back(step);
+  };
+  auto r = train_on(two, o, small_data(), off, 0);
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.steps, 3);
+  EXPECT_EQ(checkpoints, (std::vector<int64_t>{3}));
+  // The same 3 steps without a stop give the same parameters.
+  EXPECT_EQ(train_on(two, few_steps(3), small_data(), off, 0).params, r.params);
+}
+
 TEST(TrainOn, AStepThatFailsOnTheBackwardThreadFailsTheRunWithItsError) {
   // A label outside the classes makes forward_backward throw on the overlap helper thread of the
   // replica that holds it; the run fails with that error instead of hanging or crashing.
@@ -220,6 +281,10 @@ TEST(TrainOn, RejectsOptionsOutOfRange) {
   o = few_steps(0);
   EXPECT_TRUE(consort::test::fails_with([&] { train_on(one, o, small_data(), off, 0); },
                                         errc::invalid_argument, {"steps 0"}));
+  o = few_steps(5);
+  o.start_step = 6;
+  EXPECT_TRUE(consort::test::fails_with([&] { train_on(one, o, small_data(), off, 0); },
+                                        errc::invalid_argument, {"start_step 6"}));
 }
 
 TEST(TrainOn, ReportsProgressEveryStep) {
