@@ -433,7 +433,7 @@ data_split split_rows(const dataset_tensors& all, double test_fraction, uint64_t
           take_rows(all, std::vector<int64_t>(order.begin(), cut))};
 }
 
-void standardize(data_split& split) {
+feature_scaling standardize(data_split& split) {
   const int64_t features = split.train.x.shape()[1];
   const int64_t rows = split.train.x.shape()[0];
   std::vector<double> mean(static_cast<size_t>(features)), scale(static_cast<size_t>(features));
@@ -463,6 +463,10 @@ void standardize(data_split& split) {
         e = static_cast<float>((e - mean[static_cast<size_t>(f)]) * scale[static_cast<size_t>(f)]);
       }
   }
+  feature_scaling out;
+  out.mean = tensor::from(std::vector<float>(mean.begin(), mean.end()));
+  out.scale = tensor::from(std::vector<float>(scale.begin(), scale.end()));
+  return out;
 }
 
 } // namespace consort::train

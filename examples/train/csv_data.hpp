@@ -96,6 +96,14 @@ data_split split_rows(const dataset_tensors& all, double test_fraction, uint64_t
 /// its training rows (x' = (x - mean) / std; a column constant over the training rows is only
 /// centred), and the held-out rows by the same statistics, as scikit-learn's StandardScaler fit on
 /// the training split. Statistics are computed in float64.
-void standardize(data_split& split);
+/// Returns them as float32 tensors of one value per feature: `mean` and `scale` (1 / std, or 1 for
+/// a constant column), so that a server can feed the model what it was trained on
+/// (x' = (x - mean) * scale; the demo saves them in its checkpoints as `input_mean` and
+/// `input_scale`, which examples/serve reads).
+struct feature_scaling {
+  tensor mean;
+  tensor scale;
+};
+feature_scaling standardize(data_split& split);
 
 } // namespace consort::train

@@ -79,6 +79,9 @@ struct options : train::train_options {
   /// The SHA-256 of the training rows when they are not the spiral's default (--data or
   /// --test-fraction): a checkpoint of other training rows is refused.
   std::string data_identity;
+  /// --data: the features' standardization, saved in checkpoints beside the parameters
+  /// (`input_mean`, `input_scale`) so that a server feeds the model what it was trained on.
+  std::optional<train::feature_scaling> scaling;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -435,7 +438,7 @@ loaded_data load_data(options& o) {
       o.classes = file.classes;
       o.examples = file.data.y.num_elements();
       out.split = train::split_rows(file.data, o.test_fraction, o.seed);
-      train::standardize(out.split);
+      o.scaling = train::standardize(out.split);
       out.description =
           o.data + (file.gzipped ? " (gzip)" : "") + ": " + std::to_string(o.examples) + " rows, " +
           std::to_string(file.data.x.shape()[1]) + " features, label column " +
@@ -490,10 +493,16 @@ void arrange_checkpoints(options& o, std::optional<checkpoint_manager>& manager,
   meta.user = run_identity(o);
   // No generator draws after the initial parameters: the seed is the whole RNG state.
   meta.rng_state.assign(reinterpret_cast<const char*>(&o.seed), sizeof o.seed);
-  o.on_checkpoint = [&manager, meta](int64_t step, const nest& params) mutable {
+  o.on_checkpoint = [&manager, meta, scaling = o.scaling](int64_t step,
+                                                          const nest& params) mutable {
     meta.step = step;
     meta.dataset_position = step; // batches consumed; step s reads batch s % batches
-    auto path = manager->save(named_leaves(params), meta);
+    auto tensors = named_leaves(params);
+    if (scaling) {
+      tensors.push_back({"input_mean", scaling->mean});
+      tensors.push_back({"input_scale", scaling->scale});
+    }
+    auto path = manager->save(tensors, meta);
     std::printf("saved checkpoint at step %lld: %s\n", static_cast<long long>(step), path.c_str());
     std::fflush(stdout);
   };

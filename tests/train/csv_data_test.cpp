@@ -292,9 +292,15 @@ TEST(CsvData, StandardizationUsesTheTrainingRowsStatisticsForBothParts) {
   data_split split;
   split.train = {tensor::from<float>({1, 5, 3, 5, 5, 5}, {3, 2}), tensor::from<int32_t>({0, 1, 0})};
   split.test = {tensor::from<float>({7, 6}, {1, 2}), tensor::from<int32_t>({1})};
-  standardize(split);
+  auto scaling = standardize(split);
   // Column 0: mean 3, standard deviation sqrt(8/3); column 1 is constant: centred only.
   const double sd = std::sqrt(8.0 / 3.0);
+  // The statistics it returns (saved in checkpoints for a server): x' = (x - mean) * scale.
+  EXPECT_EQ(scaling.mean.to_vector<float>(), (std::vector<float>{3, 5}));
+  auto scale = scaling.scale.to_vector<float>();
+  ASSERT_EQ(scale.size(), 2u);
+  EXPECT_FLOAT_EQ(scale[0], static_cast<float>(1 / sd));
+  EXPECT_EQ(scale[1], 1.0f);
   auto train = split.train.x.to_vector<float>();
   EXPECT_FLOAT_EQ(train[0], static_cast<float>(-2 / sd));
   EXPECT_FLOAT_EQ(train[2], 0.0f);
