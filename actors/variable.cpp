@@ -148,8 +148,15 @@ std::shared_ptr<variable_registry> make_variable_registry(strategy* owner) {
 }
 
 void set_variable_owner(variable_registry& registry, strategy* owner) noexcept {
-  std::lock_guard<std::mutex> guard(registry.mu);
-  registry.owner = owner;
+  std::vector<std::shared_ptr<variable_state>> gone;
+  {
+    std::lock_guard<std::mutex> guard(registry.mu);
+    registry.owner = owner;
+    // The strategy is gone: the list lets go of its variables (each state holds the registry, so
+    // keeping them would keep both alive forever); handles the user still holds keep theirs.
+    if (!owner)
+      gone.swap(registry.list);
+  }
 }
 
 tensor add_host(const tensor& a, const tensor& b, int sign) {

@@ -22,6 +22,8 @@ struct variable_registry {
   std::mutex mu;
   /// The strategy that owns the registry: updated when the strategy moves, null once it is gone.
   strategy* owner = nullptr;
+  /// Emptied when the strategy is gone (set_variable_owner): a state holds its registry, so a list
+  /// kept past its strategy would keep both alive forever.
   std::vector<std::shared_ptr<variable_state>> list;
 };
 
