@@ -130,7 +130,10 @@ void warn_if_unauthenticated(const cluster_spec& spec, const std::string& secret
   std::string names;
   for (const auto& h : hosts)
     names += (names.empty() ? "" : ", ") + h;
-  log("warning: the cluster spans hosts (" + names +
+  // One host named by a network address (Slurm's node list names the node, not 127.0.0.1) is
+  // reachable from the network too, but does not span hosts.
+  log(std::string{"warning: the cluster "} +
+      (hosts.size() > 1 ? "spans hosts (" : "listens on a network address (") + names +
       ") but has no shared secret: connections are not authenticated, so anything that can reach "
       "the chief's membership port or a worker's collective port can join or send frames into "
       "a collective. Set multi_worker_options::secret or CONSORT_CLUSTER_SECRET to the same "

@@ -1,4 +1,5 @@
 #include "fake_env.hpp"
+#include "support/scoped_env.hpp"
 
 #include <consort/cluster.hpp>
 
@@ -16,6 +17,7 @@ using consort::tf_config_overrides;
 using consort::validate_multi_worker_cluster;
 using consort::test::fails_with;
 using consort::test::fake_env;
+using consort::test::scoped_env;
 
 namespace {
 
@@ -27,28 +29,6 @@ constexpr const char* ps_worker_cluster =
 std::string with_cluster(const std::string& rest) {
   return std::string("{") + ps_worker_cluster + (rest.empty() ? "" : ", " + rest) + "}";
 }
-
-// Sets an environment variable for one scope and restores its old value (or absence) after.
-class scoped_env {
-public:
-  scoped_env(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name))
-      old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~scoped_env() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-
-private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 } // namespace
 

@@ -8,6 +8,7 @@
 // that ends itself (alarm) if a test goes wrong.
 
 #include "support/expect_error.hpp"
+#include "support/scoped_env.hpp"
 #include "support/time_scale.hpp"
 #include "support/transport_helpers.hpp"
 
@@ -123,35 +124,11 @@ TEST(ShmTransportTest, ReceiveBeforeSendDeliversTheBytes) {
   EXPECT_EQ(string_of(into), "world");
 }
 
-/// Sets an environment variable for a scope, restoring what was there.
-class scoped_env {
-public:
-  scoped_env(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name))
-      old_ = old;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~scoped_env() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-
-private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 // Open MPI's mpi_yield_when_idle: on when the group's ranks outnumber the CPUs this process may
 // run on, unless the launcher bound it to cores of its own; the option, then the environment,
 // override that.
 TEST(ShmTransportTest, WaitsYieldTheCoreExactlyWhenTheRanksOutnumberTheCpus) {
+  using test::scoped_env;
   scoped_env no_choice{"CONSORT_YIELD_WHEN_IDLE", nullptr};
   scoped_env not_bound{"CONSORT_LAUNCH_CPUS", nullptr};
   cpu_set_t set;
