@@ -226,11 +226,16 @@ public:
       // so an operation is either swept or sees the flag.
       // A receive from a rank that left cleanly may still meet a send it made before it left
       // (kept by `leave`, as a socket's buffer keeps what was written before the goodbye).
-      const bool from_leaver = !op->is_send && at(src).aborted.load() && !at(dst).aborted.load() &&
-                               ch.sends.count(op->tag) != 0;
-      if ((at(src).aborted.load() || at(dst).aborted.load()) && !from_leaver) {
+      // Each flag is read once: `sweep` sets it without this channel's mutex, so a second read
+      // could see the leaver gone where the first did not, and fail a receive that its kept
+      // send would have met.
+      const bool src_gone = at(src).aborted.load();
+      const bool dst_gone = at(dst).aborted.load();
+      const bool from_leaver =
+          !op->is_send && src_gone && !dst_gone && ch.sends.count(op->tag) != 0;
+      if ((src_gone || dst_gone) && !from_leaver) {
         guard.unlock();
-        fail_lost(op, at(src).aborted.load() ? src : dst);
+        fail_lost(op, src_gone ? src : dst);
         return;
       }
       auto& mine = op->is_send ? ch.sends : ch.recvs;
