@@ -22,6 +22,8 @@
 // cache, as a resume right after a save is. dd's times include starting a shell and dd (the last
 // row). MB is 1e6 bytes.
 
+#include "common/cli.hpp"
+
 #include <consort/checkpoint.hpp>
 
 #include <algorithm>
@@ -46,39 +48,19 @@ struct options {
   int iters = 10;
 };
 
-[[noreturn]] void usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "checkpoint_bench: %s\nusage: checkpoint_bench [--dir DIR] [--hidden N] "
-               "[--layers N] [--iters N]\n",
-               problem.c_str());
-  std::exit(2);
-}
-
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i + 1 >= argc)
-      usage(a + " needs a value");
-    std::string v = argv[++i];
-    auto count = [&] {
-      char* end = nullptr;
-      long n = std::strtol(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0' || n < 1 || n > 1 << 20)
-        usage(a + " needs a count >= 1; got \"" + v + "\"");
-      return static_cast<int>(n);
-    };
-    if (a == "--dir")
-      o.dir = v;
-    else if (a == "--hidden")
-      o.hidden = count();
-    else if (a == "--layers")
-      o.layers = count();
-    else if (a == "--iters")
-      o.iters = count();
-    else
-      usage("unknown argument \"" + a + "\"");
-  }
+  cli::parser cmd("checkpoint_bench", "Checkpoints of the training demo's model written and read, "
+                                      "beside dd to the same disk.");
+  cmd.value("dir", o.dir, "the directory to write in (on the disk to measure)");
+  cmd.value("hidden", o.hidden, "units per hidden layer");
+  cmd.value("layers", o.layers, "hidden layers");
+  cmd.value("iters", o.iters, "writes and reads of each size");
+  cmd.parse(argc, argv);
+  for (int n : {o.hidden, o.layers, o.iters})
+    if (n < 1 || n > 1 << 20)
+      cmd.fail("--hidden, --layers and --iters must be counts from 1 to 1048576; got " +
+               std::to_string(n));
   return o;
 }
 

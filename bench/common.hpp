@@ -1,7 +1,8 @@
 #pragma once
 
-// Helpers shared by the benchmark programs: command-line parsing, statistics over samples,
-// machine description, memcpy bandwidth and a minimal JSON writer.
+// Helpers shared by the benchmark programs: command-line parsing (on the demo's parser,
+// examples/common/cli.hpp), statistics over samples, machine description, memcpy bandwidth and
+// a minimal JSON writer.
 
 #include <algorithm>
 #include <chrono>
@@ -17,52 +18,33 @@
 #include <thread>
 #include <vector>
 
+#include "common/cli.hpp"
+
 namespace consort::bench {
 
 // -- command line -------------------------------------------------------------------------------
 
 /// The options of a program: `--name value` or `--name=value`, each name declared with its
-/// default and help text. Unknown options and `--help` print the usage and exit.
+/// default and help text, parsed by the parser the demo uses too (examples/common/cli.hpp, on
+/// CLI11). `--help` prints the usage and exits 0; an unknown or incomplete option exits 2.
 ///
 /// Thread safety: not thread-safe; use it from main() only.
 class options {
 public:
-  options(std::string program, std::string summary)
-      : program_(std::move(program)), summary_(std::move(summary)) {}
+  options(std::string program, std::string summary) : parser_(std::move(program), summary) {}
+
+  options(const options&) = delete;
+  options& operator=(const options&) = delete;
 
   /// Declares option `name` (without the dashes) with its default value and help text.
   void add(const std::string& name, std::string default_value, std::string help) {
-    order_.push_back(name);
-    values_[name] = std::move(default_value);
-    help_[name] = std::move(help);
+    auto& value = values_[name];
+    value = std::move(default_value);
+    parser_.value(name, value, help);
   }
 
   /// Parses argv; exits with status 0 after `--help` and 2 after an unknown or incomplete option.
-  void parse(int argc, char** argv) {
-    for (int i = 1; i < argc; ++i) {
-      std::string arg = argv[i];
-      if (arg == "--help" || arg == "-h") {
-        usage(stdout);
-        std::exit(0);
-      }
-      if (arg.rfind("--", 0) != 0)
-        fail("unexpected argument '" + arg + "'");
-      auto name = arg.substr(2);
-      std::string value;
-      auto eq = name.find('=');
-      if (eq != std::string::npos) {
-        value = name.substr(eq + 1);
-        name = name.substr(0, eq);
-      } else if (i + 1 < argc) {
-        value = argv[++i];
-      } else {
-        fail("option --" + name + " needs a value");
-      }
-      if (!values_.count(name))
-        fail("unknown option --" + name);
-      values_[name] = value;
-    }
-  }
+  void parse(int argc, char** argv) { parser_.parse(argc, argv); }
 
   const std::string& str(const std::string& name) const { return values_.at(name); }
 
@@ -113,25 +95,12 @@ public:
     return out;
   }
 
-  [[noreturn]] void fail(const std::string& message) const {
-    std::fprintf(stderr, "%s: %s\n\n", program_.c_str(), message.c_str());
-    usage(stderr);
-    std::exit(2);
-  }
+  [[noreturn]] void fail(const std::string& message) const { parser_.fail(message); }
 
 private:
-  void usage(FILE* out) const {
-    std::fprintf(out, "Usage: %s [options]\n%s\n\nOptions:\n", program_.c_str(), summary_.c_str());
-    for (const auto& name : order_)
-      std::fprintf(out, "  --%-12s %s (default: %s)\n", name.c_str(), help_.at(name).c_str(),
-                   values_.at(name).c_str());
-  }
-
-  std::string program_;
-  std::string summary_;
-  std::vector<std::string> order_;
+  cli::parser parser_;
+  /// The values by name; a std::map never moves its elements, so the parser may bind to them.
   std::map<std::string, std::string> values_;
-  std::map<std::string, std::string> help_;
 };
 
 // -- statistics ---------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 // 2 M N K / time. Without a GPU it says so and exits 0 (it is a benchmark, not a test); a launch
 // that fails, or outputs that differ by more than 1e-5 normwise, exit 1.
 
+#include "common/cli.hpp"
 #include "mlp_kernels.hpp"
 
 #include <cuda_runtime.h>
@@ -134,35 +135,19 @@ std::vector<int64_t> parse_list(const std::string& text, const char* flag) {
 } // namespace
 
 int main(int argc, char** argv) {
-  int64_t batch = 512;
-  std::vector<int64_t> hidden = {512, 1024, 4096};
-  int iters = 50;
   std::string json_path;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "gemm_bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--batch")
-      batch = parse_list(value(), "--batch").at(0);
-    else if (a == "--hidden")
-      hidden = parse_list(value(), "--hidden");
-    else if (a == "--iters")
-      iters = static_cast<int>(parse_list(value(), "--iters").at(0));
-    else if (a == "--json")
-      json_path = value();
-    else {
-      std::fprintf(stderr,
-                   "gemm_bench: unknown option %s; expected --batch N, --hidden N[,N...], "
-                   "--iters N, --json FILE\n",
-                   a.c_str());
-      return 2;
-    }
-  }
+  std::string batch_text = "512", hidden_text = "512,1024,4096", iters_text = "50";
+  consort::cli::parser cmd("gemm_bench",
+                           "The training demo's GEMMs on GPU:0: the tiled kernel against "
+                           "cuBLAS on the same shapes.");
+  cmd.value("batch", batch_text, "rows of the batch");
+  cmd.value("hidden", hidden_text, "hidden sizes, N[,N...]");
+  cmd.value("iters", iters_text, "iterations per shape");
+  cmd.value("json", json_path, "also write the rows as JSON to this file");
+  cmd.parse(argc, argv);
+  const int64_t batch = parse_list(batch_text, "--batch").at(0);
+  const std::vector<int64_t> hidden = parse_list(hidden_text, "--hidden");
+  const int iters = static_cast<int>(parse_list(iters_text, "--iters").at(0));
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
     std::printf("# gemm_bench: no GPU visible; nothing to measure\n");

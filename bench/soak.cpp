@@ -22,6 +22,8 @@
 //              fds N -> N
 //   [worker:0] soak worker 0: second half: rss ... heap in use ...
 
+#include "common/cli.hpp"
+
 #include <consort/consort.hpp>
 
 #include <algorithm>
@@ -52,38 +54,18 @@ struct options {
   double check_rss = -1; // < 0: report only
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  std::cerr << "soak: " << why
-            << "\nusage: soak [--steps N] [--seconds S] [--seed K] [--max-elements E] "
-               "[--check-rss PCT]"
-            << std::endl;
-  std::exit(2);
-}
-
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (i + 1 >= argc)
-      usage("option " + arg + " needs a value");
-    std::string value = argv[++i];
-    char* end = nullptr;
-    double x = std::strtod(value.c_str(), &end);
-    if (end == value.c_str() || *end != '\0' || x < 0)
-      usage("option " + arg + " needs a non-negative number, got '" + value + "'");
-    if (arg == "--steps")
-      o.steps = static_cast<long>(x);
-    else if (arg == "--seconds")
-      o.seconds = x;
-    else if (arg == "--seed")
-      o.seed = static_cast<uint64_t>(x);
-    else if (arg == "--max-elements")
-      o.max_elements = std::max(1L, static_cast<long>(x));
-    else if (arg == "--check-rss")
-      o.check_rss = x;
-    else
-      usage("unknown option " + arg);
-  }
+  cli::parser cmd("soak", "Four worker processes, one collective per step through the public API, "
+                          "every element checked; run it under tools/consort-launch.");
+  cmd.value("steps", o.steps, "steps (a cap when --seconds is given)");
+  cmd.value("seconds", o.seconds, "run until this many seconds have passed (0: --steps)");
+  cmd.value("seed", o.seed, "seed of the collectives' kinds and sizes");
+  cmd.value("max-elements", o.max_elements, "the largest all-reduce and broadcast, in elements");
+  cmd.value("check-rss", o.check_rss, "fail when the resident set grew by more percent (<0: off)");
+  cmd.parse(argc, argv);
+  if (o.steps < 0 || o.seconds < 0 || o.max_elements < 1)
+    cmd.fail("--steps and --seconds must be 0 or more, and --max-elements at least 1");
   return o;
 }
 

@@ -23,6 +23,7 @@ packages=(
   zlib1g-dev        # zlib: gzip'd data files of the training demo (consort-train --data FILE.csv.gz)
   python3-sklearn   # only for its data file sklearn/datasets/data/digits.csv.gz: the demo's real data (tests/train)
   python3-numpy     # the numpy reader of consort's checkpoint files (tests/core, docs/checkpoints.md)
+  libcli11-dev      # CLI11 (header-only): the command lines of the demo and the benchmarks (examples/common/cli.hpp)
 )
 
 missing=()

@@ -26,6 +26,7 @@
 // --test-fraction (0.2 with --data, 0 for the spiral) holds out rows chosen by --seed, and the
 // chief evaluates the final weights on them (`held-out:` line). Every worker reads the file.
 
+#include "common/cli.hpp"
 #include "csv_data.hpp"
 #include "trainer.hpp"
 
@@ -85,115 +86,81 @@ struct options : train::train_options {
 };
 
 [[noreturn]] void usage(const std::string& problem) {
-  std::cerr
-      << "consort-train: " << problem << "\n"
-      << "usage: consort-train [--replicas N | --devices CPU:0,CPU:1,... | --devices GPU:0,...]\n"
-      << "                     [--steps N] [--global-batch N] [--lr X]\n"
-      << "                     [--seed N] [--examples N] [--hidden N] [--layers N]\n"
-      << "                     [--bucket-bytes N] [--overlap | --no-overlap]\n"
-      << "                     [--target-loss X] [--verify | --no-verify] [--verify-steps N]\n"
-      << "                     [--tolerance X] [--plot loss.svg] [--trace t.json]\n"
-      << "                     [--checkpoint-dir DIR [--checkpoint-every N]]\n"
-      << "                     [--data FILE.csv[.gz] [--label-column NAME|NUMBER]\n"
-      << "                      [--max-classes N]] [--test-fraction F]\n";
+  std::cerr << "consort-train: " << problem << "\n(consort-train --help lists the options)\n";
   std::exit(2);
+}
+
+/// A byte count with an optional K, M or G (binary) suffix: 65536, 64K, 1M.
+size_t byte_count(const std::string& name, const std::string& text) {
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  std::string suffix = end;
+  double scale = suffix.empty()  ? 1
+                 : suffix == "K" ? 1 << 10
+                 : suffix == "M" ? 1 << 20
+                 : suffix == "G" ? 1 << 30
+                                 : -1;
+  if (end == text.c_str() || scale < 0 || !(v >= 0))
+    usage(name + " needs a byte count such as 65536, 64K or 1M; got \"" + text + "\"");
+  return static_cast<size_t>(v * scale);
 }
 
 options parse(int argc, char** argv) {
   options o;
-  auto number = [&](int& i, const char* name) {
-    if (i + 1 >= argc)
-      usage(std::string{name} + " needs a value");
-    char* end = nullptr;
-    auto text = argv[++i];
-    double v = std::strtod(text, &end);
-    if (end == text || *end != '\0' || !(v >= 0))
-      usage(std::string{name} + " needs a non-negative number; got \"" + text + "\"");
-    return v;
-  };
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--replicas")
-      o.replicas = static_cast<int>(number(i, "--replicas"));
-    else if (a == "--devices") {
-      if (i + 1 >= argc)
-        usage("--devices needs a list such as CPU:0,CPU:1");
-      o.devices = argv[++i];
-    } else if (a == "--steps")
-      o.steps = static_cast<int64_t>(number(i, "--steps"));
-    else if (a == "--global-batch")
-      o.global_batch = static_cast<int64_t>(number(i, "--global-batch"));
-    else if (a == "--lr")
-      o.learning_rate = number(i, "--lr");
-    else if (a == "--seed")
-      o.seed = static_cast<uint64_t>(number(i, "--seed"));
-    else if (a == "--examples") {
-      o.examples = static_cast<int64_t>(number(i, "--examples"));
-      o.examples_given = true;
-    } else if (a == "--data") {
-      if (i + 1 >= argc || argv[i + 1][0] == '\0')
-        usage("--data needs a CSV file (optionally gzip'd)");
-      o.data = argv[++i];
-    } else if (a == "--label-column") {
-      if (i + 1 >= argc || argv[i + 1][0] == '\0')
-        usage("--label-column needs a header name or a column number (1 is the first)");
-      o.label_column = argv[++i];
-      o.data_options_given = true;
-    } else if (a == "--test-fraction") {
-      o.test_fraction = number(i, "--test-fraction");
-      if (!(o.test_fraction < 1))
-        usage("--test-fraction must be at least 0 and below 1; got " + std::string{argv[i]});
-    } else if (a == "--max-classes") {
-      o.max_classes = static_cast<int>(std::min(number(i, "--max-classes"), 1e9));
-      o.data_options_given = true;
-    } else if (a == "--hidden")
-      o.hidden = static_cast<int>(number(i, "--hidden"));
-    else if (a == "--layers")
-      o.layers = static_cast<int>(number(i, "--layers"));
-    else if (a == "--target-loss")
-      o.target_loss = number(i, "--target-loss");
-    else if (a == "--tolerance")
-      o.tolerance = number(i, "--tolerance");
-    else if (a == "--verify-steps") {
-      o.verify_steps = static_cast<int64_t>(number(i, "--verify-steps"));
-      o.verify_steps_given = true;
-    } else if (a == "--overlap")
-      o.overlap = true;
-    else if (a == "--no-overlap")
-      o.overlap = false;
-    else if (a == "--bucket-bytes") {
-      // A byte count, with an optional K, M or G (binary) suffix: 65536, 64K, 1M.
-      if (i + 1 >= argc)
-        usage("--bucket-bytes needs a value");
-      std::string text = argv[++i];
-      char* end = nullptr;
-      double v = std::strtod(text.c_str(), &end);
-      std::string suffix = end;
-      double scale = suffix.empty()  ? 1
-                     : suffix == "K" ? 1 << 10
-                     : suffix == "M" ? 1 << 20
-                     : suffix == "G" ? 1 << 30
-                                     : -1;
-      if (end == text.c_str() || scale < 0 || !(v >= 0))
-        usage("--bucket-bytes needs a byte count such as 65536, 64K or 1M; got \"" + text + "\"");
-      o.bucket_bytes = static_cast<size_t>(v * scale);
-    } else if (a == "--verify")
-      o.verify = true;
-    else if (a == "--no-verify")
-      o.verify = false;
-    else if (a == "--checkpoint-dir") {
-      if (i + 1 >= argc || argv[i + 1][0] == '\0')
-        usage("--checkpoint-dir needs a directory");
-      o.checkpoint_dir = argv[++i];
-    } else if (a == "--checkpoint-every")
-      o.checkpoint_every_steps = static_cast<int64_t>(number(i, "--checkpoint-every"));
-    else if (a == "--plot" || a == "--trace") {
-      if (i + 1 >= argc)
-        usage(a + " needs a file name");
-      (a == "--plot" ? o.plot : o.trace) = argv[++i];
-    } else
-      usage("unknown argument \"" + a + "\"");
-  }
+  cli::parser cmd("consort-train",
+                  "Trains an MLP data-parallel on CPU replicas or GPUs (docs/train.md), on a "
+                  "synthetic spiral or a CSV file, and checks the weights against one replica.");
+  cmd.value("replicas", o.replicas,
+            "CPU replicas (0: CONSORT_DEVICES_PER_WORKER, else one a core)");
+  cmd.value("devices", o.devices, "the replicas' devices, e.g. CPU:0,CPU:1 or GPU:0,GPU:1");
+  cmd.value("steps", o.steps, "training steps");
+  cmd.value("global-batch", o.global_batch, "rows per step over every replica");
+  cmd.value("lr", o.learning_rate, "learning rate");
+  cmd.value("seed", o.seed, "seed of the weights, the spiral and the held-out split");
+  auto* examples = cmd.value("examples", o.examples, "rows of the synthetic spiral");
+  cmd.value("data", o.data, "a CSV file (optionally gzip'd) to learn instead of the spiral");
+  auto* label = cmd.value("label-column", o.label_column,
+                          "the label's header name or column number (1 is the first; default: the "
+                          "last)");
+  cmd.value("test-fraction", o.test_fraction,
+            "rows held out, chosen by --seed (default 0.2 with --data, 0 without)");
+  auto* classes =
+      cmd.value("max-classes", o.max_classes, "the most classes a --data file may have");
+  cmd.value("hidden", o.hidden, "units per hidden layer");
+  cmd.value("layers", o.layers, "hidden layers");
+  cmd.value("target-loss", o.target_loss, "stop once the loss is below it (0: never)");
+  cmd.value("tolerance", o.tolerance, "--verify's limit (-1: the layout's default)");
+  auto* verify_steps =
+      cmd.value("verify-steps", o.verify_steps, "steps before --verify compares the weights");
+  cmd.flag_pair("overlap", o.overlap, "all-reduce each bucket while the backward pass goes on");
+  cmd.flag_pair("verify", o.verify, "compare the weights with one replica's after --verify-steps");
+  std::string bucket_text;
+  auto* bucket =
+      cmd.value("bucket-bytes", bucket_text, "bytes per fused all-reduce (65536, 64K, 1M)");
+  cmd.value("checkpoint-dir", o.checkpoint_dir, "save checkpoints here, and resume from them");
+  cmd.value("checkpoint-every", o.checkpoint_every_steps, "steps between checkpoints");
+  cmd.value("plot", o.plot, "write the loss curve as SVG");
+  cmd.value("trace", o.trace, "write a Chrome/Perfetto trace");
+  cmd.parse(argc, argv);
+  o.examples_given = examples->count() > 0;
+  o.data_options_given = label->count() > 0 || classes->count() > 0;
+  o.verify_steps_given = verify_steps->count() > 0;
+  if (bucket->count() > 0)
+    o.bucket_bytes = byte_count("--bucket-bytes", bucket_text);
+  if (o.data.empty() && cmd.app().count("--data") > 0)
+    usage("--data needs a CSV file (optionally gzip'd)");
+  if (o.label_column.empty() && label->count() > 0)
+    usage("--label-column needs a header name or a column number (1 is the first)");
+  if (o.checkpoint_dir.empty() && cmd.app().count("--checkpoint-dir") > 0)
+    usage("--checkpoint-dir needs a directory");
+  if (o.test_fraction != -1 && !(o.test_fraction >= 0 && o.test_fraction < 1))
+    usage("--test-fraction must be at least 0 and below 1; got " + std::to_string(o.test_fraction));
+  if (o.tolerance != -1 && !(o.tolerance >= 0))
+    usage("--tolerance must be 0 or more (or -1: the layout's default)");
+  if (o.target_loss < 0)
+    usage("--target-loss must be 0 or more");
+  if (o.replicas < 0)
+    usage("--replicas must be 0 or more (0: CONSORT_DEVICES_PER_WORKER, else one a core)");
   if (o.global_batch < 1 || o.hidden < 1 || o.examples < 1 || o.layers < 1 || o.steps < 1)
     usage("--steps, --global-batch, --hidden, --layers and --examples must be at least 1");
   if (!(o.learning_rate > 0))
