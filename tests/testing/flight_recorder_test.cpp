@@ -192,12 +192,26 @@ void run_scenario(const scenario& s, uint64_t seed, bool print = false) {
     ASSERT_TRUE(runs[static_cast<size_t>(s.victim)].wait_for(20s));
   }
   // The deadline of a call counts from when it begins waiting: a worker still finishing its
-  // first call when time moves gets another round.
+  // first call when time moves gets another round. Before time moves, every worker that will
+  // wait must be in the call the victim breaks (its recorder says it waits there: it has sent its
+  // part), or a slow one (ASan) is still on its way, and the others, whose deadline passes
+  // meanwhile, rightly cannot tell it from one that never called.
+  const std::string stuck = "; #" + (s.what == fault::skip ? second : first) + " ";
   for (int round = 0; times_out && round < 4; ++round) {
     bool waiting = false;
     for (int w = 0; w < s.workers; ++w)
       if (w != s.victim && !runs[static_cast<size_t>(w)].ready()) {
         waiting = true;
+        const auto until = std::chrono::steady_clock::now() + 20s;
+        auto in_the_call = [&] {
+          const auto text = c.strategy(w).diagnose();
+          const auto at = text.find(stuck);
+          return at != std::string::npos && text.find("waiting", at) != std::string::npos;
+        };
+        while (!in_the_call() && std::chrono::steady_clock::now() < until)
+          std::this_thread::yield();
+        ASSERT_TRUE(in_the_call()) << "worker " << w << " never reached collective" << stuck << ": "
+                                   << c.strategy(w).diagnose();
         ASSERT_TRUE(c.wait_blocked(w)) << "worker " << w << " waits in its collective";
       }
     if (!waiting)
