@@ -1196,4 +1196,196 @@ TEST(MembershipTest, DestroyingAMemberWhosePeerIsSuspendedEndsAtItsLinger) {
       << "a suspended member waited to leave";
 }
 
+// -- elastic groups ------------------------------------------------------------------------------
+
+/// Options of an elastic cluster of `n` workers that needs `min` members.
+std::function<void(membership::options&)> elastic(int min) {
+  return [min](membership::options& o) {
+    o.elastic_min_members = min;
+    o.peer_timeout = 10s; // only the end of a connection explains a prompt change
+    o.reform_timeout = 10s;
+  };
+}
+
+/// Waits until `lost` holds an event that begins epoch `epoch`; returns it, or nothing.
+std::optional<membership::lost_event> wait_for_change(loss_recorder& lost, uint64_t epoch,
+                                                      milliseconds timeout = 10s) {
+  auto deadline = clock_type::now() + consort::test::scaled(timeout);
+  while (clock_type::now() < deadline) {
+    for (const auto& e : lost.events())
+      if (e.next_epoch == epoch)
+        return e;
+    (void)lost.wait_for(-1, 20ms); // no event names rank -1: a bounded wait for the next one
+  }
+  return std::nullopt;
+}
+
+/// Every rank of `ranks` offers address 127.0.0.1:(22000 + 10 * epoch + rank) for the epoch
+/// after `after`, at once; the results in the order of `ranks`.
+std::vector<caf::expected<membership::view>> offer_all(cluster& c, const std::vector<int>& ranks,
+                                                       uint64_t after) {
+  std::vector<std::future<caf::expected<membership::view>>> futures;
+  for (int r : ranks)
+    futures.push_back(std::async(std::launch::async, [&c, r, after] {
+      auto address = "127.0.0.1:" + std::to_string(22000 + 10 * (after + 1) + r);
+      return c.services[static_cast<std::size_t>(r)]->next_view(
+          after, address, clock_type::now() + consort::test::scaled(20s));
+    }));
+  std::vector<caf::expected<membership::view>> out;
+  for (auto& f : futures)
+    out.push_back(f.get());
+  return out;
+}
+
+std::vector<std::string> member_tasks(const membership::view& v) {
+  std::vector<std::string> out;
+  for (const auto& m : v.members)
+    out.push_back(consort::to_string(m.task) + "@" + std::to_string(m.rank) + "=" + m.address);
+  return out;
+}
+
+TEST(ElasticMembershipTest, NextViewNeedsAnElasticGroup) {
+  cluster c(2);
+  ASSERT_TRUE(c.form());
+  EXPECT_TRUE(has_error(c.services[1]->next_view(1, "127.0.0.1:1", clock_type::now() + 1s),
+                        errc::invalid_argument, {"elastic", "elastic_min_members"}));
+  membership::options bad = options_for(2, 0, "127.0.0.1:0", nullptr);
+  bad.elastic_min_members = 3;
+  auto refused = membership::service::start(bad);
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(has_error(refused.error(), errc::invalid_argument,
+                        {"options.elastic_min_members is 3", "1 to the number of tasks, 2"}));
+}
+
+// The survivors of a crash form the next epoch without the crashed member: each is told the
+// change once (naming it and the next epoch), offers its new address, and receives the same
+// view, ranked from 0 in task order, with the addresses they offered.
+TEST(ElasticMembershipTest, ACrashedWorkerIsLeftOutOfTheNextEpoch) {
+  cluster c(4, elastic(2));
+  ASSERT_TRUE(c.form());
+  membership::service_test_access::crash(*c.services[2]);
+  for (int r : {0, 1, 3}) {
+    auto e = wait_for_change(*c.lost[static_cast<std::size_t>(r)], 2);
+    ASSERT_TRUE(e) << "rank " << r << ": " << describe(c.lost[static_cast<std::size_t>(r)]->events())
+                   << c.logs.all();
+    EXPECT_EQ(e->ranks, std::vector<int>{2});
+    EXPECT_NE(e->cause.find("worker:2 (rank 2)"), std::string::npos) << e->cause;
+  }
+  auto views = offer_all(c, {0, 1, 3}, 1);
+  const std::vector<std::string> expected{"worker:0@0=127.0.0.1:22020", "worker:1@1=127.0.0.1:22021",
+                                          "worker:3@2=127.0.0.1:22023"};
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    ASSERT_TRUE(views[i]) << text_of(views[i].error()) << c.logs.all();
+    EXPECT_EQ(views[i]->epoch, 2u);
+    EXPECT_EQ(member_tasks(*views[i]), expected);
+    EXPECT_EQ(views[i]->group_id, views[0]->group_id);
+  }
+  EXPECT_TRUE(c.logs.wait_for({"formed the view of epoch 2: 3 members", "without worker:2"}));
+}
+
+// A restarted worker joins the running group under its own task: the members are told of the
+// change (the task joining, no one lost), offer their parts, and all of them, the new process
+// included (its rendezvous), receive the view of the next epoch.
+TEST(ElasticMembershipTest, ARestartedWorkerJoinsTheNextEpoch) {
+  cluster c(3, elastic(2));
+  ASSERT_TRUE(c.form());
+  membership::service_test_access::crash(*c.services[2]);
+  auto second = offer_all(c, {0, 1}, 1);
+  ASSERT_TRUE(second[0] && second[1]) << c.logs.all();
+  // While the task is a member it cannot join a second time.
+  auto duplicate = options_for(3, 1, c.chief_address, &c.logs);
+  elastic(2)(duplicate);
+  auto dup = start_ok(duplicate);
+  ASSERT_TRUE(dup);
+  EXPECT_TRUE(has_error(dup->rendezvous(), errc::invalid_argument,
+                        {"worker:1 (rank 1)", "is a member of this cluster's view (epoch 2)"}));
+  // The restarted worker:2.
+  auto opts = options_for(3, 2, c.chief_address, &c.logs);
+  elastic(2)(opts);
+  c.services[2] = start_ok(opts);
+  ASSERT_TRUE(c.services[2]);
+  auto joined = std::async(std::launch::async, [&c] { return c.services[2]->rendezvous(); });
+  for (int r : {0, 1}) {
+    auto e = wait_for_change(*c.lost[static_cast<std::size_t>(r)], 3);
+    ASSERT_TRUE(e) << "rank " << r << c.logs.all();
+    EXPECT_TRUE(e->ranks.empty());
+    if (r == 0) { // the chief knows which task joins; the others learn it from the view
+      EXPECT_EQ(e->joining, std::vector<int>{2});
+    }
+    EXPECT_NE(e->cause.find("worker:2 (rank 2) joins the group"), std::string::npos) << e->cause;
+  }
+  auto third = offer_all(c, {0, 1}, 2);
+  auto joiner = joined.get();
+  ASSERT_TRUE(joiner) << text_of(joiner.error()) << c.logs.all();
+  EXPECT_EQ(joiner->epoch, 3u);
+  ASSERT_EQ(joiner->members.size(), 3u);
+  EXPECT_EQ(joiner->members[2].address, "127.0.0.1:21002"); // its Join's address
+  for (auto& v : third) {
+    ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
+    EXPECT_EQ(*v, *joiner);
+  }
+}
+
+// A second loss while the group re-forms amends the re-formation under way: the members left
+// form one next epoch without both, without waiting for the second's offer.
+TEST(ElasticMembershipTest, ASecondLossDuringTheReformationIsLeftOutToo) {
+  cluster c(4, [](membership::options& o) {
+    elastic(2)(o);
+    o.reform_timeout = 60s; // only the second loss, not the timeout, can let the view form
+  });
+  ASSERT_TRUE(c.form());
+  membership::service_test_access::crash(*c.services[3]);
+  ASSERT_TRUE(wait_for_change(*c.lost[2], 2)) << c.logs.all();
+  // 0 and 1 offer; 2 crashes before it offers.
+  auto offers = std::async(std::launch::async, [&c] { return offer_all(c, {0, 1}, 1); });
+  ASSERT_TRUE(c.logs.wait_for({"worker:1 (rank 1): offers its part of epoch 2"}));
+  membership::service_test_access::crash(*c.services[2]);
+  auto views = offers.get();
+  for (auto& v : views) {
+    ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
+    EXPECT_EQ(v->epoch, 2u);
+    EXPECT_EQ(v->members.size(), 2u);
+  }
+}
+
+// A member that does not offer its part within reform_timeout is left out, and told so.
+TEST(ElasticMembershipTest, AMemberThatDoesNotOfferItsPartIsLeftOutAtTheTimeout) {
+  cluster c(4, [](membership::options& o) {
+    elastic(2)(o);
+    o.reform_timeout = 300ms;
+  });
+  ASSERT_TRUE(c.form());
+  membership::service_test_access::crash(*c.services[3]);
+  auto views = offer_all(c, {0, 1}, 1);
+  for (auto& v : views) {
+    ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
+    EXPECT_EQ(member_tasks(*v).size(), 2u);
+  }
+  EXPECT_TRUE(has_error(c.services[2]->next_view(1, "127.0.0.1:1",
+                                                 clock_type::now() + consort::test::scaled(10s)),
+                        errc::peer_lost, {"left out of epoch 2"}));
+}
+
+TEST(ElasticMembershipTest, FewerMembersThanTheMinimumEndTheGroupEverywhere) {
+  cluster c(3, elastic(3));
+  ASSERT_TRUE(c.form());
+  membership::service_test_access::crash(*c.services[1]);
+  for (int r : {0, 2})
+    EXPECT_TRUE(has_error(c.services[static_cast<std::size_t>(r)]->next_view(
+                              1, "127.0.0.1:1", clock_type::now() + consort::test::scaled(10s)),
+                          errc::peer_lost, {"2 members remain, fewer than the 3 it needs"}))
+        << "rank " << r << c.logs.all();
+}
+
+TEST(ElasticMembershipTest, LosingTheChiefEndsTheGroup) {
+  cluster c(3, elastic(1));
+  ASSERT_TRUE(c.form());
+  membership::service_test_access::crash(*c.services[0]);
+  for (int r : {1, 2})
+    EXPECT_TRUE(has_error(c.services[static_cast<std::size_t>(r)]->next_view(
+                              1, "127.0.0.1:1", clock_type::now() + consort::test::scaled(10s)),
+                          errc::peer_lost, {"lost the chief", "group ends without it"}))
+        << "rank " << r << c.logs.all();
+}
+
 } // namespace

@@ -91,15 +91,26 @@ void service::impl::on_chief_message(const conn_ptr& c, codec::message& m) {
       log_line(name_of(c->rank) + " left before the view: " + l->reason);
       by_rank_[c->rank].reset();
       c->state = phase::left;
+      if (reforming_ && next_set_.erase(c->rank) != 0)
+        maybe_form_next_view();
       return close_gracefully(c);
     }
     return unexpected(c, m);
   case phase::member:
     if (std::holds_alternative<codec::heartbeat>(m))
       return;
+    if (auto* j = std::get_if<codec::join>(&m); j && elastic())
+      return on_rejoin(c, *j);
     if (auto* l = std::get_if<codec::leave>(&m)) {
       log_line(name_of(c->rank) + " left: " + l->reason);
       c->state = phase::left;
+      if (elastic()) {
+        // Done, not lost: the group's later epochs leave it out; its task may join again.
+        in_view_.erase(c->rank);
+        by_rank_[c->rank].reset();
+        if (reforming_ && next_set_.erase(c->rank) != 0)
+          maybe_form_next_view();
+      }
       return close_gracefully(c);
     }
     return unexpected(c, m);
@@ -117,7 +128,10 @@ void service::impl::chief_failed(const conn_ptr& c, const std::string& what) {
     log_line(name_of(c->rank) + " at " + c->remote() + " dropped out before the view: " + what +
              "; it may join again");
     by_rank_[c->rank].reset();
-    return close(c);
+    close(c);
+    if (reforming_ && next_set_.erase(c->rank) != 0)
+      maybe_form_next_view();
+    return;
   case phase::member:
     return lose_member(c->rank, name_of(c->rank) + ": " + what);
   default:
@@ -155,10 +169,16 @@ std::string service::impl::check_join(const codec::join& j, const std::vector<st
   rank = static_cast<int>(it - opts_.tasks.begin());
   if (rank == 0)
     return "task " + who + " is the chief's own task (rank 0)";
-  if (view_formed_)
+  if (view_formed_ && !elastic())
     return "task " + who + " (rank " + std::to_string(rank) +
            ") is already a member of this cluster's view (epoch " + std::to_string(view_.epoch) +
            "); joining again is not supported";
+  if (view_formed_ && group_ended_)
+    return "the elastic group of this cluster has ended";
+  if (view_formed_ && in_view_.count(rank) != 0)
+    return "task " + who + " (rank " + std::to_string(rank) +
+           ") is a member of this cluster's view (epoch " + std::to_string(view_.epoch) +
+           ") already; a restarted worker joins once its previous process is lost";
   if (by_rank_[rank])
     return "task " + who + " (rank " + std::to_string(rank) + ") already joined, from " +
            by_rank_[rank]->remote() + " (a duplicate task)";
@@ -190,6 +210,8 @@ void service::impl::on_join(const conn_ptr& c, codec::join& j) {
   log_line(name_of(rank) + " joined from " + c->remote() + " (collective address " +
            c->join.address + ", " + std::to_string(c->join.devices.size()) + " devices, pid " +
            std::to_string(c->join.pid) + ")");
+  if (view_formed_) // elastic: it joins the running group in its next epoch
+    return start_reform({}, rank, name_of(rank) + " joins the group");
   maybe_form_view();
 }
 
@@ -273,6 +295,9 @@ void service::impl::maybe_form_view() {
   }
   view_formed_ = true;
   view_ = v;
+  for (std::size_t r = 0; r < opts_.tasks.size(); ++r)
+    in_view_.insert(static_cast<int>(r));
+  publish_view(v);
   auto now = this->now();
   next_heartbeat_ = now + opts_.heartbeat_interval;
   for (std::size_t r = 1; r < by_rank_.size(); ++r) {
@@ -334,10 +359,207 @@ void service::impl::lose_member(int rank, const std::string& cause) {
   c->state = phase::lost;
   log_line("lost " + cause + " (connection from " + c->remote() + ")");
   close(c);
+  if (elastic()) {
+    by_rank_[rank].reset();
+    return start_reform({rank}, -1, cause);
+  }
   report({rank}, cause);
   for (const auto& other : std::vector<conn_ptr>(conns_.begin(), conns_.end()))
     if (other->state == phase::member)
       send(other, codec::abort{view_.epoch, cause, {static_cast<uint32_t>(rank)}});
+}
+
+} // namespace consort::transport::membership
+
+namespace consort::transport::membership {
+
+// -- I/O thread: chief of an elastic group -------------------------------------------------------
+//
+// A change (a member lost, a task joining) begins a re-formation: the chief announces the next
+// epoch to every member that stays, with an Abort carrying that epoch (later than the view's: a
+// notice, not the end) and the lost ranks. Each member answers, once its caller offered its part
+// (service::next_view), with a Join carrying its collective address for the next epoch, on the
+// connection it has. When every member of the next epoch has answered (the chief through its own
+// next_view, a joining task through its first Join), the chief sends the View of the next epoch,
+// its members ranked from 0 in the order of options::tasks. A change during a re-formation amends
+// it; one after its View begins the next. A member that does not answer within reform_timeout is
+// left out as lost; fewer than elastic_min_members ends the group.
+
+void service::impl::start_reform(const std::vector<int>& lost, int joining,
+                                 const std::string& cause) {
+  if (group_ended_ || leaving_ || crashed_)
+    return;
+  if (!reforming_) {
+    reforming_ = true;
+    next_epoch_ = view_.epoch + 1;
+    next_set_ = in_view_;
+    rejoined_.clear();
+    notified_.clear();
+    reform_deadline_ = now() + opts_.reform_timeout;
+  }
+  for (int r : lost) {
+    next_set_.erase(r);
+    in_view_.erase(r);
+  }
+  std::vector<int> joins;
+  if (joining >= 0) {
+    next_set_.insert(joining);
+    joins.push_back(joining);
+  }
+  log_line("re-forming the group as epoch " + std::to_string(next_epoch_) + " with " +
+           std::to_string(next_set_.size()) + " members: " + cause);
+  if (static_cast<int>(next_set_.size()) < opts_.elastic_min_members)
+    return fail_group("the group of workers ended: " + cause + "; " +
+                      std::to_string(next_set_.size()) + " members remain, fewer than the " +
+                      std::to_string(opts_.elastic_min_members) + " it needs (elastic)");
+  std::vector<uint32_t> lost_ranks(lost.begin(), lost.end());
+  for (int r : next_set_) {
+    auto& c = by_rank_[static_cast<std::size_t>(r)];
+    if (r == 0 || !c || c->state != phase::member)
+      continue;
+    notified_.insert(r);
+    send(c, codec::abort{next_epoch_, cause, lost_ranks});
+  }
+  report(lost, cause, next_epoch_, std::move(joins));
+  maybe_form_next_view();
+}
+
+void service::impl::on_rejoin(const conn_ptr& c, codec::join& j) {
+  if (!reforming_ || next_set_.count(c->rank) == 0 || rejoined_.count(c->rank) != 0) {
+    log_line("ignored a Join of " + name_of(c->rank) + " for no re-formation under way");
+    return;
+  }
+  if (j.task != opts_.tasks[static_cast<std::size_t>(c->rank)])
+    return failed(c, "protocol error: its Join for epoch " + std::to_string(next_epoch_) +
+                         " names task " + to_string(j.task));
+  if (auto why = proofs::check_join(opts_.secret, c->nonce, j); !why.empty())
+    return failed(c, "its Join for epoch " + std::to_string(next_epoch_) + ": " + why);
+  host_port hp;
+  if (auto why = split_address(j.address, hp); !why.empty())
+    return failed(c, "its Join for epoch " + std::to_string(next_epoch_) +
+                         ": its collective address: " + why);
+  c->join.address = std::move(j.address);
+  c->join.nonce = std::move(j.nonce);
+  rejoined_.insert(c->rank);
+  maybe_form_next_view();
+}
+
+void service::impl::maybe_form_next_view() {
+  if (!reforming_ || group_ended_ || leaving_ || crashed_)
+    return;
+  if (static_cast<int>(next_set_.size()) < opts_.elastic_min_members)
+    return fail_group("the group of workers ended: " + std::to_string(next_set_.size()) +
+                      " members remain, fewer than the " +
+                      std::to_string(opts_.elastic_min_members) + " it needs (elastic)");
+  if (!has_offer_ || offer_after_ != view_.epoch)
+    return; // the chief's own caller has not offered its part yet
+  for (int r : next_set_) {
+    if (r == 0)
+      continue;
+    const auto& c = by_rank_[static_cast<std::size_t>(r)];
+    if (!c)
+      return;
+    if (c->state == phase::member && rejoined_.count(r) == 0)
+      return;
+  }
+  view v;
+  v.epoch = next_epoch_;
+  do {
+    auto bytes = random_bytes(8);
+    for (auto b : bytes)
+      v.group_id = (v.group_id << 8) | static_cast<uint64_t>(b);
+  } while (v.group_id == 0);
+  std::string joined, left;
+  for (int r : next_set_) {
+    member m;
+    m.rank = static_cast<int>(v.members.size());
+    m.task = opts_.tasks[static_cast<std::size_t>(r)];
+    if (r == 0) {
+      m.address = offer_address_;
+      m.devices = opts_.devices;
+    } else {
+      const auto& c = by_rank_[static_cast<std::size_t>(r)];
+      m.address = c->join.address;
+      m.devices = c->join.devices;
+      if (c->state == phase::joined)
+        joined += (joined.empty() ? "" : ", ") + to_string(m.task);
+    }
+    v.members.push_back(std::move(m));
+  }
+  for (const auto& m : view_.members)
+    if (std::none_of(v.members.begin(), v.members.end(),
+                     [&](const member& n) { return n.task == m.task; }))
+      left += (left.empty() ? "" : ", ") + to_string(m.task);
+  v.nccl_unique_id = opts_.nccl_unique_id;
+  reforming_ = false;
+  view_ = v;
+  in_view_ = next_set_;
+  auto now = this->now();
+  for (int r : next_set_) {
+    if (r == 0)
+      continue;
+    auto& c = by_rank_[static_cast<std::size_t>(r)];
+    c->state = phase::member;
+    c->last_rx = now;
+    codec::view_message m{v, {}};
+    if (!opts_.secret.empty())
+      m.auth_proof = proofs::view_proof(opts_.secret, c->nonce, c->join.nonce, c->join.task,
+                                        v.epoch, v.group_id);
+    send(c, m);
+  }
+  log_line("formed the view of epoch " + std::to_string(v.epoch) + ": " +
+           std::to_string(v.members.size()) + " members, group " + std::to_string(v.group_id) +
+           (left.empty() ? "" : ", without " + left) + (joined.empty() ? "" : ", joined by " + joined));
+  publish_view(v);
+}
+
+void service::impl::reform_timed_out() {
+  std::vector<int> late;
+  for (int r : next_set_) {
+    if (r == 0)
+      continue;
+    const auto& c = by_rank_[static_cast<std::size_t>(r)];
+    if (c && c->state == phase::member && rejoined_.count(r) == 0)
+      late.push_back(r);
+  }
+  if (!has_offer_ || offer_after_ != view_.epoch)
+    return fail_group("the group of workers ended: the chief did not offer its part of epoch " +
+                      std::to_string(next_epoch_) + " within reform_timeout (" +
+                      ms_text(opts_.reform_timeout) + ")");
+  for (int r : late) {
+    auto c = by_rank_[static_cast<std::size_t>(r)];
+    log_line("left " + name_of(r) + " out of epoch " + std::to_string(next_epoch_) +
+             ": it did not offer its part within reform_timeout (" +
+             ms_text(opts_.reform_timeout) + ")");
+    send(c, codec::abort{view_.epoch, "left out of epoch " + std::to_string(next_epoch_) +
+                                          ": no part offered within reform_timeout",
+                         {static_cast<uint32_t>(r)}});
+    c->state = phase::lost;
+    close_gracefully(c);
+    by_rank_[static_cast<std::size_t>(r)].reset();
+    next_set_.erase(r);
+    in_view_.erase(r);
+  }
+  reform_deadline_ = now() + opts_.reform_timeout;
+  maybe_form_next_view();
+}
+
+void service::impl::fail_group(const std::string& text) {
+  if (group_ended_)
+    return;
+  log_line(text);
+  reforming_ = false;
+  auto bounded = cluster_check::bounded(text, text_limit());
+  for (const auto& c : std::vector<conn_ptr>(conns_.begin(), conns_.end())) {
+    if (c->state != phase::member && c->state != phase::joined)
+      continue;
+    // An Abort of the current epoch (not a later one) ends the group.
+    send(c, codec::abort{view_.epoch, bounded, {}});
+    c->state = phase::left;
+    close_gracefully(c);
+  }
+  std::fill(by_rank_.begin(), by_rank_.end(), nullptr);
+  end_group(make_caf_error(errc::peer_lost, self_ + ": " + text));
 }
 
 } // namespace consort::transport::membership

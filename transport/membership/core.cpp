@@ -63,7 +63,8 @@ bool service::impl::decided() {
   return outcome_.has_value();
 }
 
-void service::impl::report(std::vector<int> ranks, const std::string& cause) {
+void service::impl::report(std::vector<int> ranks, const std::string& cause, uint64_t next_epoch,
+                           std::vector<int> joining) {
   if (suspended_ || crashed_ || leaving_ || stopped_)
     return;
   auto had_ranks = !ranks.empty();
@@ -73,7 +74,7 @@ void service::impl::report(std::vector<int> ranks, const std::string& cause) {
     reported_[r] = true;
     return false;
   });
-  if (had_ranks && ranks.empty())
+  if (had_ranks && ranks.empty() && joining.empty())
     return; // every rank of it was reported already
   std::function<void(const lost_event&)> fn;
   {
@@ -81,7 +82,61 @@ void service::impl::report(std::vector<int> ranks, const std::string& cause) {
     fn = on_lost_;
   }
   if (fn)
-    fn(lost_event{std::move(ranks), cause});
+    fn(lost_event{std::move(ranks), cause, next_epoch, std::move(joining)});
+}
+
+void service::impl::publish_view(const view& v) {
+  // A member of the new view may be lost (and reported) again.
+  for (const auto& m : v.members)
+    for (std::size_t r = 0; r < opts_.tasks.size(); ++r)
+      if (opts_.tasks[r] == m.task)
+        reported_[r] = false;
+  {
+    std::lock_guard lock(mu_);
+    latest_ = v;
+  }
+  cv_.notify_all();
+}
+
+void service::impl::end_group(caf::error err) {
+  group_ended_ = true;
+  {
+    std::lock_guard lock(mu_);
+    if (!group_error_)
+      group_error_ = std::move(err);
+  }
+  cv_.notify_all();
+}
+
+std::string service::impl::check_elastic_view(const view& v) const {
+  if (v.epoch == 0)
+    return "its view has epoch 0";
+  if (v.members.empty() || v.members.size() > opts_.tasks.size())
+    return "its view has " + std::to_string(v.members.size()) + " members, expected 1 to " +
+           std::to_string(opts_.tasks.size());
+  std::size_t next_task = 0;
+  bool self = false;
+  for (std::size_t i = 0; i < v.members.size(); ++i) {
+    const auto& m = v.members[i];
+    if (m.rank != static_cast<int>(i))
+      return "its view lists " + to_string(m.task) + " with rank " + std::to_string(m.rank) +
+             " at position " + std::to_string(i);
+    auto it = std::find(opts_.tasks.begin() + static_cast<std::ptrdiff_t>(next_task),
+                        opts_.tasks.end(), m.task);
+    if (it == opts_.tasks.end())
+      return "its view lists " + to_string(m.task) +
+             ", which is not a task of this cluster after the members before it (do all tasks "
+             "share one cluster spec?)";
+    if (i == 0 && it != opts_.tasks.begin())
+      return "its view's first member is " + to_string(m.task) + ", not the chief " +
+             to_string(opts_.tasks[0]);
+    auto r = static_cast<std::size_t>(it - opts_.tasks.begin());
+    self = self || r == static_cast<std::size_t>(opts_.rank);
+    next_task = r + 1;
+  }
+  if (!self)
+    return "its view of epoch " + std::to_string(v.epoch) + " leaves this task out";
+  return {};
 }
 
 void service::impl::arm_tick() {
@@ -135,6 +190,8 @@ void service::impl::tick() {
   }
   if (!view_formed_)
     return;
+  if (chief_ && reforming_ && now >= reform_deadline_)
+    reform_timed_out();
   // Heartbeats out, liveness and stuck writes in.
   std::vector<conn_ptr> members;
   for (const auto& c : conns_)

@@ -90,9 +90,15 @@ std::string check_options(const options& opts) {
                              named{"missing_log_interval", opts.missing_log_interval},
                              named{"handshake_timeout", opts.handshake_timeout},
                              named{"heartbeat_interval", opts.heartbeat_interval},
-                             named{"peer_timeout", opts.peer_timeout}})
+                             named{"peer_timeout", opts.peer_timeout},
+                             named{"reform_timeout", opts.reform_timeout}})
     if (value.count() <= 0)
       return std::string("options.") + name + " is " + ms_text(value) + " (expected > 0)";
+  if (opts.elastic_min_members < 0 ||
+      static_cast<std::size_t>(opts.elastic_min_members) > opts.tasks.size())
+    return "options.elastic_min_members is " + std::to_string(opts.elastic_min_members) +
+           " (expected 0, not elastic, or 1 to the number of tasks, " +
+           std::to_string(opts.tasks.size()) + ")";
   if (opts.max_message_bytes < 1024 || opts.max_message_bytes > (std::size_t{1} << 31))
     return "options.max_message_bytes is " + std::to_string(opts.max_message_bytes) +
            " (expected 1024 to 2^31)";
@@ -223,6 +229,43 @@ caf::expected<view> service::impl::rendezvous() {
   return *outcome_;
 }
 
+caf::expected<view> service::impl::next_view(uint64_t after, const std::string& address,
+                                             clock::time_point until) {
+  if (!elastic())
+    return make_caf_error(errc::invalid_argument,
+                          self_ + ": next_view needs an elastic group "
+                                  "(options.elastic_min_members >= 1)");
+  host_port hp;
+  if (auto why = split_address(address, hp); !why.empty())
+    return make_caf_error(errc::invalid_argument,
+                          self_ + ": next_view: the next epoch's collective address: " + why);
+  if (address.size() > codec::max_field_bytes)
+    return make_caf_error(errc::invalid_argument,
+                          self_ + ": next_view: the address is longer than " +
+                              std::to_string(codec::max_field_bytes) + " bytes");
+  {
+    std::lock_guard lock(mu_);
+    if (!latest_ && !outcome_)
+      return make_caf_error(errc::invalid_argument,
+                            self_ + ": next_view before the rendezvous formed the first view");
+  }
+  asio::post(io_, [this, after, address] { offer(after, address); });
+  std::unique_lock lock(mu_);
+  auto ready = [&] {
+    return (latest_ && latest_->epoch > after) || group_error_ || leave_called_ || stopped_;
+  };
+  if (!cv_.wait_until(lock, until, ready))
+    return make_caf_error(errc::collective_timeout,
+                          self_ + ": no view of an epoch after " + std::to_string(after) +
+                              " arrived in time (the chief re-forms the group once every "
+                              "member offered its part, or reform_timeout passed)");
+  if (latest_ && latest_->epoch > after)
+    return *latest_;
+  if (group_error_)
+    return group_error_;
+  return make_caf_error(errc::shutdown, self_ + " left the cluster");
+}
+
 void service::impl::on_lost(std::function<void(const lost_event&)> fn) {
   std::lock_guard lock(mu_);
   on_lost_ = std::move(fn);
@@ -304,6 +347,11 @@ void service::on_lost(std::function<void(const lost_event&)> fn) {
 
 void service::leave(const std::string& reason) {
   impl_->leave(reason);
+}
+
+caf::expected<view> service::next_view(uint64_t after, const std::string& address,
+                                        std::chrono::steady_clock::time_point until) {
+  return impl_->next_view(after, address, until);
 }
 
 void service_test_access::suspend(service& s) {

@@ -90,6 +90,8 @@ public:
   std::string listen_address() const { return listen_address_; }
   int rank() const noexcept { return opts_.rank; }
   caf::expected<view> rendezvous();
+  caf::expected<view> next_view(uint64_t after, const std::string& address,
+                                clock::time_point until);
   void on_lost(std::function<void(const lost_event&)> fn);
   void leave(const std::string& reason);
   void suspend() { suspended_.store(true); }
@@ -145,7 +147,16 @@ private:
   void close(const conn_ptr& c);
   void close_gracefully(const conn_ptr& c);
   void failed(const conn_ptr& c, const std::string& what);
-  void report(std::vector<int> ranks, const std::string& cause);
+  void report(std::vector<int> ranks, const std::string& cause, uint64_t next_epoch = 0,
+              std::vector<int> joining = {});
+  bool elastic() const noexcept { return opts_.elastic_min_members > 0; }
+  /// The view `v` is this service's newest (the first one, or an elastic group's next).
+  void publish_view(const view& v);
+  /// The group ended (elastic): every `next_view` fails with `err` from now on.
+  void end_group(caf::error err);
+  /// Why `v` cannot be an elastic group's view for this service, or "": its members are tasks of
+  /// `options::tasks` in their order, ranked from 0, the chief first, this member among them.
+  std::string check_elastic_view(const view& v) const;
   void set_outcome(caf::expected<view> outcome);
   bool decided();
   void start_rendezvous();
@@ -174,6 +185,14 @@ private:
   void abort_joined(const std::string& text);
   void log_missing();
   void lose_member(int rank, const std::string& cause);
+  /// Elastic: the group changes (`lost` gone, `joining` joins): begins the next epoch's
+  /// re-formation, or amends the one under way, and announces it to the members.
+  void start_reform(const std::vector<int>& lost, int joining, const std::string& cause);
+  void on_rejoin(const conn_ptr& c, codec::join& j);
+  void maybe_form_next_view();
+  void reform_timed_out();
+  /// Ends an elastic group: Abort with `text` to everyone, and every `next_view` fails.
+  void fail_group(const std::string& text);
   std::vector<int> missing_ranks() const;
 
   // -- I/O thread: worker ----------------------------------------------------------------------
@@ -188,6 +207,11 @@ private:
   void attempt_failed(const conn_ptr& c, const std::string& why);
   void on_view(const conn_ptr& c, codec::view_message& m);
   void lose_chief(const std::string& cause);
+  /// Elastic: sends this member's Join for the announced re-formation when the caller offered
+  /// its address for it.
+  void maybe_rejoin();
+  /// The caller's offer of its address for the epoch after `after` (next_view).
+  void offer(uint64_t after, const std::string& address);
 
   options opts_;
   bool chief_;
@@ -230,6 +254,21 @@ private:
   std::vector<std::byte> my_nonce_;    // worker: the nonce of its Join
   std::vector<std::byte> chief_nonce_; // worker: the nonce of the chief's Challenge
 
+  // Elastic (I/O thread only).
+  std::set<int> in_view_;         // chief: the tasks of view_
+  bool reforming_ = false;        // chief: a change is under way
+  uint64_t next_epoch_ = 0;       // chief: the epoch it forms
+  std::set<int> next_set_;        // chief: the tasks of that epoch
+  std::set<int> rejoined_;        // chief: members of next_set_ whose Join for it arrived
+  std::set<int> notified_;        // chief: members told of the change under way
+  clock::time_point reform_deadline_{};
+  bool group_ended_ = false;
+  uint64_t notice_epoch_ = 0;     // worker: the newest change announced
+  uint64_t rejoined_for_ = 0;     // worker: the change its last Join answered
+  bool has_offer_ = false;        // the caller's offer: valid while offer_after_ == view_.epoch
+  uint64_t offer_after_ = 0;
+  std::string offer_address_;
+
   std::atomic<bool> suspended_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<bool> leave_called_{false};
@@ -239,6 +278,8 @@ private:
   std::condition_variable cv_;                     // guarded by mu_
   bool rendezvous_requested_ = false;              // guarded by mu_
   std::optional<caf::expected<view>> outcome_;     // guarded by mu_
+  std::optional<view> latest_;                     // guarded by mu_: the newest view
+  caf::error group_error_;                         // guarded by mu_: why the group ended
   std::function<void(const lost_event&)> on_lost_; // guarded by mu_
   bool leave_done_ = false;                        // guarded by mu_
   bool crash_done_ = false;                        // guarded by mu_

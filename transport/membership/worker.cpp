@@ -134,13 +134,26 @@ void service::impl::on_worker_message(const conn_ptr& c, codec::message& m) {
     if (std::holds_alternative<codec::heartbeat>(m))
       return;
     if (auto* a = std::get_if<codec::abort>(&m)) {
-      log_line("the chief aborted epoch " + std::to_string(a->epoch) + ": " + a->cause);
       std::vector<int> ranks;
       for (auto r : a->lost_ranks)
         if (r < opts_.tasks.size())
           ranks.push_back(static_cast<int>(r));
+      if (elastic() && a->epoch > view_.epoch) {
+        // A notice: the group re-forms as epoch a->epoch.
+        log_line("the chief re-forms the group as epoch " + std::to_string(a->epoch) + ": " +
+                 a->cause);
+        notice_epoch_ = std::max(notice_epoch_, a->epoch);
+        report(std::move(ranks), a->cause, a->epoch);
+        return maybe_rejoin();
+      }
+      log_line("the chief aborted epoch " + std::to_string(a->epoch) + ": " + a->cause);
+      if (elastic())
+        end_group(make_caf_error(errc::peer_lost, self_ + ": the chief ended the group: " +
+                                                      a->cause));
       return report(std::move(ranks), a->cause);
     }
+    if (auto* v = std::get_if<codec::view_message>(&m); v && elastic())
+      return on_view(c, *v);
     if (auto* l = std::get_if<codec::leave>(&m)) {
       log_line("the chief left: " + l->reason);
       c->state = phase::left;
@@ -161,17 +174,30 @@ void service::impl::worker_failed(const conn_ptr& c, const std::string& what) {
 void service::impl::on_view(const conn_ptr& c, codec::view_message& m) {
   auto& v = m.view;
   auto why = proofs::check_view(opts_.secret, chief_nonce_, my_nonce_, opts_.tasks[opts_.rank], m);
-  if (why.empty() && v.epoch == 0)
+  if (why.empty() && elastic())
+    why = check_elastic_view(v);
+  if (why.empty() && view_formed_ && v.epoch <= view_.epoch)
+    why = "its view has epoch " + std::to_string(v.epoch) + ", not later than epoch " +
+          std::to_string(view_.epoch);
+  if (!elastic() && why.empty() && v.epoch == 0)
     why = "its view has epoch 0";
-  if (why.empty() && v.members.size() != opts_.tasks.size())
+  if (!elastic() && why.empty() && v.members.size() != opts_.tasks.size())
     why = "its view has " + std::to_string(v.members.size()) + " members, expected " +
           std::to_string(opts_.tasks.size());
-  for (std::size_t r = 0; why.empty() && r < v.members.size(); ++r)
+  for (std::size_t r = 0; !elastic() && why.empty() && r < v.members.size(); ++r)
     if (v.members[r].rank != static_cast<int>(r) || !(v.members[r].task == opts_.tasks[r]))
       why = "its view lists " + to_string(v.members[r].task) + " with rank " +
             std::to_string(v.members[r].rank) + " at position " + std::to_string(r) +
             ", expected " + to_string(opts_.tasks[r]) + " with rank " + std::to_string(r) +
             " (do all tasks share one cluster spec?)";
+  if (!why.empty() && view_formed_) {
+    // An elastic group's later view: the group ends for this member.
+    auto text = "the chief at " + opts_.chief_address + " sent an invalid view: " + why;
+    c->state = phase::left;
+    close(c);
+    log_line(text);
+    return end_group(make_caf_error(errc::invalid_argument, self_ + ": " + text));
+  }
   if (!why.empty()) {
     auto text = "the chief at " + opts_.chief_address + " sent an invalid view: " + why;
     log_line(text);
@@ -189,6 +215,7 @@ void service::impl::on_view(const conn_ptr& c, codec::view_message& m) {
   log_line("received the view of epoch " + std::to_string(v.epoch) + " from the chief at " +
            c->remote() + ": " + std::to_string(v.members.size()) + " members, group " +
            std::to_string(v.group_id));
+  publish_view(v);
   set_outcome(std::move(v));
 }
 
@@ -223,7 +250,44 @@ void service::impl::lose_chief(const std::string& cause) {
   c->state = phase::lost;
   log_line("lost the chief: " + cause + " (connection to " + c->remote() + ")");
   close(c);
+  if (elastic())
+    end_group(make_caf_error(errc::peer_lost,
+                             self_ + ": lost the chief (" + cause +
+                                 "); the chief leads an elastic group's re-formations, so the "
+                                 "group ends without it"));
   report({0}, cause);
+}
+
+void service::impl::maybe_rejoin() {
+  if (!has_offer_ || offer_after_ != view_.epoch || notice_epoch_ <= view_.epoch ||
+      rejoined_for_ >= notice_epoch_ || group_ended_)
+    return;
+  auto c = chief_conn_;
+  if (!c || c->state != phase::member || c->closed())
+    return;
+  codec::join j;
+  j.task = opts_.tasks[opts_.rank];
+  j.address = offer_address_;
+  j.devices = opts_.devices;
+  j.nonce = my_nonce_ = random_bytes(nonce_bytes);
+  if (!opts_.secret.empty())
+    j.auth_proof = proofs::join_proof(opts_.secret, chief_nonce_, my_nonce_, j.task, j.address);
+  j.pid = static_cast<uint32_t>(::getpid());
+  j.cluster_digest = cluster_.digest;
+  rejoined_for_ = notice_epoch_;
+  log_line("offers its part of epoch " + std::to_string(notice_epoch_) + " (collective address " +
+           j.address + ")");
+  send(c, j);
+}
+
+void service::impl::offer(uint64_t after, const std::string& address) {
+  has_offer_ = true;
+  offer_after_ = after;
+  offer_address_ = address;
+  if (chief_)
+    maybe_form_next_view();
+  else
+    maybe_rejoin();
 }
 
 } // namespace consort::transport::membership

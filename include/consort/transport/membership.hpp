@@ -96,14 +96,21 @@ struct view {
   friend bool operator==(const view&, const view&) = default;
 };
 
-/// Members lost after the view was formed.
+/// Members lost after the view was formed, or (elastic) a change of the group beginning.
 struct lost_event {
-  /// The ranks lost (each rank appears in at most one event of a service).
+  /// The ranks lost (each rank appears in at most one event of an epoch). Ranks are positions in
+  /// `options::tasks`, also in an elastic group's later epochs.
   std::vector<int> ranks;
 
   /// Why, for people; names the task and rank, e.g. "worker:2 (rank 2): connection closed
   /// without leave (end of file)" or "worker:2 (rank 2) sent no heartbeat for 5000 ms".
   std::string cause;
+
+  /// Elastic only: the epoch of the re-formation this change begins (`service::next_view`), and
+  /// (at the chief; the others learn it from the view) the tasks, as positions in
+  /// `options::tasks`, that join in it. 0: the group ends; every later `next_view` fails.
+  uint64_t next_epoch = 0;
+  std::vector<int> joining;
 };
 
 /// How a membership service joins its cluster and watches its peers.
@@ -176,6 +183,18 @@ struct options {
   /// real time too.
   std::function<std::chrono::steady_clock::time_point()> clock;
 
+  /// Elastic membership (docs/multi_worker.md, "Elastic"). 0, the default: a member lost after
+  /// the view ends the group, on every member (`on_lost`). n >= 1: the chief re-forms the group
+  /// without the lost member while at least n members remain, and admits a task that joins
+  /// again after the view (a restarted worker, under its own task); each change is a new epoch
+  /// (`service::next_view`). Every member must be given the same n. The chief leads every
+  /// re-formation: losing it ends the group.
+  int elastic_min_members = 0;
+
+  /// Elastic: how long the chief waits, once a change began, for every member to offer its part
+  /// of the next epoch (`next_view`); a member that did not is left out of it as lost.
+  std::chrono::milliseconds reform_timeout{10000};
+
   /// Receives one line per notable event (a refused or broken connection and why, missing tasks,
   /// losses). Called on the service's I/O thread. Empty: stderr, prefixed "consort membership: ".
   std::function<void(const std::string&)> log;
@@ -236,6 +255,19 @@ public:
   /// (it may call `leave` or `crash`, which then return without waiting) and must not destroy
   /// the service. Set it before `rendezvous`.
   void on_lost(std::function<void(const lost_event&)> fn);
+
+  /// Elastic only: this member's part of the group's next epoch, and the wait for it. `address`
+  /// is where this worker will listen for the next epoch's collective traffic ("host:port").
+  /// Once the chief announced a change of the group after epoch `after` (the epoch the caller
+  /// runs in; an `on_lost` event with `next_epoch` > `after`), this member offers the address,
+  /// and the call returns the first view of an epoch later than `after`, once the chief formed
+  /// it from the members that offered theirs (at most `reform_timeout` after the change began).
+  /// The caller may call it before the change is announced (its own collective failed first).
+  /// Errors: `invalid_argument` (not elastic, a malformed address), `peer_lost` (the group
+  /// ended: fewer members than `elastic_min_members` remain, or the chief was lost),
+  /// `collective_timeout` (no later view by `until`), `shutdown` (this service left).
+  caf::expected<view> next_view(uint64_t after, const std::string& address,
+                                std::chrono::steady_clock::time_point until);
 
   /// Leaves the cluster cleanly: sends Leave to the peers and closes; the peers do not report
   /// this member lost. Waits (bounded as the destructor) until the peers closed their side.
