@@ -40,18 +40,23 @@ std::string join_ids(const std::vector<int>& ids) {
 
 call_signature signature_from(const collective_call& call, const std::vector<tensor>& leaves) {
   call_signature sig;
+  signature_from(call, leaves, sig);
+  return sig;
+}
+
+void signature_from(const collective_call& call, const std::vector<tensor>& leaves,
+                    call_signature& sig) {
   sig.kind = call.request.kind;
   sig.op = call.request.op;
   sig.axis = call.request.axis;
   sig.root = call.request.root;
   sig.structure = call.request.value.structure_string();
-  sig.dtypes.reserve(leaves.size());
-  sig.shapes.reserve(leaves.size());
-  for (const auto& t : leaves) {
-    sig.dtypes.push_back(t.dtype());
-    sig.shapes.push_back(t.shape());
+  sig.dtypes.resize(leaves.size());
+  sig.shapes.resize(leaves.size());
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    sig.dtypes[i] = leaves[i].dtype();
+    sig.shapes[i] = leaves[i].shape();
   }
-  return sig;
 }
 
 std::string describe_slot(const call_signature& sig, step_id step, uint32_t seq) {

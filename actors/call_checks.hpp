@@ -41,6 +41,10 @@ std::string join_ids(const std::vector<int>& ids);
 /// The signature of `call` as its replica sent it (`leaves` = flatten of its value); the axis is
 /// as given, not normalised.
 call_signature signature_from(const collective_call& call, const std::vector<tensor>& leaves);
+/// The same, written into `sig`, whose vectors keep their capacity (a signature reused call after
+/// call allocates nothing).
+void signature_from(const collective_call& call, const std::vector<tensor>& leaves,
+                    call_signature& sig);
 
 /// "all_reduce(SUM) #3 of step 7".
 std::string describe_slot(const call_signature& sig, step_id step, uint32_t seq);

@@ -235,10 +235,42 @@ caf::expected<nest> cross_gather(transport::communicator& cross, std::chrono::mi
   }
 }
 
+namespace {
+
+/// What a lone replica's call builds before the exchange, kept by its thread from one call to the
+/// next: the vectors keep their capacity, so that a call allocates none of them.
+struct lone_scratch {
+  std::vector<tensor> leaves;
+  call_signature sig;
+  bool busy = false;
+};
+
+} // namespace
+
 nest alone_on_worker(transport::communicator& cross, const collective_call& call,
                      int num_replicas_in_sync, flight_recorder* recorder) {
-  auto leaves = flatten(call.request.value);
-  auto sig = signature_from(call, leaves);
+  // This thread's scratch, or (for a call made while another is in progress on this thread,
+  // which nothing does today) one of its own. The leaves are let go at the end of the call: a
+  // tensor held here would make the caller's next write to it copy its storage.
+  thread_local lone_scratch kept;
+  lone_scratch own;
+  auto& scratch = kept.busy ? own : kept;
+  scratch.busy = true;
+  struct release {
+    lone_scratch& s;
+    ~release() {
+      s.leaves.clear();
+      s.busy = false;
+    }
+  } done{scratch};
+  auto& leaves = scratch.leaves;
+  leaves.clear();
+  if (call.request.value.is_tensor())
+    leaves.push_back(call.request.value.as_tensor());
+  else
+    leaves = flatten(call.request.value);
+  auto& sig = scratch.sig;
+  signature_from(call, leaves, sig);
   const int64_t given_axis = sig.axis;
   int64_t axis = call.request.axis;
   auto problem = check_arguments(call, leaves, num_replicas_in_sync, &axis);
@@ -289,7 +321,7 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
   if (reads_in_place(sig, leaves)) {
     // The replica's own values are this worker's part: the exchange reads them in place and
     // writes the result to tensors of its own (no partial to build, nothing copied).
-    cc.leaves = std::move(leaves);
+    cc.leaves.swap(leaves);
     cc.leaves_are_inputs = true;
     cc.count = 1;
   } else {
@@ -304,9 +336,13 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
     }
   }
   auto out = cross.run(transport::communicator::lane::step, cc);
+  if (cc.leaves_are_inputs)
+    leaves.swap(cc.leaves); // the scratch's vector back, for the next call
   if (!out)
     throw to_consort_error(rec.finish(out.error(), cc.timeout), "");
   (void)rec.finish({}, cc.timeout);
+  if (call.request.value.is_tensor() && out->size() == 1)
+    return nest(std::move(out->front()));
   return pack_as(call.request.value, *out);
 }
 

@@ -58,18 +58,38 @@
 #include <string>
 #include <vector>
 
+#include <execinfo.h>
+#include <unistd.h>
+
 // -- a counting allocator
 // -------------------------------------------------------------------------- The `allocs` column:
 // the heap allocations that the timed collective call makes on its caller's thread (a lone
 // replica's call runs whole there, the exchange with the other workers included). Every operator
-// new of the program comes here; the aligned forms keep the library's own.
+// new of the program comes here; the aligned forms keep the library's own. `--trace-allocs 1`
+// prints where each allocation of the last timed call of each row comes from.
 
 namespace {
 thread_local uint64_t thread_allocations = 0;
+/// Set around one timed call by `--trace-allocs 1`: each allocation of the call prints its
+/// backtrace (raw addresses, for addr2line) to stderr.
+thread_local bool trace_allocations = false;
+
+void print_backtrace(std::size_t bytes) {
+  trace_allocations = false; // backtrace() may allocate the first time
+  void* frames[32];
+  const int n = backtrace(frames, 32);
+  char line[64];
+  const int len = std::snprintf(line, sizeof(line), "# alloc %zu bytes:\n", bytes);
+  (void)!write(2, line, static_cast<std::size_t>(len));
+  backtrace_symbols_fd(frames, n, 2);
+  trace_allocations = true;
+}
 } // namespace
 
 void* operator new(std::size_t bytes) {
   ++thread_allocations;
+  if (trace_allocations)
+    print_backtrace(bytes);
   if (void* p = std::malloc(bytes > 0 ? bytes : 1))
     return p;
   throw std::bad_alloc();
@@ -285,6 +305,8 @@ int run(int argc, char** argv) {
            "all-reduces of one float inside the step before the timed call (at least 1)");
   opts.add("dtype", "float32", "element type: float32, float16 or bfloat16");
   opts.add("recorder", "on", "the flight recorder: on (2000 entries) or off");
+  opts.add("trace-allocs", "0",
+           "1: rank 0 prints a backtrace (addresses) per allocation of each row's last call");
   opts.add("json", "", "rank 0 also writes the results (with every sample) as JSON to this file");
   opts.parse(argc, argv);
   const auto min_bytes = opts.bytes("min-bytes");
@@ -295,6 +317,7 @@ int run(int argc, char** argv) {
   const auto large_bytes = opts.bytes("large-bytes");
   const auto large_iters = opts.integer("large-iters") > 0 ? opts.integer("large-iters") : iters;
   const auto step_barriers = opts.integer("step-barriers");
+  const bool trace_allocs = opts.integer("trace-allocs") != 0;
   if (min_bytes < 4 || max_bytes < min_bytes || factor < 2 || warmup < 0 || iters <= 0 ||
       step_barriers < 1)
     opts.fail("need 4 <= --min-bytes <= --max-bytes, --factor >= 2, --warmup >= 0, --iters > 0, "
@@ -380,7 +403,8 @@ int run(int argc, char** argv) {
       auto inputs = mw.distribute_values([&](int id) { return op.init(id, elements); });
       // Each replica times its call and returns [time in ns, the collective's result]; the
       // caller checks the results after its own clock stopped.
-      auto step = [&op, &one, step_barriers](replica_context& ctx, const tensor& x) {
+      bool trace = false;
+      auto step = [&op, &one, step_barriers, &trace](replica_context& ctx, const tensor& x) {
         // Barriers inside the step, as the raw algorithm's bench has one right before its timed
         // call (after a call in step with the peers): the clock then starts with every worker at
         // the call, and the time is the collective's, not the skew of the workers' step starts
@@ -388,9 +412,11 @@ int run(int argc, char** argv) {
         for (int64_t b = 0; b < step_barriers; ++b)
           (void)ctx.all_reduce("SUM", one);
         const auto allocations = thread_allocations;
+        trace_allocations = trace;
         auto t0 = steady_clock::now();
         auto out = op.call(ctx, x);
         auto t1 = steady_clock::now();
+        trace_allocations = false;
         const auto made = thread_allocations - allocations;
         return nest::list(
             {tensor::scalar<double>(std::chrono::duration<double, std::nano>(t1 - t0).count()),
@@ -398,6 +424,7 @@ int run(int argc, char** argv) {
       };
       double wrong = 0;
       for (int64_t it = 0; it < warmup + r.iters; ++it) {
+        trace = trace_allocs && rank == 0 && it + 1 == warmup + r.iters;
         barrier();
         auto t0 = steady_clock::now();
         auto values = mw.run(step, inputs);

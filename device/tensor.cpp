@@ -5,10 +5,12 @@
 #include <consort/error.hpp>
 #include <consort/tensor.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -67,6 +69,23 @@ std::string to_string(const shape_t& shape) {
   }
   out += ']';
   return out;
+}
+
+void shape_t::check_index(size_t i) const {
+  if (i >= size_)
+    throw std::out_of_range("shape_t::at: index " + std::to_string(i) + " of a shape of rank " +
+                            std::to_string(size_));
+}
+
+void shape_t::grow(size_t at_least) {
+  const size_t capacity = std::max(at_least, size_t{2} * inline_rank);
+  auto* heap = new int64_t[capacity];
+  const auto* from = data();
+  for (size_t i = 0; i < size_; ++i)
+    heap[i] = from[i];
+  release();
+  heap_ = heap;
+  capacity_ = static_cast<uint32_t>(capacity);
 }
 
 int64_t num_elements(const shape_t& shape) noexcept {

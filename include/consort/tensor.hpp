@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -205,7 +207,208 @@ template <class T>
 inline constexpr dtype dtype_of = dtype_traits<T>::value;
 
 /// A shape: one extent per axis, outermost first. `{}` is a scalar.
-using shape_t = std::vector<int64_t>;
+///
+/// A sequence of int64_t with the interface of `std::vector<int64_t>` (and conversions to and from
+/// it) whose first `inline_rank` extents live in the object itself: a shape of rank up to
+/// `inline_rank` is copied without a heap allocation, so copying a tensor (which the engine does on
+/// every collective call) allocates nothing. Higher ranks go to the heap.
+class shape_t {
+public:
+  using value_type = int64_t;
+  using size_type = size_t;
+  using difference_type = std::ptrdiff_t;
+  using reference = int64_t&;
+  using const_reference = const int64_t&;
+  using pointer = int64_t*;
+  using const_pointer = const int64_t*;
+  using iterator = int64_t*;
+  using const_iterator = const int64_t*;
+  using reverse_iterator = std::reverse_iterator<iterator>;
+  using const_reverse_iterator = std::reverse_iterator<const_iterator>;
+
+  /// The most extents held without a heap allocation.
+  static constexpr size_t inline_rank = 6;
+
+  shape_t() noexcept {}
+  explicit shape_t(size_t n) { assign(n, 0); }
+  shape_t(size_t n, int64_t value) { assign(n, value); }
+  shape_t(std::initializer_list<int64_t> extents) { assign(extents.begin(), extents.end()); }
+  template <class It, std::enable_if_t<!std::is_integral_v<It>, int> = 0>
+  shape_t(It first, It last) {
+    assign(first, last);
+  }
+  /// From a vector of extents (implicit, as the shape once was that vector).
+  shape_t(const std::vector<int64_t>& extents) { // NOLINT(google-explicit-constructor)
+    assign(extents.begin(), extents.end());
+  }
+  shape_t(const shape_t& other) { assign(other.begin(), other.end()); }
+  shape_t(shape_t&& other) noexcept { take(other); }
+  ~shape_t() { release(); }
+
+  shape_t& operator=(const shape_t& other) {
+    if (this != &other)
+      assign(other.begin(), other.end());
+    return *this;
+  }
+  shape_t& operator=(shape_t&& other) noexcept {
+    if (this != &other) {
+      release();
+      take(other);
+    }
+    return *this;
+  }
+  shape_t& operator=(std::initializer_list<int64_t> extents) {
+    assign(extents.begin(), extents.end());
+    return *this;
+  }
+
+  /// The extents as a vector.
+  operator std::vector<int64_t>() const { // NOLINT(google-explicit-constructor)
+    return std::vector<int64_t>(begin(), end());
+  }
+
+  // -- element access
+
+  int64_t* data() noexcept { return on_heap() ? heap_ : inline_; }
+  const int64_t* data() const noexcept { return on_heap() ? heap_ : inline_; }
+  int64_t& operator[](size_t i) noexcept { return data()[i]; }
+  const int64_t& operator[](size_t i) const noexcept { return data()[i]; }
+  int64_t& at(size_t i) {
+    check_index(i);
+    return data()[i];
+  }
+  const int64_t& at(size_t i) const {
+    check_index(i);
+    return data()[i];
+  }
+  int64_t& front() noexcept { return data()[0]; }
+  const int64_t& front() const noexcept { return data()[0]; }
+  int64_t& back() noexcept { return data()[size_ - 1]; }
+  const int64_t& back() const noexcept { return data()[size_ - 1]; }
+
+  // -- iterators
+
+  iterator begin() noexcept { return data(); }
+  const_iterator begin() const noexcept { return data(); }
+  const_iterator cbegin() const noexcept { return data(); }
+  iterator end() noexcept { return data() + size_; }
+  const_iterator end() const noexcept { return data() + size_; }
+  const_iterator cend() const noexcept { return data() + size_; }
+  reverse_iterator rbegin() noexcept { return reverse_iterator(end()); }
+  const_reverse_iterator rbegin() const noexcept { return const_reverse_iterator(end()); }
+  reverse_iterator rend() noexcept { return reverse_iterator(begin()); }
+  const_reverse_iterator rend() const noexcept { return const_reverse_iterator(begin()); }
+
+  // -- capacity
+
+  bool empty() const noexcept { return size_ == 0; }
+  size_t size() const noexcept { return size_; }
+  size_t capacity() const noexcept { return capacity_; }
+  void reserve(size_t n) {
+    if (n > capacity_)
+      grow(n);
+  }
+
+  // -- modifiers
+
+  void clear() noexcept { size_ = 0; }
+  void push_back(int64_t extent) {
+    if (size_ == capacity_)
+      grow(capacity_ * 2);
+    data()[size_++] = extent;
+  }
+  int64_t& emplace_back(int64_t extent) {
+    push_back(extent);
+    return back();
+  }
+  void pop_back() noexcept { --size_; }
+  void resize(size_t n, int64_t value = 0) {
+    reserve(n);
+    for (size_t i = size_; i < n; ++i)
+      data()[i] = value;
+    size_ = static_cast<uint32_t>(n);
+  }
+  void assign(size_t n, int64_t value) {
+    clear();
+    resize(n, value);
+  }
+  template <class It, std::enable_if_t<!std::is_integral_v<It>, int> = 0>
+  void assign(It first, It last) {
+    clear();
+    for (; first != last; ++first)
+      push_back(static_cast<int64_t>(*first));
+  }
+  void assign(std::initializer_list<int64_t> extents) { assign(extents.begin(), extents.end()); }
+  iterator insert(const_iterator pos, int64_t extent) {
+    const auto at = static_cast<size_t>(pos - begin());
+    push_back(extent);
+    auto* p = data();
+    for (size_t i = size_ - 1; i > at; --i)
+      p[i] = p[i - 1];
+    p[at] = extent;
+    return p + at;
+  }
+  iterator erase(const_iterator pos) { return erase(pos, pos + 1); }
+  iterator erase(const_iterator first, const_iterator last) {
+    auto* p = data();
+    const auto from = static_cast<size_t>(first - p);
+    const auto to = static_cast<size_t>(last - p);
+    for (size_t i = to; i < size_; ++i)
+      p[from + i - to] = p[i];
+    size_ = static_cast<uint32_t>(size_ - (to - from));
+    return p + from;
+  }
+  void swap(shape_t& other) noexcept {
+    shape_t tmp = std::move(other);
+    other = std::move(*this);
+    *this = std::move(tmp);
+  }
+
+  friend bool operator==(const shape_t& a, const shape_t& b) noexcept {
+    if (a.size_ != b.size_)
+      return false;
+    for (size_t i = 0; i < a.size_; ++i)
+      if (a[i] != b[i])
+        return false;
+    return true;
+  }
+  friend bool operator!=(const shape_t& a, const shape_t& b) noexcept { return !(a == b); }
+  /// Lexicographic, as std::vector's.
+  friend bool operator<(const shape_t& a, const shape_t& b) noexcept {
+    for (size_t i = 0; i < a.size_ && i < b.size_; ++i)
+      if (a[i] != b[i])
+        return a[i] < b[i];
+    return a.size_ < b.size_;
+  }
+
+private:
+  bool on_heap() const noexcept { return capacity_ > inline_rank; }
+  void check_index(size_t i) const;
+  void grow(size_t at_least);
+  void release() noexcept {
+    if (on_heap())
+      delete[] heap_;
+  }
+  /// Takes `other`'s extents and leaves it an empty inline shape.
+  void take(shape_t& other) noexcept {
+    size_ = other.size_;
+    capacity_ = other.capacity_;
+    if (other.on_heap())
+      heap_ = other.heap_;
+    else
+      for (size_t i = 0; i < size_; ++i)
+        inline_[i] = other.inline_[i];
+    other.size_ = 0;
+    other.capacity_ = inline_rank;
+  }
+
+  uint32_t size_ = 0;
+  uint32_t capacity_ = inline_rank;
+  union {
+    int64_t inline_[inline_rank];
+    int64_t* heap_;
+  };
+};
 
 /// Formats a shape as "[2, 3]".
 std::string to_string(const shape_t& shape);

@@ -183,8 +183,10 @@ caf::error descriptor_exchange::exchange_direct() {
   const auto tag = detail::message_tag(opts.tag, 0);
   std::array<operation_ptr, direct_max_workers> recvs;
   std::array<operation_ptr, direct_max_workers> sends;
-  std::vector<const_bytes> parts{
-      {reinterpret_cast<const std::byte*>(&mine_), sizeof(call_descriptor)}};
+  // Sized once: every peer's send takes a copy of it but the last, which takes it.
+  std::vector<const_bytes> parts;
+  parts.reserve(1 + (gather_extents_ ? 1 : 0) + (mine_.fused ? call_.leaves.size() : 0));
+  parts.push_back({reinterpret_cast<const std::byte*>(&mine_), sizeof(call_descriptor)});
   if (gather_extents_)
     parts.push_back({reinterpret_cast<const std::byte*>(my_extents_.data()),
                      my_extents_.size() * sizeof(int64_t)});
@@ -199,7 +201,11 @@ caf::error descriptor_exchange::exchange_direct() {
       recvs[static_cast<size_t>(p)] = ctx_->to(p).recv_at_most(tag, {slot(p), slot_bytes});
   for (int k = 1; k < size_; ++k) {
     const int p = detail::ring_add(rank_, k, size_);
-    sends[static_cast<size_t>(p)] = ctx_->to(p).send(tag, parts);
+    auto& send = sends[static_cast<size_t>(p)];
+    if (k + 1 < size_)
+      send = ctx_->to(p).send(tag, parts);
+    else
+      send = ctx_->to(p).send(tag, std::move(parts));
   }
   for (int k = 1; k < size_; ++k) {
     const int p = detail::ring_add(rank_, -k, size_);

@@ -14,9 +14,8 @@ void shm_context::queue_goodbyes(const std::string& reason) {
     bool lost;
     {
       std::lock_guard<std::mutex> guard{l.in_mtx};
-      for (auto& [tag, ops] : l.posted)
-        for (auto& op : ops)
-          op->fail(errc::shutdown, "this rank has left the group (close was called)");
+      for (auto& op : l.posted)
+        op->fail(errc::shutdown, "this rank has left the group (close was called)");
       l.posted.clear();
       // A peer that left still reads until it has this rank's goodbye; a lost one reads nothing.
       lost = l.failed.load(std::memory_order_acquire) && !l.goodbye;

@@ -12,6 +12,19 @@ namespace consort::transport::shm::impl {
 
 namespace {
 
+/// Removes and returns the oldest entry of `pending` (posted receives or stashes) with `tag`, or
+/// null.
+template <class Ptr>
+Ptr take_oldest(std::vector<Ptr>& pending, uint64_t tag) {
+  auto it =
+      std::find_if(pending.begin(), pending.end(), [tag](const Ptr& p) { return p->tag == tag; });
+  if (it == pending.end())
+    return nullptr;
+  Ptr found = std::move(*it);
+  pending.erase(it);
+  return found;
+}
+
 /// Whether a message of `bytes` fits receive `op`.
 inline bool fits(const shm_op& op, uint64_t bytes) {
   return op.at_most ? bytes <= op.into.size() : bytes == op.into.size();
@@ -27,13 +40,9 @@ void fail_mismatch(shm_op& op, uint64_t bytes) {
 /// what arrived of it, and either completes `op` or makes it take the rest as it arrives. Whether
 /// there was such a message. @pre l.in_mtx is held.
 bool take_stashed(peer_link& l, const op_ptr& op) {
-  auto it = l.stashed.find(op->tag);
-  if (it == l.stashed.end() || it->second.empty())
+  auto s = take_oldest(l.stashed, op->tag);
+  if (!s)
     return false;
-  auto s = it->second.front();
-  it->second.pop_front();
-  if (it->second.empty())
-    l.stashed.erase(it);
   const bool in_flight = l.current_stash == s;
   if (!fits(*op, s->size)) {
     fail_mismatch(*op, s->size);
@@ -65,12 +74,7 @@ void begin_message(peer_link& l, const frame_header& h) {
   l.current_text.clear();
   if (h.kind == goodbye_frame)
     return;
-  auto it = l.posted.find(h.tag);
-  if (it != l.posted.end() && !it->second.empty()) {
-    auto op = it->second.front();
-    it->second.pop_front();
-    if (it->second.empty())
-      l.posted.erase(it);
+  if (auto op = take_oldest(l.posted, h.tag)) {
     if (fits(*op, h.bytes))
       l.current_op = std::move(op);
     else
@@ -78,7 +82,7 @@ void begin_message(peer_link& l, const frame_header& h) {
     return;
   }
   auto s = std::make_shared<stash>(h.tag, static_cast<std::size_t>(h.bytes));
-  l.stashed[h.tag].push_back(s);
+  l.stashed.push_back(s);
   l.current_stash = std::move(s);
 }
 
@@ -140,7 +144,7 @@ operation_ptr shm_context::recv(int peer, uint64_t tag, mutable_bytes into, bool
     op->fail(l.fail_code, l.fail_cause);
     return op;
   }
-  l.posted[tag].push_back(op);
+  l.posted.push_back(op);
   return op;
 }
 

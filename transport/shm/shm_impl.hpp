@@ -178,8 +178,13 @@ struct peer_link {
   // Incoming: guarded by in_mtx.
   std::mutex in_mtx;
   ring_view in;
-  std::unordered_map<uint64_t, std::deque<op_ptr>> posted;
-  std::unordered_map<uint64_t, std::deque<stash_ptr>> stashed;
+  /// Receives waiting for their message, in posting order (a message takes the oldest of its tag),
+  /// and messages that came before their receive, in arrival order (a receive takes the oldest of
+  /// its tag). Flat vectors rather than a map of queues per tag: few are pending at a time, the
+  /// oldest of a tag is nearly always in front, and a vector keeps its capacity, so that posting a
+  /// receive or stashing a message allocates no node.
+  std::vector<op_ptr> posted;
+  std::vector<stash_ptr> stashed;
   /// The message being read: its header, the bytes read, and where they go (an op, a stash, the
   /// goodbye's reason, or nowhere: a dropped message).
   bool reading = false;
@@ -206,9 +211,8 @@ struct peer_link {
 
   /// Fails every posted receive with the peer's failure. @pre in_mtx is held.
   void fail_posted() {
-    for (auto& [tag, ops] : posted)
-      for (auto& op : ops)
-        op->fail(fail_code, fail_cause);
+    for (auto& op : posted)
+      op->fail(fail_code, fail_cause);
     posted.clear();
   }
 };
