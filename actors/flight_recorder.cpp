@@ -187,6 +187,21 @@ void install_signal_once() {
   });
 }
 
+std::string host_name() {
+  std::array<char, 256> buf{};
+  if (::gethostname(buf.data(), buf.size() - 1) != 0)
+    return {};
+  return std::string(buf.data());
+}
+
+/// The kernel's id of this boot ("" when unreadable): two steady clocks compare only within one.
+std::string boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
 int64_t unix_us_now() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -233,6 +248,17 @@ flight_recorder::flight_recorder(size_t entries, int rank, std::vector<std::stri
 flight_recorder::~flight_recorder() {
   if (capacity_ == 0)
     return;
+  // CONSORT_FLIGHT_RECORDER_DUMP_AT_END=1: the ring of a job that ended well, for the job's
+  // trace and its stragglers (tools/consort-diagnose --trace, --stragglers).
+  if (const char* env = std::getenv("CONSORT_FLIGHT_RECORDER_DUMP_AT_END");
+      env != nullptr && std::string{env} == "1") {
+    try {
+      auto path = dump("", "end");
+      std::cerr << "consort: " << name() << ": flight recorder written to " << path << std::endl;
+    } catch (const std::exception& e) {
+      std::cerr << "consort: " << e.what() << std::endl;
+    }
+  }
   std::lock_guard<std::mutex> guard{recorders().mu};
   std::erase(recorders().live, this);
 }
@@ -498,6 +524,15 @@ std::string flight_recorder::to_json(const std::string& reason) const {
   // Times are microseconds since `epoch_unix_us` (this process's wall clock when the recorder
   // started; the entries are on its steady clock).
   doc["epoch_unix_us"] = epoch_unix_us_;
+  // The same instant on the steady clock (CLOCK_MONOTONIC, one clock for every process of a boot
+  // of a host), with the host and boot it belongs to: tools/consort-diagnose estimates the
+  // workers' clock offsets from the collectives alone, and checks the estimate against this clock
+  // when every dump comes from one boot of one host.
+  doc["clock"] = {
+      {"steady_epoch_ns",
+       std::chrono::duration_cast<std::chrono::nanoseconds>(epoch_.time_since_epoch()).count()},
+      {"host", host_name()},
+      {"boot_id", boot_id()}};
   json entries = json::array();
   {
     std::lock_guard<std::mutex> guard{mu_};

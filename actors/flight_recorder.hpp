@@ -81,6 +81,8 @@ public:
   /// A ring of `entries` (0: off, every call below does nothing) for worker `rank` of `names`
   /// (names in rank order, "worker:0", ...; one name for a single worker).
   flight_recorder(size_t entries, int rank, std::vector<std::string> names);
+  /// With CONSORT_FLIGHT_RECORDER_DUMP_AT_END=1, first writes the ring to `default_path()` (reason
+  /// "end"; a failed write is one line on stderr).
   ~flight_recorder();
 
   flight_recorder(const flight_recorder&) = delete;

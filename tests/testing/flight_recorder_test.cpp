@@ -393,6 +393,14 @@ TEST(FlightRecorder, ADumpHoldsEveryCollectiveWithItsNumberStateAndArrivals) {
   EXPECT_EQ(doc["worker"], "worker:1");
   EXPECT_EQ(doc["rank"], 1);
   EXPECT_EQ(doc["last_number"], 3);
+  // The steady clock's reading at the recorder's start, for consort-diagnose --clocks' check.
+  const int64_t steady_now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count();
+  ASSERT_TRUE(doc["clock"]["steady_epoch_ns"].is_number_integer());
+  EXPECT_GT(doc["clock"]["steady_epoch_ns"].get<int64_t>(), 0);
+  EXPECT_LE(doc["clock"]["steady_epoch_ns"].get<int64_t>(), steady_now);
+  EXPECT_FALSE(doc["clock"]["boot_id"].get<std::string>().empty());
   std::vector<uint64_t> numbers;
   int starts = 0;
   int ends = 0;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/consort-diagnose on hand-made flight recorder dumps: a worker behind, a worker ahead,
-# signatures that disagree (with a majority and without), a worker that left no dump, and bad
-# input. Usage: diagnose_test.sh PATH/TO/consort-diagnose
+# signatures that disagree (with a majority and without), a worker that left no dump, bad input;
+# and the clocks, the trace and the stragglers of made-up dumps whose true times are known. Usage: diagnose_test.sh PATH/TO/consort-diagnose
 set -uo pipefail
 diagnose=$1
 dir=$(mktemp -d)
@@ -64,6 +64,80 @@ echo '{"not": "a dump"}' >"$dir/other.json"
 expect "not a dump" "is not a flight recorder dump" "$dir/other.json"
 if "$diagnose" "$dir/other.json" >/dev/null 2>&1; then
   echo "FAIL nothing to read must exit non-zero"
+  failures=$((failures + 1))
+fi
+
+# One timeline and stragglers, on dumps made up from known true times: 3 workers whose wall
+# clocks are 2.5 s and -37 ms off the chief's and whose recorders started at different times, 40
+# steps of 10 ms with one all-reduce each. In "late", worker 1 arrives 1 ms (10 %) after the
+# others at every step; in "even", the arrivals differ by up to 50 us at random.
+made_up() {
+  python3 - "$dir/$1" "$2" <<'PY'
+import json, os, random, sys
+out, late = sys.argv[1], float(sys.argv[2])
+os.makedirs(out, exist_ok=True)
+rng = random.Random(33)
+wall = {0: 0, 1: 2_500_000, 2: -37_000}     # each wall clock's offset from true time, us
+began = {0: 1_000, 1: 1_700, 2: 2_300}      # when each recorder began, true us
+boot = 1_000_000_000                        # the shared steady clock at true time 0, us
+entries = {w: [] for w in wall}
+for step in range(40):
+    t0 = 10_000 + step * 10_400
+    arrive = {w: t0 + 9_000 + rng.uniform(0, 50) + (late if w == 1 else 0) for w in wall}
+    release = max(arrive.values()) + 5
+    for w in wall:
+        local = lambda t: round(t - began[w])
+        entries[w].append({"type": "step_start", "step": step, "time_us": local(t0)})
+        entries[w].append({"type": "collective", "number": step + 1, "step": step, "seq": 0,
+                           "replica": 0, "op": "all_reduce(SUM)", "signature": "float32[2]",
+                           "state": "done", "enqueue_us": local(arrive[w]),
+                           "start_us": local(arrive[w]),
+                           "end_us": local(release + rng.uniform(0, 8)), "arrived": [0, 1, 2]})
+        entries[w].append({"type": "step_end", "step": step, "ok": True,
+                           "time_us": local(release + 20)})
+for w in wall:
+    doc = {"format": "consort-flight-recorder-1", "worker": f"worker:{w}", "rank": w,
+           "workers": ["worker:0", "worker:1", "worker:2"], "pid": 100 + w,
+           "epoch_unix_us": 1_700_000_000_000_000 + began[w] + wall[w],
+           "clock": {"steady_epoch_ns": (boot + began[w]) * 1000, "host": "h", "boot_id": "b"},
+           "entries": entries[w]}
+    json.dump(doc, open(os.path.join(out, f"consort-flight-worker-{w}-{100 + w}.json"), "w"))
+PY
+}
+made_up late 1000
+made_up even 0
+expect "a straggler" "straggler: worker:1 arrived last at 20 of the last 20 steps (steps 20-39)" --stragglers "$dir/late"
+expect "named within 20 steps" "named from step 10" --stragglers "$dir/late"
+expect "the straggler's metric" "worker:1 last_steps=20/20 late_ms=0.9" --stragglers "$dir/late"
+expect "no straggler" "stragglers: none" --stragglers "$dir/even"
+for sub in late even; do
+  got=$("$diagnose" --clocks "$dir/$sub" 2>&1)
+  while read -r off; do
+    if ! awk -v v="$off" 'BEGIN { exit !(v <= 100) }'; then
+      echo "FAIL clocks of $sub: an estimate is off by $off us (> 100): $got"
+      failures=$((failures + 1))
+    fi
+  done < <(grep -oP 'the estimate is off by \K[0-9.]+' <<<"$got")
+  if [ "$(grep -c 'the estimate is off by' <<<"$got")" -ne 2 ]; then
+    echo "FAIL clocks of $sub: the estimates were not checked against the shared clock: $got"
+    failures=$((failures + 1))
+  fi
+done
+expect "a trace" "trace: " --trace "$dir/late.json" "$dir/late"
+if ! python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert any(e.get("ph") == "C" and e["args"]["ms"] > 0.9 for e in d["traceEvents"])' "$dir/late.json"; then
+  echo "FAIL the trace has no lateness counter for the straggler"
+  failures=$((failures + 1))
+fi
+# A directory with an older dump of worker 1 too (another job's): the newest is read.
+mkdir -p "$dir/twice"
+cp "$dir"/late/*.json "$dir/twice/"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["epoch_unix_us"] -= 10**7; d["entries"] = d["entries"][:3]; json.dump(d, open(sys.argv[2], "w"))' \
+  "$dir/late/consort-flight-worker-1-101.json" "$dir/twice/consort-flight-worker-1-99.json"
+expect "an older dump" "4 dumps of 3 workers; the newest of each" --stragglers "$dir/twice"
+expect "an older dump left out" "straggler: worker:1 arrived last at 20 of the last 20" --stragglers "$dir/twice"
+"$diagnose" --straggler-steps 0 "$dir/late" >/dev/null 2>&1
+if [ $? -ne 2 ]; then
+  echo "FAIL --straggler-steps 0 must be a usage error (exit 2)"
   failures=$((failures + 1))
 fi
 

@@ -1,0 +1,48 @@
+// straggler_job: a job whose worker SLOW computes PERCENT % longer than the others in every step,
+// for the flight recorder's straggler and clock tests under tools/consort-launch
+// (tests/testing/straggler_test.sh).
+//
+// Usage: CONSORT_DUMP_DIR=DIR straggler_job STEPS WORK_MS SLOW PERCENT
+//
+// Every worker runs STEPS steps; a step computes for WORK_MS ms (SLOW: WORK_MS * (1 + PERCENT /
+// 100)), then makes two all-reduces of float32[256]. Each worker then writes its flight recorder
+// to DIR (strategy.dump_flight_recorder). SLOW -1 is an even run.
+//
+// The computation is a sleep: it stands for the step's work, it waits for nothing (on a 2-core
+// machine a busy loop in three processes would take the cores the transport needs).
+
+#include <consort/consort.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+int main(int argc, char** argv) {
+  using namespace std::chrono_literals;
+  if (argc != 5) {
+    std::cerr << "usage: straggler_job STEPS WORK_MS SLOW PERCENT" << std::endl;
+    return 2;
+  }
+  const int steps = std::atoi(argv[1]);
+  const double work_ms = std::atof(argv[2]);
+  const int slow = std::atoi(argv[3]);
+  const double percent = std::atof(argv[4]);
+  consort::strategy_options opts;
+  opts.collective_timeout = 30s;
+  consort::multi_worker_mirrored_strategy s(opts);
+  const double mine = s.worker_rank() == slow ? work_ms * (1 + percent / 100) : work_ms;
+  const auto work = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::duration<double, std::milli>(mine));
+  auto step = [work](consort::replica_context& ctx) {
+    std::this_thread::sleep_for(work);
+    auto x = ctx.all_reduce("SUM", consort::tensor::zeros(consort::dtype::float32, {256}));
+    return ctx.all_reduce("SUM", x);
+  };
+  for (int i = 0; i < steps; ++i)
+    s.run(step);
+  std::cout << "worker " << s.worker_rank() << ": " << steps << " steps of "
+            << static_cast<double>(work.count()) / 1000 << " ms; flight recorder written to "
+            << s.dump_flight_recorder() << std::endl;
+  return 0;
+}
