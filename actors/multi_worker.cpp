@@ -19,7 +19,12 @@
 #include "transport/communicator.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstddef>
+#include <cstring>
+#include <limits>
+#include <tuple>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -27,6 +32,12 @@
 #include <map>
 #include <mutex>
 #include <set>
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 namespace consort {
 
@@ -36,6 +47,8 @@ namespace detail {
 struct joined_cluster {
   std::shared_ptr<const cluster_resolver> resolver;
   std::unique_ptr<runtime> rt;
+  /// Elastic groups only: what re-forms the group.
+  std::shared_ptr<elastic_group> group;
 };
 
 } // namespace detail
@@ -185,6 +198,314 @@ caf::expected<bool> agree(transport::context& mesh, bool vote, transport::deadli
   return answer == std::byte{1};
 }
 
+/// A port of `host` held for an epoch's mesh before its view says the rank and size: bound with
+/// SO_REUSEADDR and not listening, so that nothing else takes it and the mesh can listen on it
+/// (peers that connect before it listens are refused, and retry).
+class port_reservation {
+public:
+  explicit port_reservation(const std::string& host) {
+    auto bare = host;
+    if (bare.size() >= 2 && bare.front() == '[' && bare.back() == ']')
+      bare = bare.substr(1, bare.size() - 2);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* found = nullptr;
+    if (int rc = ::getaddrinfo(bare.c_str(), "0", &hints, &found); rc != 0 || !found)
+      throw_error(errc::invalid_argument, "reserving a port on \"" + host +
+                                              "\" for the next epoch: " + ::gai_strerror(rc));
+    std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard{found, ::freeaddrinfo};
+    fd_ = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    sockaddr_storage bound{};
+    socklen_t length = sizeof bound;
+    if (fd_ < 0 || ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        ::bind(fd_, found->ai_addr, found->ai_addrlen) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+      auto why = std::string{std::strerror(errno)};
+      release();
+      throw_error(errc::invalid_argument,
+                  "reserving a port on \"" + host + "\" for the next epoch: " + why);
+    }
+    const auto port = bound.ss_family == AF_INET6
+                          ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                          : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    address_ = host + ":" + std::to_string(port);
+  }
+  ~port_reservation() { release(); }
+  port_reservation(const port_reservation&) = delete;
+  port_reservation& operator=(const port_reservation&) = delete;
+
+  const std::string& address() const noexcept { return address_; }
+  void release() noexcept {
+    if (fd_ >= 0)
+      ::close(fd_);
+    fd_ = -1;
+  }
+
+private:
+  int fd_ = -1;
+  std::string address_;
+};
+
+/// A loss or a change of the group fails the cross-worker phase at once: before it exists, the
+/// contexts that setting it up waits on. The membership service calls it on its I/O thread.
+struct loss_target {
+  std::mutex mtx;
+  /// Why the group of epochs before `aborted_before` ended (the first cause kept), and the code
+  /// their calls fail with: peer_lost, or (elastic) membership_changed.
+  std::string cause;
+  errc code = errc::peer_lost;
+  uint64_t aborted_before = 0;
+  /// The current epoch's parts.
+  uint64_t epoch = 0;
+  std::weak_ptr<transport::communicator> cross;
+  std::vector<transport::context_ptr> contexts;
+
+  /// Parts of `epoch` from now on; those of an epoch already ended are aborted at once.
+  void begin(uint64_t e) {
+    std::lock_guard<std::mutex> guard{mtx};
+    epoch = e;
+    cross.reset();
+    contexts.clear();
+  }
+  void add(const transport::context_ptr& c) {
+    std::lock_guard<std::mutex> guard{mtx};
+    contexts.push_back(c);
+    if (epoch < aborted_before)
+      c->abort(cause, code);
+  }
+  void add(const std::shared_ptr<transport::communicator>& c) {
+    std::lock_guard<std::mutex> guard{mtx};
+    cross = c;
+    if (epoch < aborted_before)
+      c->abort(cause, code);
+  }
+  /// Ends every epoch before `next` (0: every epoch: the group ended).
+  void end(uint64_t next, const std::string& why, errc c) {
+    std::lock_guard<std::mutex> guard{mtx};
+    const auto before = next == 0 ? std::numeric_limits<uint64_t>::max() : next;
+    if (before <= aborted_before)
+      return;
+    aborted_before = before;
+    cause = why;
+    code = c;
+    if (epoch >= before)
+      return;
+    if (auto comm = cross.lock())
+      comm->abort(cause, code);
+    for (auto& ctx : contexts)
+      ctx->abort(cause, code);
+  }
+  /// Whether a change after epoch `e` was announced.
+  bool changed_after(uint64_t e) {
+    std::lock_guard<std::mutex> guard{mtx};
+    return aborted_before > e;
+  }
+};
+
+} // namespace
+
+/// What a worker keeps of its cluster to form each epoch's group: the membership service, how
+/// it connects, and what it tells the runtime. The strategy holds it (elastic groups re-form).
+struct detail::elastic_group {
+  strategy_options opts;
+  multi_worker_options mw;
+  std::string choice; // transport: auto, tcp or shm
+  std::vector<std::string> devices;
+  std::vector<task_id> tasks;
+  task_id me;
+  std::string own_host;
+  /// Names epoch 1's mesh and shared memory of a group that is not elastic (its view's group id
+  /// is not known when the mesh listens).
+  std::string mw_group_key;
+  std::string secret;
+  std::function<void(const std::string&)> log;
+  size_t recorder_entries = 0;
+  std::shared_ptr<membership::service> service;
+  std::shared_ptr<loss_target> target = std::make_shared<loss_target>();
+  std::shared_ptr<flight_recorder> first_recorder;
+  std::vector<uint8_t> nccl_unique_id;
+  membership::view view;
+  /// Whether this process formed an epoch yet (a first view of a later epoch: it joined a
+  /// running group).
+  bool formed_any = false;
+  /// Set when the runtime of the current epoch is retired: its shutdown must not leave.
+  std::shared_ptr<std::atomic<bool>> retired;
+  bool elastic() const noexcept { return mw.elastic_min_workers > 0; }
+
+  /// The runtime of `v`'s epoch over `ctx`, a TCP context of this worker that listens for it.
+  std::unique_ptr<runtime> connect(const membership::view& v,
+                                   std::shared_ptr<transport::tcp::context> ctx);
+  /// `v`'s epoch, and the epochs that follow while changes are announced during its set-up
+  /// (elastic); `ctx` listens for `v`'s, or is null to listen on `reserved`.
+  std::unique_ptr<runtime> form(membership::view v, std::shared_ptr<transport::tcp::context> ctx,
+                                std::unique_ptr<port_reservation> reserved);
+  /// Takes part in the epoch after `after` (elastic): offers a reserved port, and waits for the
+  /// view.
+  std::pair<membership::view, std::unique_ptr<port_reservation>> next_view(uint64_t after);
+};
+
+namespace {
+
+std::shared_ptr<transport::tcp::context> listen_for(detail::elastic_group& g, const membership::view& v, int rank,
+                                  const std::string& address) {
+  transport::tcp::mesh_options mesh;
+  mesh.rank = rank;
+  mesh.size = static_cast<int>(v.members.size());
+  mesh.listen_address = address;
+  mesh.group_id = v.group_id;
+  mesh.epoch = v.epoch;
+  mesh.secret = g.secret;
+  mesh.connect_timeout = g.mw.rendezvous_timeout;
+  mesh.log = g.log;
+  auto ctx = transport::tcp::listen(mesh);
+  if (!ctx)
+    fail(ctx.error(), "listening for epoch " + std::to_string(v.epoch) + " as " + to_string(g.me));
+  return *ctx;
+}
+
+int rank_in(const membership::view& v, const task_id& me) {
+  for (const auto& m : v.members)
+    if (m.task == me)
+      return m.rank;
+  throw_error(errc::peer_lost, "the group's epoch " + std::to_string(v.epoch) + " leaves " +
+                                   to_string(me) + " out");
+}
+
+} // namespace
+
+std::unique_ptr<detail::runtime>
+detail::elastic_group::connect(const membership::view& v,
+                               std::shared_ptr<transport::tcp::context> ctx) {
+  const int rank = rank_in(v, me);
+  const int size = static_cast<int>(v.members.size());
+  target->add(ctx);
+  std::vector<std::string> addresses;
+  for (const auto& m : v.members) {
+    if (m.devices.size() != devices.size())
+      throw_error(errc::invalid_argument,
+                  "worker " + to_string(m.task) + " has " + std::to_string(m.devices.size()) +
+                      " devices but this worker has " + std::to_string(devices.size()) +
+                      "; MultiWorkerMirroredStrategy needs the same number on every worker");
+    addresses.push_back(m.address);
+  }
+  if (auto err = ctx->connect(addresses))
+    fail(err, "connecting to the other workers as " + to_string(me));
+
+  // Shared memory when every worker is on this host and every worker chose it.
+  transport::context_ptr data = ctx;
+  bool one_host = true;
+  for (const auto& a : addresses)
+    one_host = one_host && host_of(a) == host_of(addresses.front());
+  const auto setup_until = transport::clock::now() + mw.rendezvous_timeout;
+  auto shm_agreed = agree(*ctx, choice != "tcp" && one_host, setup_until);
+  if (!shm_agreed)
+    fail(shm_agreed.error(), "choosing the transport with the other workers as " + to_string(me));
+  if (choice == "shm" && !*shm_agreed)
+    throw_error(errc::invalid_argument,
+                std::string{"the transport is \"shm\" but "} +
+                    (one_host ? "another worker chose \"tcp\""
+                              : "the workers are on several hosts (shared memory needs one)"));
+  if (*shm_agreed) {
+    transport::shm::options so;
+    so.group_id = v.epoch == 1 && !elastic() ? transport::fnv1a(mw_group_key) : v.group_id;
+    so.epoch = v.epoch;
+    so.secret = secret;
+    so.connect_timeout = mw.rendezvous_timeout;
+    auto shm = transport::shm::connect(*ctx, so);
+    if (shm) {
+      target->add(*shm);
+      // The mesh has done its part: leave it cleanly, so that no worker logs a broken connection.
+      if (auto err = ctx->close("the workers exchange through shared memory", setup_until))
+        fail(err, "closing the TCP mesh after switching to shared memory as " + to_string(me));
+      data = *shm;
+    } else if (choice == "shm") {
+      fail(shm.error(), "setting up shared memory with the other workers as " + to_string(me));
+    } else {
+      log("shared memory between the workers is unavailable, so they use TCP: " +
+          std::string{to_consort_error(shm.error(), "").what()});
+    }
+  }
+  transport::group_members members{v.epoch, {}};
+  for (const auto& m : v.members)
+    members.names.push_back(to_string(m.task));
+  auto cross = std::make_shared<transport::communicator>(data, static_cast<int>(devices.size()),
+                                                         members, mw.close_timeout);
+  if (elastic())
+    cross->set_change_grace(mw.peer_timeout + mw.heartbeat_interval);
+  target->add(cross);
+
+  detail::multi_worker_setup setup;
+  setup.worker_rank = rank;
+  setup.num_workers = size;
+  setup.cross = std::move(cross);
+  setup.epoch = v.epoch;
+  setup.joined_running_group = v.epoch > 1 && !formed_any;
+  for (auto b : v.nccl_unique_id)
+    setup.nccl_unique_id.push_back(static_cast<uint8_t>(b));
+  if (first_recorder && v.epoch == view.epoch && rank == first_recorder->rank()) {
+    setup.recorder = first_recorder; // the recorder that saw the start-up
+  } else {
+    setup.recorder = std::make_shared<detail::flight_recorder>(recorder_entries, rank,
+                                                               members.names);
+    setup.recorder->note("membership epoch " + std::to_string(v.epoch) + ": " +
+                         std::to_string(size) + " workers");
+  }
+  first_recorder.reset();
+  if (retired)
+    retired->store(true); // the previous epoch's engine, shut down once this one replaces it
+  retired = std::make_shared<std::atomic<bool>>(false);
+  setup.on_shutdown = [svc = service, log = log, retired = retired](const caf::error& closed) {
+    if (retired->load())
+      return; // an earlier epoch's engine: the worker stays in the cluster
+    if (closed)
+      log(to_consort_error(closed, "leaving the other workers").what());
+    svc->leave("shutdown");
+  };
+  view = v;
+  formed_any = true;
+  return std::make_unique<detail::runtime>(devices, opts, std::move(setup));
+}
+
+std::pair<membership::view, std::unique_ptr<port_reservation>>
+detail::elastic_group::next_view(uint64_t after) {
+  auto reserved = std::make_unique<port_reservation>(own_host);
+  auto v = service->next_view(after, reserved->address(),
+                              std::chrono::steady_clock::now() + mw.rendezvous_timeout);
+  if (!v)
+    fail(v.error(), "re-forming the group after epoch " + std::to_string(after) + " as " +
+                        to_string(me));
+  return {std::move(*v), std::move(reserved)};
+}
+
+std::unique_ptr<detail::runtime> detail::elastic_group::form(membership::view v,
+                                                             std::shared_ptr<transport::tcp::context> ctx,
+                                                             std::unique_ptr<port_reservation> reserved) {
+  for (;;) {
+    target->begin(v.epoch);
+    try {
+      if (!ctx) {
+        ctx = listen_for(*this, v, rank_in(v, me), reserved->address());
+        reserved->release();
+      }
+      return connect(v, std::move(ctx));
+    } catch (const error& e) {
+      // A change announced while this epoch was set up (another worker lost meanwhile): the
+      // next one follows.
+      if (!elastic() || !target->changed_after(v.epoch))
+        throw;
+      log("epoch " + std::to_string(v.epoch) + " changed while it was set up (" + e.what() +
+          "); taking part in the next one");
+      ctx.reset();
+      std::tie(v, reserved) = next_view(v.epoch);
+    }
+  }
+}
+
+namespace {
+
 std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
                                                      multi_worker_options mw) {
   auto joined = std::make_unique<detail::joined_cluster>();
@@ -204,6 +525,12 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   validate_multi_worker_cluster(*resolver);
   auto devices = detail::canonical_devices(worker_devices(mw, *resolver));
   auto num_workers = resolver->num_workers();
+  if (mw.elastic_min_workers < 0 || mw.elastic_min_workers > std::max(num_workers, 1))
+    throw_error(errc::invalid_argument,
+                "multi_worker_options::elastic_min_workers is " +
+                    std::to_string(mw.elastic_min_workers) +
+                    "; expected 0 (not elastic) or 1 to the number of workers (" +
+                    std::to_string(num_workers) + ")");
   if (resolver->is_local() || num_workers <= 1) {
     joined->rt = std::make_unique<detail::runtime>(devices, opts);
     return joined;
@@ -221,6 +548,15 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   if (rank < 0)
     throw_error(errc::invalid_argument,
                 "task " + to_string(me) + " is not one of the cluster's workers");
+  bool gpus = false;
+  for (const auto& name : devices)
+    gpus = gpus || parse_device(name).kind == device_kind::gpu;
+  if (gpus && mw.elastic_min_workers > 0)
+    throw_error(errc::unsupported,
+                "multi_worker_options::elastic_min_workers is " +
+                    std::to_string(mw.elastic_min_workers) + " but this worker has GPU replicas; "
+                    "elastic groups run on CPU replicas (the NCCL communicators across workers are "
+                    "not re-formed yet): give CPU devices, or set it to 0");
   auto spec = resolver->cluster_spec();
   auto chief = resolver->chief();
   auto chief_address = spec.task_address(chief.type, chief.index);
@@ -231,23 +567,48 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
       std::cerr << "consort: " << line << std::endl;
     };
 
+  auto group = std::make_shared<detail::elastic_group>();
+  group->opts = opts;
+  group->mw = mw;
+  group->choice = transport_choice(mw);
+  group->devices = devices;
+  group->tasks = tasks;
+  group->me = me;
+  group->own_host = host_of(own_address);
+  group->log = log;
+  group->recorder_entries = recorder_entries;
+  group->mw_group_key = chief_address + "/" + std::to_string(num_workers);
+
   // One secret authenticates both the membership connections and the mesh.
   auto secret = mw.secret.empty() ? env_or("CONSORT_CLUSTER_SECRET", "") : mw.secret;
+  group->secret = secret;
   warn_if_unauthenticated(spec, secret, log);
 
   // The mesh listens on this task's host, on a port the kernel chooses; the view carries it.
-  transport::tcp::mesh_options mesh;
-  mesh.rank = rank;
-  mesh.size = num_workers;
-  mesh.listen_address = host_of(own_address) + ":0";
-  mesh.group_id = transport::fnv1a(chief_address + "/" + std::to_string(num_workers));
-  mesh.epoch = 1;
-  mesh.secret = secret;
-  mesh.connect_timeout = mw.rendezvous_timeout;
-  mesh.log = log;
-  auto ctx = transport::tcp::listen(mesh);
-  if (!ctx)
-    fail(ctx.error(), "MultiWorkerMirroredStrategy on " + to_string(me));
+  // Not elastic: it listens now, as rank `rank` of epoch 1. Elastic: the view says the rank and
+  // the epoch (a restarted worker joins a running group), so a port is held until it comes.
+  std::shared_ptr<transport::tcp::context> ctx;
+  std::unique_ptr<port_reservation> reserved;
+  std::string collective_address;
+  if (group->elastic()) {
+    reserved = std::make_unique<port_reservation>(group->own_host);
+    collective_address = reserved->address();
+  } else {
+    transport::tcp::mesh_options mesh;
+    mesh.rank = rank;
+    mesh.size = num_workers;
+    mesh.listen_address = group->own_host + ":0";
+    mesh.group_id = transport::fnv1a(group->mw_group_key);
+    mesh.epoch = 1;
+    mesh.secret = secret;
+    mesh.connect_timeout = mw.rendezvous_timeout;
+    mesh.log = log;
+    auto listening = transport::tcp::listen(mesh);
+    if (!listening)
+      fail(listening.error(), "MultiWorkerMirroredStrategy on " + to_string(me));
+    ctx = *listening;
+    collective_address = ctx->listen_address();
+  }
 
   membership::options mopts;
   mopts.tasks = tasks;
@@ -267,14 +628,11 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
     mopts.cluster = spec;
   mopts.rank = rank;
   mopts.chief_address = chief_address;
-  mopts.address = (*ctx)->listen_address();
+  mopts.address = collective_address;
   for (const auto& name : devices)
     mopts.devices.push_back({name, parse_device(name).kind == device_kind::gpu, 0});
   // The chief makes the NCCL unique id of the first communicator over every worker's GPU
   // replicas, and the view carries it to every worker (docs/gpu.md).
-  bool gpus = false;
-  for (const auto& name : devices)
-    gpus = gpus || parse_device(name).kind == device_kind::gpu;
   if (rank == 0 && gpus)
     for (auto b : detail::make_nccl_unique_id())
       mopts.nccl_unique_id.push_back(static_cast<std::byte>(b));
@@ -287,127 +645,55 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
                       std::min(mw.rendezvous_timeout / 2, std::chrono::milliseconds{5000});
   mopts.heartbeat_interval = mw.heartbeat_interval;
   mopts.peer_timeout = mw.peer_timeout;
+  mopts.elastic_min_members = mw.elastic_min_workers;
+  mopts.reform_timeout = mw.reform_timeout;
   mopts.log = log;
   auto svc = membership::service::start(std::move(mopts));
   if (!svc)
     fail(svc.error(), "joining the cluster as " + to_string(me));
-  std::shared_ptr<membership::service> service = std::move(*svc);
+  group->service = std::move(*svc);
 
-  const auto choice = transport_choice(mw);
-  // A loss fails the cross-worker phase at once: before it exists, the contexts that setting it
-  // up waits on; the lanes and the service outlive no one here: the runtime stops the service's
-  // callbacks (leave) before it stops the lanes.
-  struct loss_target {
-    std::mutex mtx;
-    std::string cause;
-    std::weak_ptr<transport::communicator> cross;
-    std::vector<transport::context_ptr> contexts;
-  };
-  auto target = std::make_shared<loss_target>();
-  target->contexts.push_back(*ctx);
   // The flight recorder exists from here on, so that a loss before the first step is in it too.
   std::vector<std::string> names;
   for (const auto& t : tasks)
     names.push_back(to_string(t));
   auto recorder =
       std::make_shared<detail::flight_recorder>(recorder_entries, rank, std::move(names));
-  service->on_lost([target, log, recorder](const membership::lost_event& event) {
-    log("lost " + event.cause);
-    recorder->note("lost " + event.cause);
-    recorder->dump_on_failure("lost " + event.cause);
-    std::lock_guard<std::mutex> guard{target->mtx};
-    if (target->cause.empty())
-      target->cause = "lost " + event.cause;
-    if (auto c = target->cross.lock())
-      c->abort(target->cause);
-    for (auto& c : target->contexts)
-      c->abort(target->cause);
+  group->first_recorder = recorder;
+  const bool elastic = group->elastic();
+  group->service->on_lost([target = group->target, log, recorder,
+                           elastic](const membership::lost_event& event) {
+    if (elastic && event.next_epoch > 0) {
+      auto cause = "the group of workers changed: " + event.cause + "; it re-forms as epoch " +
+                   std::to_string(event.next_epoch);
+      log(cause);
+      recorder->note(cause);
+      target->end(event.next_epoch, cause, errc::membership_changed);
+      return;
+    }
+    // A loss, or (elastic, no rank named) the end of the group.
+    const auto cause = (event.ranks.empty() ? "" : "lost ") + event.cause;
+    log(cause);
+    recorder->note(cause);
+    recorder->dump_on_failure(cause);
+    target->end(0, cause, errc::peer_lost);
   });
-  auto view = service->rendezvous();
+  group->target->begin(1);
+  if (ctx)
+    group->target->add(ctx);
+  auto view = group->service->rendezvous();
   if (!view)
     fail(view.error(), "joining the cluster as " + to_string(me));
-  std::vector<std::string> addresses;
-  for (const auto& m : view->members) {
-    if (m.devices.size() != devices.size())
-      throw_error(errc::invalid_argument,
-                  "worker " + to_string(m.task) + " has " + std::to_string(m.devices.size()) +
-                      " devices but this worker has " + std::to_string(devices.size()) +
-                      "; MultiWorkerMirroredStrategy needs the same number on every worker");
-    addresses.push_back(m.address);
-  }
-  if (static_cast<int>(addresses.size()) != num_workers)
-    throw_error(errc::invalid_argument, "the chief's view has " + std::to_string(addresses.size()) +
+  if (!elastic && static_cast<int>(view->members.size()) != num_workers)
+    throw_error(errc::invalid_argument, "the chief's view has " +
+                                            std::to_string(view->members.size()) +
                                             " members; expected " + std::to_string(num_workers));
-  if (auto err = (*ctx)->connect(addresses))
-    fail(err, "connecting to the other workers as " + to_string(me));
-
-  // Shared memory when every worker is on this host and every worker chose it.
-  transport::context_ptr data = *ctx;
-  bool one_host = true;
-  for (const auto& a : addresses)
-    one_host = one_host && host_of(a) == host_of(addresses.front());
-  const auto setup_until = transport::clock::now() + mw.rendezvous_timeout;
-  auto shm_agreed = agree(**ctx, choice != "tcp" && one_host, setup_until);
-  if (!shm_agreed)
-    fail(shm_agreed.error(), "choosing the transport with the other workers as " + to_string(me));
-  if (choice == "shm" && !*shm_agreed)
-    throw_error(errc::invalid_argument,
-                std::string{"the transport is \"shm\" but "} +
-                    (one_host ? "another worker chose \"tcp\""
-                              : "the workers are on several hosts (shared memory needs one)"));
-  if (*shm_agreed) {
-    transport::shm::options so;
-    so.group_id = mesh.group_id;
-    so.epoch = mesh.epoch;
-    so.secret = secret;
-    so.connect_timeout = mw.rendezvous_timeout;
-    auto shm = transport::shm::connect(**ctx, so);
-    if (shm) {
-      {
-        std::lock_guard<std::mutex> guard{target->mtx};
-        target->contexts.push_back(*shm);
-        if (!target->cause.empty())
-          (*shm)->abort(target->cause);
-      }
-      // The mesh has done its part: leave it cleanly, so that no worker logs a broken connection.
-      if (auto err = (*ctx)->close("the workers exchange through shared memory", setup_until))
-        fail(err, "closing the TCP mesh after switching to shared memory as " + to_string(me));
-      data = *shm;
-    } else if (choice == "shm") {
-      fail(shm.error(), "setting up shared memory with the other workers as " + to_string(me));
-    } else {
-      log("shared memory between the workers is unavailable, so they use TCP: " +
-          std::string{to_consort_error(shm.error(), "").what()});
-    }
-  }
-  transport::group_members members{mesh.epoch, {}};
-  for (const auto& t : tasks)
-    members.names.push_back(to_string(t));
-  auto cross = std::make_shared<transport::communicator>(data, static_cast<int>(devices.size()),
-                                                         std::move(members), mw.close_timeout);
-  {
-    std::lock_guard<std::mutex> guard{target->mtx};
-    target->cross = cross;
-    if (!target->cause.empty())
-      cross->abort(target->cause);
-  }
-
-  detail::multi_worker_setup setup;
-  setup.worker_rank = rank;
-  setup.num_workers = num_workers;
-  setup.cross = std::move(cross);
-  for (auto b : view->nccl_unique_id)
-    setup.nccl_unique_id.push_back(static_cast<uint8_t>(b));
-  setup.recorder = std::move(recorder);
-  setup.on_shutdown = [service, log](const caf::error& closed) {
-    if (closed)
-      log(to_consort_error(closed, "leaving the other workers").what());
-    service->leave("shutdown");
-  };
-  joined->rt = std::make_unique<detail::runtime>(devices, opts, std::move(setup));
+  group->view.epoch = view->epoch; // the recorder of start-up serves this epoch
+  joined->rt = group->form(std::move(*view), std::move(ctx), std::move(reserved));
+  if (elastic)
+    joined->group = std::move(group);
   return joined;
 }
-
 } // namespace
 
 std::unique_ptr<multi_worker_mirrored_strategy> detail::strategy_access::simulated_worker(
@@ -450,7 +736,40 @@ multi_worker_mirrored_strategy::multi_worker_mirrored_strategy(strategy_options 
 
 multi_worker_mirrored_strategy::multi_worker_mirrored_strategy(
     std::unique_ptr<detail::joined_cluster> joined)
-    : strategy(std::move(joined->rt), kind::multi_worker), resolver_(std::move(joined->resolver)) {}
+    : strategy(std::move(joined->rt), kind::multi_worker), resolver_(std::move(joined->resolver)),
+      group_(std::move(joined->group)) {}
+
+uint64_t multi_worker_mirrored_strategy::membership_epoch() const noexcept {
+  return runtime().membership_epoch();
+}
+
+multi_worker_mirrored_strategy::membership_change multi_worker_mirrored_strategy::reform() {
+  if (!group_)
+    throw_error(errc::invalid_argument,
+                "reform: this group is not elastic (multi_worker_options::elastic_min_workers is "
+                "0, or there is one worker); a lost worker ends its run");
+  const auto before = group_->view;
+  auto [next, reserved] = group_->next_view(before.epoch);
+  auto rt = group_->form(std::move(next), nullptr, std::move(reserved));
+  membership_change change;
+  change.epoch_before = before.epoch;
+  change.workers_before = static_cast<int>(before.members.size());
+  change.epoch = group_->view.epoch;
+  change.workers = static_cast<int>(group_->view.members.size());
+  auto has = [](const transport::membership::view& v, const task_id& t) {
+    return std::any_of(v.members.begin(), v.members.end(),
+                       [&t](const auto& m) { return m.task == t; });
+  };
+  for (const auto& m : before.members)
+    if (!has(group_->view, m.task))
+      change.lost.push_back(to_string(m.task));
+  for (const auto& m : group_->view.members)
+    if (!has(before, m.task))
+      change.joined.push_back(to_string(m.task));
+  // The previous epoch's engine goes without leaving the cluster (form retired it).
+  replace_runtime(std::move(rt));
+  return change;
+}
 
 int multi_worker_mirrored_strategy::worker_rank() const noexcept {
   return runtime().worker_rank();

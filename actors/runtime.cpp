@@ -264,6 +264,14 @@ int runtime::num_workers() const noexcept {
   return impl_->mw.num_workers;
 }
 
+uint64_t runtime::membership_epoch() const noexcept {
+  return impl_->mw.epoch;
+}
+
+bool runtime::joined_running_group() const noexcept {
+  return impl_->mw.joined_running_group;
+}
+
 void runtime::set_owner(strategy* owner) noexcept {
   impl_->owner.store(owner, std::memory_order_release);
 }

@@ -41,6 +41,10 @@ struct multi_worker_setup {
   /// Runs at shutdown once the cross-worker lanes have stopped (`closed`: the error of their
   /// clean close, if any): leaves the cluster.
   std::function<void(const caf::error& closed)> on_shutdown;
+  /// The membership epoch of the group (1: the first rendezvous), and whether this worker joined
+  /// a group that was running already (an elastic group's later epoch).
+  uint64_t epoch = 1;
+  bool joined_running_group = false;
   /// The worker's flight recorder when the caller made it (to record membership events); null:
   /// the runtime makes one from the strategy's options.
   std::shared_ptr<flight_recorder> recorder;
@@ -92,6 +96,8 @@ public:
   /// This worker's rank and the number of workers.
   int worker_rank() const noexcept;
   int num_workers() const noexcept;
+  uint64_t membership_epoch() const noexcept;
+  bool joined_running_group() const noexcept;
   const strategy_options& options() const noexcept;
 
   /// The strategy object that owns this runtime, given to merge_call's functions; the strategy

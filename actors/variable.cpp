@@ -9,6 +9,7 @@
 #include <consort/variable.hpp>
 
 #include "actors/context_scope.hpp"
+#include "actors/runtime.hpp"
 #include "actors/variable_state.hpp"
 
 #include <string>
@@ -157,6 +158,12 @@ void set_variable_owner(variable_registry& registry, strategy* owner) noexcept {
     if (!owner)
       gone.swap(registry.list);
   }
+}
+
+void set_variable_replicas(variable_registry& registry, int num_replicas_in_sync) {
+  std::lock_guard<std::mutex> guard(registry.mu);
+  for (auto& state : registry.list)
+    state->num_replicas_in_sync = num_replicas_in_sync;
 }
 
 tensor add_host(const tensor& a, const tensor& b, int sign) {
@@ -449,7 +456,9 @@ variable strategy::create_variable(const std::string& name, const tensor& initia
   state->registry = variables_;
 
   std::vector<tensor> copies;
-  if (kind_ == kind::multi_worker &&
+  // A worker that joined a running elastic group takes its variables' values from the group
+  // (elastic_state::sync), not from a broadcast the others do not make.
+  if (kind_ == kind::multi_worker && !runtime().joined_running_group() &&
       static_cast<size_t>(num_replicas_in_sync()) > num_local_replicas()) { // several workers
     // Worker 0's value to every replica of every worker: one broadcast step, whose result lands
     // on each replica's device. The descriptor check of the collective refuses initial values

@@ -78,6 +78,9 @@ struct variable_state {
 std::shared_ptr<variable_registry> make_variable_registry(strategy* owner);
 /// Sets the registry's owner (null: the strategy is gone).
 void set_variable_owner(variable_registry& registry, strategy* owner) noexcept;
+/// Every variable of `registry` now belongs to a group of `num_replicas_in_sync` replicas (an
+/// elastic group's next epoch; the local copies stay).
+void set_variable_replicas(variable_registry& registry, int num_replicas_in_sync);
 
 /// Registers a mirrored variable of zeros shaped like `like`, named `name`, with copies on the
 /// devices of `like`, without any collective (zeros are the same bytes on every worker): the

@@ -41,6 +41,6 @@ set(CONSORT_LAYER_transport_HEADERS
   transport/algorithms.hpp transport/local.hpp transport/membership.hpp transport/pair.hpp
   transport/shm.hpp transport/tcp.hpp)
 set(CONSORT_LAYER_actors_HEADERS
-  consort.hpp cross_device_ops.hpp dataset.hpp regroup.hpp optimizer.hpp replica_context.hpp
+  consort.hpp cross_device_ops.hpp dataset.hpp elastic.hpp regroup.hpp optimizer.hpp replica_context.hpp
   strategy.hpp variable.hpp)
 set(CONSORT_LAYER_testing_HEADERS testing.hpp)

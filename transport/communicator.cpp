@@ -34,8 +34,31 @@ caf::expected<std::vector<tensor>> communicator::run(lane l, group_call& call) {
   call_clock clock{ls.next_tag, static_cast<uint64_t>(l), lane_count, clock::now() + call.timeout};
   descriptor_exchange exchange{ctx_, call, devices_per_worker_, ls.scratch, clock};
   if (auto err = exchange.run())
+    return changed_or(std::move(err), call);
+  auto out = data_phase(exchange, call, clock);
+  if (!out)
+    return changed_or(std::move(out.error()), call);
+  return out;
+}
+
+void communicator::set_change_grace(std::chrono::milliseconds grace) noexcept {
+  change_grace_ns_.store(std::chrono::nanoseconds(grace).count(), std::memory_order_relaxed);
+}
+
+caf::error communicator::changed_or(caf::error err, const group_call& call) {
+  const auto grace = std::chrono::nanoseconds(change_grace_ns_.load(std::memory_order_relaxed));
+  if (grace.count() <= 0)
     return err;
-  return data_phase(exchange, call, clock);
+  const auto code = to_consort_error(err, "").code();
+  if (code != errc::peer_lost && code != errc::peer_left && code != errc::collective_timeout)
+    return err;
+  // A member lost: the membership's verdict (a change of the group, or its end) may be on its
+  // way, and says more than this worker's view of the failure.
+  std::unique_lock<std::mutex> lock{lost_mtx_};
+  if (!lost_cv_.wait_for(lock, grace, [this] { return !lost_.empty(); }))
+    return err;
+  lock.unlock();
+  return lost_error(call.name());
 }
 
 caf::expected<std::vector<tensor>> communicator::data_phase(const descriptor_exchange& exchange,
@@ -167,6 +190,7 @@ void communicator::abort(const std::string& cause, errc code) {
     lost_ = cause;
     lost_code_ = code;
   }
+  lost_cv_.notify_all();
   ctx_->abort(cause, code);
 }
 

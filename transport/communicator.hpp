@@ -24,6 +24,7 @@
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -109,6 +110,13 @@ public:
   caf::expected<std::shared_ptr<communicator>> shrink(const std::vector<int>& lost, uint64_t epoch,
                                                       const connect_group& connect, deadline until);
 
+  /// Elastic groups: a call that fails because a member is gone or silent (peer_lost, peer_left,
+  /// collective_timeout) waits up to `grace` for the membership's verdict (`abort`: a change of
+  /// the group, with `membership_changed`, or its end), and then fails with that instead, so
+  /// that every member sees the same error. 0 (the default): calls fail with their own error at
+  /// once.
+  void set_change_grace(std::chrono::milliseconds grace) noexcept;
+
   /// The cause given to `abort`, empty while the group is whole.
   std::string lost_cause() const;
 
@@ -142,6 +150,8 @@ private:
   caf::expected<std::vector<tensor>> data_phase(const descriptor_exchange& exchange,
                                                 group_call& call, call_clock& clock);
   caf::error lost_error(const std::string& what) const;
+  /// `err`, or, when the group changed within the grace (set_change_grace), membership_changed.
+  caf::error changed_or(caf::error err, const group_call& call);
   /// Member `r`'s task name, or "worker <r>" when the group has no names.
   std::string member_name(int r) const;
 
@@ -151,7 +161,9 @@ private:
   int devices_per_worker_;
   group_members members_;
   std::chrono::milliseconds close_timeout_;
+  std::atomic<int64_t> change_grace_ns_{0};
   mutable std::mutex lost_mtx_;
+  std::condition_variable lost_cv_;  // notified when lost_ is set
   std::string lost_;                 // guarded by lost_mtx_
   errc lost_code_ = errc::peer_lost; // guarded by lost_mtx_
   bool stopped_ = false;             // guarded by lost_mtx_

@@ -65,6 +65,9 @@ public:
                           const std::vector<std::string>& destinations) const override;
 
 private:
+  friend class strategy; // an elastic group's next epoch runs on another engine
+  void rebind(detail::runtime& rt) noexcept { rt_ = &rt; }
+
   detail::runtime* rt_;
 };
 

@@ -42,6 +42,7 @@ namespace detail {
 
 class runtime;
 struct joined_cluster;
+struct elastic_group;
 struct strategy_access;
 struct variable_registry;
 
@@ -301,6 +302,10 @@ protected:
   strategy(std::vector<std::string> devices, strategy_options opts, kind k);
   strategy(std::unique_ptr<detail::runtime> rt, kind k);
 
+  /// Runs on `rt` from now on (an elastic group's next epoch): the variables count its replicas,
+  /// and the previous engine is shut down (its calls still pending fail with error(shutdown)).
+  void replace_runtime(std::unique_ptr<detail::runtime> rt);
+
 private:
   template <class T>
   void check_arg(const T& arg) const {
@@ -380,6 +385,17 @@ struct multi_worker_options {
   /// CONSORT_CLUSTER_SECRET when set, else no authentication.
   std::string secret;
 
+  /// Elastic groups (docs/multi_worker.md, "Elastic training"): 0, the default, keeps today's
+  /// rule that a lost worker ends the run on every worker. n >= 1: when a worker is lost, the
+  /// others go on without it as long as at least n workers remain, and a restarted worker (under
+  /// its own task) joins the running group; see `multi_worker_mirrored_strategy::reform`. Every
+  /// worker must be given the same n. CPU replicas only: a group with GPU replicas refuses it.
+  int elastic_min_workers = 0;
+
+  /// Elastic: how long the chief waits, once the group changes, for every worker to take part in
+  /// its next epoch (`reform`); a worker that does not is left out.
+  std::chrono::milliseconds reform_timeout{std::chrono::seconds(10)};
+
   /// How the workers exchange collective data (docs/multi_worker.md, "Shared memory"):
   /// - "auto": shared memory when every worker's address (in the chief's view) has the same host,
   ///   TCP otherwise, and TCP when shared memory cannot be set up (the log says why);
@@ -407,7 +423,9 @@ struct multi_worker_options {
 ///
 /// A lost worker (crash, kill, partition) fails every survivor's pending and later collectives
 /// with error(peer_lost) naming it, within `multi_worker_options::peer_timeout`; the group is not
-/// rebuilt (create a new strategy, in new processes, as after a TF worker failure).
+/// rebuilt (create a new strategy, in new processes, as after a TF worker failure). An elastic
+/// group (`multi_worker_options::elastic_min_workers`) re-forms instead: those calls fail with
+/// error(membership_changed), and `reform` continues on the workers that remain.
 class multi_worker_mirrored_strategy : public strategy {
 public:
   /// Joins the cluster. @throws error(invalid_argument) for a malformed cluster or a refusal by
@@ -419,15 +437,45 @@ public:
   /// The resolver the cluster came from (tf.distribute's `cluster_resolver`).
   const consort::cluster_resolver& cluster_resolver() const noexcept { return *resolver_; }
 
-  /// This worker's rank (the chief is 0) and the number of workers.
+  /// This worker's rank (the chief is 0) and the number of workers, in the current epoch.
   int worker_rank() const noexcept;
   int num_workers() const noexcept;
+
+  /// The membership epoch the strategy runs in: 1 from the first rendezvous, one more for each
+  /// change of an elastic group. A worker that joined a running group starts at a later one.
+  uint64_t membership_epoch() const noexcept;
+
+  /// What a re-formation changed.
+  struct membership_change {
+    uint64_t epoch_before = 0;
+    uint64_t epoch = 0;
+    int workers_before = 0;
+    int workers = 0;
+    /// The tasks ("worker:2") that left the group, and those that joined it.
+    std::vector<std::string> lost;
+    std::vector<std::string> joined;
+  };
+
+  /// Elastic groups only: after a call failed with error(membership_changed), continues in the
+  /// group's next epoch. It offers this worker's part, waits until the chief formed the epoch
+  /// (every worker that remains calls `reform`, at most `reform_timeout` after the change), and
+  /// connects to its members; then `worker_rank`, `num_workers` and `num_replicas_in_sync` are
+  /// the new group's, the variables are the same objects, and steps run on the new group. The
+  /// training loop then rolls back to its last commit (`elastic_state::sync`). A change announced
+  /// while it connects is followed at once. Call it from the thread that drives the strategy,
+  /// with no call in flight.
+  /// @throws error(invalid_argument) when the group is not elastic; error(peer_lost) when the
+  ///         group ended (fewer workers than the minimum remain, the chief was lost, or this
+  ///         worker was left out); error(collective_timeout) when no next epoch formed in
+  ///         `rendezvous_timeout` (the group did not change: the failure had another cause).
+  membership_change reform();
 
 private:
   friend struct detail::strategy_access; // consort::testing builds workers over its own network
   explicit multi_worker_mirrored_strategy(std::unique_ptr<detail::joined_cluster> joined);
 
   std::shared_ptr<const consort::cluster_resolver> resolver_;
+  std::shared_ptr<detail::elastic_group> group_;
 };
 
 } // namespace consort

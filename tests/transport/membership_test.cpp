@@ -1292,13 +1292,6 @@ TEST(ElasticMembershipTest, ARestartedWorkerJoinsTheNextEpoch) {
   membership::service_test_access::crash(*c.services[2]);
   auto second = offer_all(c, {0, 1}, 1);
   ASSERT_TRUE(second[0] && second[1]) << c.logs.all();
-  // While the task is a member it cannot join a second time.
-  auto duplicate = options_for(3, 1, c.chief_address, &c.logs);
-  elastic(2)(duplicate);
-  auto dup = start_ok(duplicate);
-  ASSERT_TRUE(dup);
-  EXPECT_TRUE(has_error(dup->rendezvous(), errc::invalid_argument,
-                        {"worker:1 (rank 1)", "is a member of this cluster's view (epoch 2)"}));
   // The restarted worker:2.
   auto opts = options_for(3, 2, c.chief_address, &c.logs);
   elastic(2)(opts);
@@ -1324,6 +1317,32 @@ TEST(ElasticMembershipTest, ARestartedWorkerJoinsTheNextEpoch) {
     ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
     EXPECT_EQ(*v, *joiner);
   }
+}
+
+// A restart can come before its previous process is seen lost: a new process of a member's task
+// replaces the old one, which is told that the group goes on without it.
+TEST(ElasticMembershipTest, ANewProcessOfAMembersTaskReplacesItsPreviousProcess) {
+  cluster c(3, elastic(2));
+  ASSERT_TRUE(c.form());
+  auto opts = options_for(3, 2, c.chief_address, &c.logs);
+  elastic(2)(opts);
+  auto again = start_ok(opts);
+  ASSERT_TRUE(again);
+  auto joined = std::async(std::launch::async, [&again] { return again->rendezvous(); });
+  ASSERT_TRUE(wait_for_change(*c.lost[1], 2)) << c.logs.all();
+  auto views = offer_all(c, {0, 1}, 1);
+  auto v = joined.get();
+  ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
+  EXPECT_EQ(v->epoch, 2u);
+  EXPECT_EQ(v->members.size(), 3u);
+  for (auto& other : views) {
+    ASSERT_TRUE(other) << text_of(other.error());
+    EXPECT_EQ(*other, *v);
+  }
+  EXPECT_TRUE(has_error(c.services[2]->next_view(1, "127.0.0.1:1",
+                                                 clock_type::now() + consort::test::scaled(10s)),
+                        errc::peer_lost, {"a new process of its task joined the group"}))
+      << c.logs.all();
 }
 
 // A second loss while the group re-forms amends the re-formation under way: the members left

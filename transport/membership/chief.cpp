@@ -175,11 +175,9 @@ std::string service::impl::check_join(const codec::join& j, const std::vector<st
            "); joining again is not supported";
   if (view_formed_ && group_ended_)
     return "the elastic group of this cluster has ended";
-  if (view_formed_ && in_view_.count(rank) != 0)
-    return "task " + who + " (rank " + std::to_string(rank) +
-           ") is a member of this cluster's view (epoch " + std::to_string(view_.epoch) +
-           ") already; a restarted worker joins once its previous process is lost";
-  if (by_rank_[rank])
+  // In an elastic group a member's task may join again from a new process (a restart that came
+  // before its previous process was seen lost): the new process replaces the old (on_join).
+  if (by_rank_[rank] && !(view_formed_ && by_rank_[rank]->state == phase::member))
     return "task " + who + " (rank " + std::to_string(rank) + ") already joined, from " +
            by_rank_[rank]->remote() + " (a duplicate task)";
   if (j.devices.size() != opts_.devices.size())
@@ -203,6 +201,19 @@ void service::impl::on_join(const conn_ptr& c, codec::join& j) {
     return;
   }
   --handshakes_;
+  std::vector<int> replaced;
+  if (view_formed_ && by_rank_[rank]) {
+    // Elastic: a new process of a member's task; its previous process is taken as lost.
+    auto old = by_rank_[rank];
+    log_line(name_of(rank) + " joins again from " + c->remote() + " (pid " +
+             std::to_string(j.pid) + "); its previous process at " + old->remote() +
+             " is taken as lost");
+    send(old, codec::abort{view_.epoch, "a new process of its task joined the group", {}});
+    old->state = phase::lost;
+    close_gracefully(old);
+    by_rank_[rank].reset();
+    replaced.push_back(rank);
+  }
   c->state = phase::joined;
   c->rank = rank;
   c->join = std::move(j);
@@ -211,7 +222,10 @@ void service::impl::on_join(const conn_ptr& c, codec::join& j) {
            c->join.address + ", " + std::to_string(c->join.devices.size()) + " devices, pid " +
            std::to_string(c->join.pid) + ")");
   if (view_formed_) // elastic: it joins the running group in its next epoch
-    return start_reform({}, rank, name_of(rank) + " joins the group");
+    return start_reform(replaced, rank,
+                        name_of(rank) + (replaced.empty() ? " joins the group"
+                                                          : " joins the group again from a new "
+                                                            "process, replacing its previous one"));
   maybe_form_view();
 }
 
@@ -560,6 +574,7 @@ void service::impl::fail_group(const std::string& text) {
   }
   std::fill(by_rank_.begin(), by_rank_.end(), nullptr);
   end_group(make_caf_error(errc::peer_lost, self_ + ": " + text));
+  report({}, text); // the chief's own caller: its calls end with the group
 }
 
 } // namespace consort::transport::membership

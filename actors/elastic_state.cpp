@@ -1,0 +1,38 @@
+// elastic_state (include/consort/elastic.hpp): a training loop's commit, and worker 0's commit
+// made everyone's by one broadcast step.
+
+#include <consort/elastic.hpp>
+#include <consort/error.hpp>
+
+namespace consort {
+
+void elastic_state::commit(nest extra) {
+  variables_ = strategy_->variable_values();
+  extra_ = std::move(extra);
+  committed_ = true;
+}
+
+nest elastic_state::sync() {
+  if (!committed_)
+    throw_error(errc::invalid_argument,
+                "elastic_state::sync before any commit; commit the state first (a joining worker "
+                "commits its freshly created variables, which the sync then replaces)");
+  nest::dict_type values;
+  for (const auto& v : variables_)
+    values.emplace(v.name, nest{v.value});
+  auto packed = nest::dict({{"variables", nest::dict(std::move(values))}, {"extra", extra_}});
+  if (strategy_->num_workers() > 1) {
+    auto out = strategy_->run(
+        [](replica_context& ctx, const nest& mine) { return ctx.broadcast(mine, 0); }, packed);
+    packed = out.values().front();
+  }
+  std::vector<named_tensor> synced;
+  for (const auto& [name, value] : packed["variables"].as_dict())
+    synced.push_back({name, value.as_tensor()});
+  strategy_->assign_variables(synced);
+  variables_ = std::move(synced);
+  extra_ = packed["extra"];
+  return extra_;
+}
+
+} // namespace consort

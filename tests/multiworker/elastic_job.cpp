@@ -1,0 +1,160 @@
+// An elastic training job for the integration tests (docs/multi_worker.md, "Elastic training"):
+// run as N processes, it trains one mirrored variable for STEPS steps, committing every
+// COMMIT_EVERY steps, and goes on when workers are lost or join. Every step adds the MEAN over
+// every replica of ones, so whatever the group's size the variable ends at exactly STEPS in every
+// element, and only if every re-formation rolled every worker back to the same commit: a step
+// applied twice, or lost, shows.
+//
+//   elastic_job STEPS COMMIT_EVERY MIN_WORKERS [--die TASK:STEP] [--regrow WORKERS:STEP]
+//
+//   --die TASK:STEP       worker TASK kills itself (SIGKILL) inside step STEP, while the others
+//                         are in its all-reduce; not in a restarted process (CONSORT_RESTART_COUNT
+//                         or ELASTIC_JOB_RESTARTED set and not 0)
+//   --regrow N:STEP       at step STEP, while the group has fewer than N workers, every worker
+//                         waits in `reform` for the group to grow (a restarted worker joining)
+//
+// Every membership change prints, on every worker that was in the group:
+//   membership: 3 -> 2 workers at step S; training resumed T ms after the loss
+// and at the end: "final step STEPS: w = STEPS (ok)", exit 0; a wrong value exits 1.
+
+#include <consort/consort.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <tuple>
+
+using namespace consort;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+/// Prints `line` and, when ELASTIC_JOB_LOG names a file, appends it there (one write a line, so
+/// that the lines of the workers do not mix): the test reads what every worker said.
+void say(const std::string& line) {
+  std::cout << line << std::endl;
+  if (const char* path = std::getenv("ELASTIC_JOB_LOG"); path && *path) {
+    if (FILE* f = std::fopen(path, "a")) {
+      std::fputs((line + "\n").c_str(), f);
+      std::fclose(f);
+    }
+  }
+}
+
+bool restarted() {
+  for (const char* name : {"CONSORT_RESTART_COUNT", "ELASTIC_JOB_RESTARTED"}) {
+    const char* v = std::getenv(name);
+    if (v && *v && std::string{v} != "0")
+      return true;
+  }
+  return false;
+}
+
+std::pair<int, int> pair_of(const std::string& text) {
+  auto colon = text.find(':');
+  if (colon == std::string::npos)
+    throw std::invalid_argument("expected A:B, got \"" + text + "\"");
+  return {std::stoi(text.substr(0, colon)), std::stoi(text.substr(colon + 1))};
+}
+
+int64_t step_of(const nest& extra) {
+  return extra["step"].as_tensor().item<int64_t>();
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::cerr << "usage: elastic_job STEPS COMMIT_EVERY MIN_WORKERS [--die TASK:STEP] "
+                 "[--regrow WORKERS:STEP]\n";
+    return 2;
+  }
+  const int64_t steps = std::stoll(argv[1]);
+  const int64_t commit_every = std::stoll(argv[2]);
+  multi_worker_options mw;
+  mw.elastic_min_workers = std::stoi(argv[3]);
+  mw.peer_timeout = std::chrono::seconds(2);
+  mw.heartbeat_interval = std::chrono::milliseconds(200);
+  int die_task = -1, die_step = -1, regrow_workers = 0, regrow_step = -1;
+  for (int i = 4; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    if (flag == "--die")
+      std::tie(die_task, die_step) = pair_of(argv[i + 1]);
+    else if (flag == "--regrow")
+      std::tie(regrow_workers, regrow_step) = pair_of(argv[i + 1]);
+    else {
+      std::cerr << "elastic_job: unknown option " << flag << "\n";
+      return 2;
+    }
+  }
+  multi_worker_mirrored_strategy s({}, mw);
+  const auto task = s.cluster_resolver().task().index;
+  const std::string me = "worker:" + std::to_string(task);
+  if (die_task == task && restarted())
+    die_task = -1;
+  std::cout << me << ": epoch " << s.membership_epoch() << ", rank " << s.worker_rank() << " of "
+            << s.num_workers() << std::endl;
+
+  auto w = s.create_variable("w", tensor::zeros(dtype::float32, {4}),
+                             {variable_synchronization::on_write, variable_aggregation::mean});
+  elastic_state state{s};
+  state.commit(nest::dict({{"step", tensor::scalar<int64_t>(0)}}));
+  int64_t step = step_of(state.sync()); // a worker that joined takes the group's step
+  std::optional<clock_type::time_point> lost_at;
+  std::string pending_line;
+
+  auto changed = [&](const multi_worker_mirrored_strategy::membership_change& c, int64_t at) {
+    if (!pending_line.empty()) // the previous change: no step completed in between
+      say(me + ": " + pending_line + "; changed again before a step completed");
+    pending_line = "membership: " + std::to_string(c.workers_before) + " -> " +
+                   std::to_string(c.workers) + " workers at step " + std::to_string(at);
+  };
+
+  while (step < steps) {
+    try {
+      if (step == regrow_step && s.num_workers() < regrow_workers) {
+        lost_at = clock_type::now();
+        auto c = s.reform(); // waits for the group to grow
+        changed(c, step);
+        step = step_of(state.sync());
+        continue;
+      }
+      const bool dies_now = die_task == task && step == die_step;
+      s.run([&w, dies_now](replica_context& ctx) {
+        if (dies_now)
+          std::raise(SIGKILL); // inside the step: the others wait in its all-reduce
+        ctx.assign_add(w, tensor::from<float>({1, 1, 1, 1}, {4}));
+        return nest{};
+      });
+      ++step;
+      if (!pending_line.empty()) {
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() -
+                                                                        *lost_at);
+        say(me + ": " + pending_line + "; training resumed " + std::to_string(ms.count()) +
+            " ms after the loss");
+        pending_line.clear();
+      }
+      if (step % commit_every == 0)
+        state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}}));
+    } catch (const error& e) {
+      if (e.code() != errc::membership_changed) {
+        say(me + ": step " + std::to_string(step) + " failed: " + e.what());
+        return 1;
+      }
+      lost_at = clock_type::now();
+      std::cout << me << ": step " << step << ": " << e.what() << std::endl;
+      auto c = s.reform();
+      changed(c, step);
+      step = step_of(state.sync());
+    }
+  }
+  auto value = w.value();
+  const bool ok = value == tensor::from<float>(std::vector<float>(4, static_cast<float>(steps)), {4});
+  say(me + ": final step " + std::to_string(step) + ": w = " + value.to_string(8) + " (" +
+      (ok ? "ok" : "WRONG, expected every element " + std::to_string(steps)) + ")");
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Elastic groups over real processes (docs/multi_worker.md, "Elastic training"): 3 workers of
+# elastic_job, one of which kills itself (SIGKILL) inside step 5, while the others are in its
+# all-reduce.
+#   elastic_test.sh ELASTIC_JOB loss TRANSPORT     the other two go on as epoch 2 and finish
+#   elastic_test.sh ELASTIC_JOB rejoin TRANSPORT   ... and the killed worker, started again
+#                                                  under its task once it is gone, joins them
+#   elastic_test.sh ELASTIC_JOB below-min TRANSPORT  with a minimum of 3, the others end with
+#                                                    peer_lost (exit 1)
+# A collective in flight when the worker dies may have completed on some of the others (step 5)
+# and not on the rest (step 4); every worker that finishes checks that its variable saw every step exactly once (exit 0).
+set -u
+job=$1 scenario=$2 transport=$3
+source "$(dirname "$0")/lib.sh"
+mw_cluster 3 127.0.0.1
+said=$(mktemp)
+trap 'rm -f "$said"' EXIT
+env="CONSORT_TRANSPORT=$transport ELASTIC_JOB_LOG=$said"
+case "$scenario" in
+  loss) args=(40 4 2 --die 2:5) ;;
+  rejoin) args=(40 4 2 --die 2:5 --regrow 3:12) ;;
+  below-min) args=(40 4 3 --die 2:5) ;;
+  *) echo "unknown scenario $scenario"; exit 2 ;;
+esac
+for i in 0 1 2; do
+  mw_start "$i" "$env" "$job" "${args[@]}"
+done
+mw_expect 2 137
+survivors=0
+[ "$scenario" = below-min ] && survivors=1
+mw_expect 0 "$survivors"
+mw_expect 1 "$survivors"
+if [ "$scenario" = rejoin ]; then
+  # Once worker:2's process is gone and the others went on without it, it starts again under
+  # its own task and joins.
+  wait "${MW_PIDS[2]}"
+  rc=$?
+  [ "$rc" = 137 ] || { echo "FAIL: worker:2 exited with $rc, expected 137"; exit 1; }
+  # Waits on the file's growth through a FIFO (a process substitution here would not see it
+  # next to the workers' own output substitutions).
+  fifo=$(mktemp -u)
+  mkfifo "$fifo"
+  tail -n +1 -f "$said" >"$fifo" &
+  tail_pid=$!
+  timeout 60 grep -m 2 -qE '3 -> 2 workers' "$fifo"
+  went_on=$?
+  kill "$tail_pid" 2>/dev/null
+  rm -f "$fifo"
+  [ "$went_on" = 0 ] ||
+    { echo "FAIL: the others did not go on without worker:2 within 60 s"; cat "$said"; exit 1; }
+  echo "worker:2 exited with $rc and the others went on; starting it again"
+  mw_start 2 "$env ELASTIC_JOB_RESTARTED=1" "$job" "${args[@]}"
+  mw_expect 2 0
+fi
+mw_finish || exit 1
+echo "all statuses as expected; what the workers said:"
+cat "$said"
+# expect COUNT PATTERN: COUNT lines of what the workers said match PATTERN.
+expect() {
+  local got
+  got=$(grep -cE "$2" "$said")
+  [ "$got" = "$1" ] || { echo "FAIL: $got lines match '$2', expected $1"; exit 1; }
+}
+case "$scenario" in
+  loss)
+    expect 2 '^worker:[01]: membership: 3 -> 2 workers at step [45]; training resumed [0-9]+ ms'
+    expect 2 '^worker:[01]: final step 40: .*\(ok\)$' ;;
+  rejoin)
+    expect 2 '^worker:[01]: membership: 3 -> 2 workers at step [45]; training resumed [0-9]+ ms'
+    expect 2 '^worker:[01]: membership: 2 -> 3 workers at step [0-9]+; training resumed [0-9]+ ms'
+    expect 3 '^worker:[012]: final step 40: .*\(ok\)$' ;;
+  below-min)
+    expect 2 '^worker:[01]: step [45] failed: .*\(peer_lost\).*2 members remain, fewer than the 3 it needs' ;;
+esac
+echo "ok"
