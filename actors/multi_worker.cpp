@@ -525,6 +525,16 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   validate_multi_worker_cluster(*resolver);
   auto devices = detail::canonical_devices(worker_devices(mw, *resolver));
   auto num_workers = resolver->num_workers();
+  if (mw.elastic_min_workers == 0) {
+    // tools/consort-launch --elastic MIN says it to every worker.
+    const auto text = env_or("CONSORT_ELASTIC_MIN_WORKERS", "0");
+    char* end = nullptr;
+    const long value = std::strtol(text.c_str(), &end, 10);
+    if (end == text.c_str() || *end != '\0' || value < 0 || value > 1 << 20)
+      throw_error(errc::invalid_argument, "CONSORT_ELASTIC_MIN_WORKERS is \"" + text +
+                                              "\"; expected a count of workers (0: not elastic)");
+    mw.elastic_min_workers = static_cast<int>(value);
+  }
   if (mw.elastic_min_workers < 0 || mw.elastic_min_workers > std::max(num_workers, 1))
     throw_error(errc::invalid_argument,
                 "multi_worker_options::elastic_min_workers is " +

@@ -70,6 +70,8 @@ struct options : train::train_options {
   std::string trace;
   std::string checkpoint_dir;
   int64_t checkpoint_every_steps = 100;
+  int elastic = 0;             // --elastic MIN: 0, not elastic
+  int64_t commit_every = 10;   // --commit-every: steps between in-memory commits (elastic)
   // -- real data (docs/train.md, "Real data") --
   std::string data;          // --data FILE; empty: the synthetic spiral
   std::string label_column;  // --label-column NAME|NUMBER; empty: the last column
@@ -139,6 +141,11 @@ options parse(int argc, char** argv) {
       cmd.value("bucket-bytes", bucket_text, "bytes per fused all-reduce (65536, 64K, 1M)");
   cmd.value("checkpoint-dir", o.checkpoint_dir, "save checkpoints here, and resume from them");
   cmd.value("checkpoint-every", o.checkpoint_every_steps, "steps between checkpoints");
+  cmd.value("elastic", o.elastic,
+            "go on when workers are lost or join, while at least this many remain (0: a lost "
+            "worker ends the run)");
+  cmd.value("commit-every", o.commit_every,
+            "with --elastic: steps between in-memory commits, what a change rolls back to");
   cmd.value("plot", o.plot, "write the loss curve as SVG");
   cmd.value("trace", o.trace, "write a Chrome/Perfetto trace");
   cmd.parse(argc, argv);
@@ -171,6 +178,10 @@ options parse(int argc, char** argv) {
     usage("--verify-steps must be at least 1");
   if (o.checkpoint_every_steps < 1)
     usage("--checkpoint-every must be at least 1");
+  if (o.elastic < 0)
+    usage("--elastic must be 0 (not elastic) or the least number of workers to go on with");
+  if (o.commit_every < 1)
+    usage("--commit-every must be at least 1");
   if (!o.data.empty() && o.examples_given)
     usage("--examples sizes the synthetic spiral; --data trains on every row of its file");
   if (o.data.empty() && o.data_options_given)
@@ -475,6 +486,76 @@ void arrange_checkpoints(options& o, std::optional<checkpoint_manager>& manager,
   };
 }
 
+/// Trains; with --elastic, goes on through changes of the group (docs/train.md, "Elastic
+/// training"): every --commit-every steps each worker commits the step and the parameters in
+/// memory; a change fails the step in flight with membership_changed, the workers take part in
+/// the group's next epoch (reform), every one takes worker 0's commit (sync), and training goes
+/// on from there on the new group, its dataset split over the new replicas. A worker that joins
+/// the running group takes the group's commit the same way. Each change prints one line on every
+/// worker of the group, once the first step after it completed.
+/// `started_at`: the step this worker started from (a worker that joined a running group: the
+/// group's).
+train::outcome train_through_changes(multi_worker_mirrored_strategy& strategy, const options& o,
+                                     const train::dataset_tensors& data, train::tracer& trace,
+                                     int64_t& started_at) {
+  started_at = o.start_step;
+  auto progress = [&] {
+    return strategy.worker_rank() == 0 ? progress_printer(o.steps) : train::progress_fn{};
+  };
+  if (o.elastic == 0)
+    return train::train_on(strategy, o, data, trace, strategy.worker_rank(), progress());
+  using steady = std::chrono::steady_clock;
+  train::mlp_shape shape{static_cast<int>(data.x.shape()[1]), o.hidden, train::classes_of(o, data),
+                         o.layers};
+  elastic_state state{strategy};
+  auto commit = [&state](int64_t step, const nest& params) {
+    state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}, {"params", params}}));
+  };
+  commit(o.start_step,
+         o.initial_params.is_dict() ? o.initial_params : train::init_params(shape, o.seed));
+  auto extra = state.sync(); // a worker that joined a running group takes the group's
+  started_at = extra["step"].as_tensor().item<int64_t>();
+  train::train_options run = o;
+  run.commit_every = o.commit_every;
+  run.on_commit = commit;
+  std::string pending;
+  steady::time_point lost_at;
+  int64_t reached = extra["step"].as_tensor().item<int64_t>();
+  nest snapshot; // --verify's: the parameters after snapshot_step, in the segment that last got there
+  run.on_step = [&](int64_t step, const nest& params) {
+    reached = step;
+    if (step == o.snapshot_step)
+      snapshot = params; // shared: the next update copies them first
+    if (pending.empty())
+      return;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - lost_at);
+    std::printf("%s; training resumed %lld ms after the loss\n", pending.c_str(),
+                static_cast<long long>(ms.count()));
+    std::fflush(stdout);
+    pending.clear();
+  };
+  for (;;) {
+    run.start_step = extra["step"].as_tensor().item<int64_t>();
+    run.initial_params = extra["params"];
+    try {
+      auto result = train::train_on(strategy, run, data, trace, strategy.worker_rank(), progress());
+      if (!result.snapshot.is_dict())
+        result.snapshot = snapshot;
+      return result;
+    } catch (const error& e) {
+      if (e.code() != errc::membership_changed)
+        throw;
+      lost_at = steady::now();
+      auto change = strategy.reform();
+      if (!pending.empty())
+        std::printf("%s; changed again before a step completed\n", pending.c_str());
+      pending = "membership: " + std::to_string(change.workers_before) + " -> " +
+                std::to_string(change.workers) + " workers at step " + std::to_string(reached);
+      extra = state.sync();
+    }
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -491,6 +572,7 @@ int main(int argc, char** argv) {
         mw.devices.push_back("CPU:" + std::to_string(i));
     else
       mw.devices = default_devices();
+    mw.elastic_min_workers = o.elastic;
     multi_worker_mirrored_strategy strategy({}, mw);
     bool chief = strategy.worker_rank() == 0;
     int worker = strategy.worker_rank();
@@ -514,8 +596,9 @@ int main(int argc, char** argv) {
     std::optional<checkpoint_manager> manager;
     arrange_checkpoints(o, manager, data, strategy);
     train::tracer trace(!o.trace.empty());
-    auto result = train::train_on(strategy, o, data, trace, worker,
-                                  chief ? progress_printer(o.steps) : train::progress_fn{});
+    int64_t started_at = 0;
+    auto result = train_through_changes(strategy, o, data, trace, started_at);
+    worker = strategy.worker_rank(); // an elastic group may have renumbered it
     if (chief && result.curve.loss.empty())
       std::printf("trained: no step left after step %lld\n", static_cast<long long>(result.steps));
     else if (chief) {
@@ -551,7 +634,14 @@ int main(int argc, char** argv) {
     }
     int status = 0;
     // A run stopped by a signal has its grace period to use, not a reference run to train.
-    if (o.verify && !result.stopped) {
+    if (o.verify && !result.stopped && started_at >= o.snapshot_step && started_at > 0) {
+      // It joined a running group (--elastic) after the steps --verify compares: the workers
+      // that trained them compared theirs.
+      std::printf("verify (worker %d): joined the group at step %lld, after the %lld steps "
+                  "--verify compares; nothing of its own to compare\n",
+                  worker, static_cast<long long>(started_at),
+                  static_cast<long long>(o.snapshot_step));
+    } else if (o.verify && !result.stopped) {
       // The reference: one replica in this process, same seed and global batch, over the first
       // steps (all of them when the run stopped before the snapshot), on the device of the run's
       // first replica. Every example's forward pass then has the same bits as in the run, only

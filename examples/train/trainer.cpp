@@ -427,6 +427,10 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
       if (o.on_checkpoint)
         o.on_checkpoint(step + 1, host);
     }
+    if (o.on_commit && o.commit_every > 0 && (step + 1) % o.commit_every == 0)
+      o.on_commit(step + 1, result.params);
+    if (o.on_step)
+      o.on_step(step + 1, result.params);
     if (reached) {
       result.reached_target = true;
       result.time_to_target_s = elapsed;

@@ -76,6 +76,14 @@ struct train_options {
   /// worker makes.
   int64_t checkpoint_every = 0;
   std::function<void(int64_t, const nest&)> on_checkpoint;
+  /// Called on every worker after every `commit_every` steps (0: never) with the step count and
+  /// the host parameters, which it may keep (a later update copies them first): an elastic run's
+  /// in-memory commit (docs/train.md, "Elastic training").
+  int64_t commit_every = 0;
+  std::function<void(int64_t, const nest&)> on_commit;
+  /// Called on every worker after each step with the step count and the host parameters
+  /// (`progress` runs on the chief).
+  std::function<void(int64_t, const nest&)> on_step;
 };
 
 /// Chrome/Perfetto trace events ("X" complete events): one process track per worker (pid) and one

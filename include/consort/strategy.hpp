@@ -390,6 +390,7 @@ struct multi_worker_options {
   /// others go on without it as long as at least n workers remain, and a restarted worker (under
   /// its own task) joins the running group; see `multi_worker_mirrored_strategy::reform`. Every
   /// worker must be given the same n. CPU replicas only: a group with GPU replicas refuses it.
+  /// 0 here: CONSORT_ELASTIC_MIN_WORKERS when set (tools/consort-launch --elastic MIN).
   int elastic_min_workers = 0;
 
   /// Elastic: how long the chief waits, once the group changes, for every worker to take part in
