@@ -45,6 +45,14 @@ void say(const std::string& line) {
   }
 }
 
+/// The monotonic clock in ns (the same clock in every process of the machine), for the
+/// benchmark's times across processes (bench/elastic_bench.sh).
+long long now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             clock_type::now().time_since_epoch())
+      .count();
+}
+
 bool restarted() {
   for (const char* name : {"CONSORT_RESTART_COUNT", "ELASTIC_JOB_RESTARTED"}) {
     const char* v = std::getenv(name);
@@ -91,6 +99,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  const long long started_ns = now_ns();
   multi_worker_mirrored_strategy s({}, mw);
   const auto task = s.cluster_resolver().task().index;
   const std::string me = "worker:" + std::to_string(task);
@@ -105,6 +114,7 @@ int main(int argc, char** argv) {
   state.commit(nest::dict({{"step", tensor::scalar<int64_t>(0)}}));
   int64_t step = step_of(state.sync()); // a worker that joined takes the group's step
   std::optional<clock_type::time_point> lost_at;
+  bool first_step = true;
   std::string pending_line;
 
   auto changed = [&](const multi_worker_mirrored_strategy::membership_change& c, int64_t at) {
@@ -124,18 +134,26 @@ int main(int argc, char** argv) {
         continue;
       }
       const bool dies_now = die_task == task && step == die_step;
-      s.run([&w, dies_now](replica_context& ctx) {
-        if (dies_now)
+      s.run([&w, dies_now, die_task](replica_context& ctx) {
+        if (dies_now && ctx.local_replica_index() == 0) {
+          say("worker:" + std::to_string(die_task) + ": killed at " + std::to_string(now_ns()));
           std::raise(SIGKILL); // inside the step: the others wait in its all-reduce
+        }
         ctx.assign_add(w, tensor::from<float>({1, 1, 1, 1}, {4}));
         return nest{};
       });
       ++step;
+      if (first_step) {
+        first_step = false;
+        if (s.membership_epoch() > 1 && restarted())
+          say(me + ": started at " + std::to_string(started_ns) + ", first step in the group at " +
+              std::to_string(now_ns()));
+      }
       if (!pending_line.empty()) {
         auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() -
                                                                         *lost_at);
         say(me + ": " + pending_line + "; training resumed " + std::to_string(ms.count()) +
-            " ms after the loss");
+            " ms after the loss (at " + std::to_string(now_ns()) + ")");
         pending_line.clear();
       }
       if (step % commit_every == 0)

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Elastic re-formation, measured over real processes (issue 32's targets; bench/README.md,
+# "Elastic re-formation"):
+#   - from a SIGKILL of 1 of W workers (inside a step, while the others are in its all-reduce) to
+#     the step the others complete first after re-forming without it;
+#   - from the start of the killed worker's new process to its first step in the running group.
+# Each run is W processes of tests/multiworker/elastic_job (60 steps, a commit every 4, worker V
+# dies in step 20, the group waits for it to rejoin at step 40; V cycles over 1..W-1: the chief
+# leads the group and is not killed). The times come from the monotonic clock, which every process
+# of the machine shares: the victim prints when it raises SIGKILL, the others when their first
+# step after the change completed.
+#
+#   bash bench/elastic_bench.sh [BUILD_DIR] [RUNS] [WORKERS] [TRANSPORT]
+#     defaults: build 20 4 shm
+set -uo pipefail
+build=${1:-build}
+runs=${2:-20}
+workers=${3:-4}
+transport=${4:-shm}
+job="$build/tests/multiworker/elastic_job"
+[ -x "$job" ] || { echo "no $job: build first (bash tools/build.sh)" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../tests/multiworker/lib.sh"
+MW_TIMEOUT_S=60
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+survivors=$((workers - 1))
+
+# wait_lines FILE COUNT PATTERN: waits (60 s at most) until COUNT lines of FILE match PATTERN.
+wait_lines() {
+  local fifo="$work/fifo" tail_pid ok
+  mkfifo "$fifo"
+  tail -n +1 -f "$1" >"$fifo" &
+  tail_pid=$!
+  timeout 60 grep -m "$2" -qE "$3" "$fifo"
+  ok=$?
+  kill "$tail_pid" 2>/dev/null
+  wait "$tail_pid" 2>/dev/null
+  rm -f "$fifo"
+  return "$ok"
+}
+
+printf '%-4s %-7s %22s %22s %16s\n' run victim "kill->all resumed ms" "kill->first resumed ms" "rejoin ms"
+all=()
+first=()
+rejoin=()
+for ((r = 0; r < runs; r++)); do
+  victim=$((1 + r % survivors))
+  said="$work/said.$r"
+  : >"$said"
+  MW_PORT="" MW_PIDS=() MW_EXPECT=() MW_FAILED=0
+  unset MW_PORT
+  mw_cluster "$workers" 127.0.0.1
+  env="CONSORT_TRANSPORT=$transport ELASTIC_JOB_LOG=$said"
+  args=(60 4 "$survivors" --die "$victim:20" --regrow "$workers:40")
+  for ((i = 0; i < workers; i++)); do
+    mw_start "$i" "$env" "$job" "${args[@]}" >"$work/out.$r.$i" 2>&1
+  done
+  { wait "${MW_PIDS[$victim]}"; } 2>/dev/null
+  if ! wait_lines "$said" "$survivors" "$workers -> $survivors workers"; then
+    echo "run $r: the others did not go on without worker:$victim; its log:" >&2
+    cat "$said" "$work"/out."$r".* >&2
+    exit 1
+  fi
+  mw_start "$victim" "$env ELASTIC_JOB_RESTARTED=1" "$job" "${args[@]}" >"$work/out.$r.$victim.2" 2>&1
+  mw_expect "$victim" 0
+  if ! mw_finish >/dev/null; then
+    echo "run $r: a worker failed; what they said:" >&2
+    cat "$said" "$work"/out."$r".* >&2
+    exit 1
+  fi
+  killed=$(sed -n 's/.*: killed at \([0-9]*\)$/\1/p' "$said")
+  read -r worst best < <(sed -n "s/.*: membership: $workers -> $survivors workers.*(at \\([0-9]*\\))\$/\\1/p" "$said" |
+    awk -v k="$killed" 'NR == 1 {max = $1; min = $1} {if ($1 > max) max = $1; if ($1 < min) min = $1}
+                        END {printf "%.3f %.3f\n", (max - k) / 1e6, (min - k) / 1e6}')
+  back=$(sed -n 's/.*: started at \([0-9]*\), first step in the group at \([0-9]*\)$/\1 \2/p' "$said" |
+    awk '{printf "%.3f\n", ($2 - $1) / 1e6}')
+  printf '%-4s %-7s %22s %22s %16s\n' "$r" "worker:$victim" "$worst" "$best" "$back"
+  all+=("$worst")
+  first+=("$best")
+  rejoin+=("$back")
+done
+
+# percentile P VALUES...: the nearest-rank percentile.
+percentile() {
+  local p=$1
+  shift
+  printf '%s\n' "$@" | sort -g | awk -v p="$p" '{v[NR] = $1} END {i = int((p * NR + 99) / 100); if (i < 1) i = 1; print v[i]}'
+}
+echo
+echo "$runs runs, $workers workers over $transport, 1 replica each:"
+printf '%-34s %10s %10s %10s\n' "" p50 p99 max
+printf '%-34s %10s %10s %10s\n' "SIGKILL -> every survivor's step" "$(percentile 50 "${all[@]}")" "$(percentile 99 "${all[@]}")" "$(percentile 100 "${all[@]}")"
+printf '%-34s %10s %10s %10s\n' "SIGKILL -> first survivor's step" "$(percentile 50 "${first[@]}")" "$(percentile 99 "${first[@]}")" "$(percentile 100 "${first[@]}")"
+printf '%-34s %10s %10s %10s\n' "restart -> its first step in group" "$(percentile 50 "${rejoin[@]}")" "$(percentile 99 "${rejoin[@]}")" "$(percentile 100 "${rejoin[@]}")"
+echo "(milliseconds; target: p99 of the first row <= 1000 ms)"
