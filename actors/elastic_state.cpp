@@ -7,7 +7,16 @@
 namespace consort {
 
 void elastic_state::commit(nest extra) {
-  variables_ = strategy_->variable_values();
+  if (committed_) {
+    variables_ = strategy_->variable_values();
+  } else {
+    // The first commit reads the local copies, with no collective: on a worker that joins a
+    // running group, a read of sync-on-read variables across workers would meet the others'
+    // sync instead. The sync that follows it replaces them anyway.
+    variables_.clear();
+    for (const auto& v : strategy_->variables())
+      variables_.push_back({v.name(), v.local_values().front()});
+  }
   extra_ = std::move(extra);
   committed_ = true;
 }

@@ -67,6 +67,10 @@ struct Join {
   cluster @8 :Text;
   # That cluster as text, "[worker:0=host:port, worker:1=host:port]", cut at an entry when it
   # would not fit the frame (it then ends ", ...]"): for the chief's refusal to name both lists.
+
+  standbyAddress @9 :Text;
+  # Elastic groups: "host:port" where this worker would lead the group's re-formations if the chief
+  # were lost and it were the first member after it (its successor); empty otherwise.
 }
 
 # The chief refuses a Join (wrong version, failed proof, another cluster, a task it does not
@@ -87,6 +91,9 @@ struct Member {
   # "host:port" of its collective traffic.
 
   devices @3 :List(Device);
+
+  standbyAddress @4 :Text;
+  # Its Join's standbyAddress: where it leads the group if it succeeds a lost chief.
 }
 
 # The cluster as the chief sees it, sent to every member when all have joined and again whenever

@@ -513,7 +513,20 @@ train::outcome train_through_changes(multi_worker_mirrored_strategy& strategy, c
   };
   commit(o.start_step,
          o.initial_params.is_dict() ? o.initial_params : train::init_params(shape, o.seed));
-  auto extra = state.sync(); // a worker that joined a running group takes the group's
+  // Worker 0's commit, everywhere (a worker that joined a running group takes the group's); a
+  // change during a sync re-forms again.
+  auto synced = [&] {
+    for (;;) {
+      try {
+        return state.sync();
+      } catch (const error& e) {
+        if (e.code() != errc::membership_changed)
+          throw;
+        strategy.reform();
+      }
+    }
+  };
+  auto extra = synced();
   started_at = extra["step"].as_tensor().item<int64_t>();
   train::train_options run = o;
   run.commit_every = o.commit_every;
@@ -551,7 +564,7 @@ train::outcome train_through_changes(multi_worker_mirrored_strategy& strategy, c
         std::printf("%s; changed again before a step completed\n", pending.c_str());
       pending = "membership: " + std::to_string(change.workers_before) + " -> " +
                 std::to_string(change.workers) + " workers at step " + std::to_string(reached);
-      extra = state.sync();
+      extra = synced();
     }
   }
 }
@@ -598,7 +611,9 @@ int main(int argc, char** argv) {
     train::tracer trace(!o.trace.empty());
     int64_t started_at = 0;
     auto result = train_through_changes(strategy, o, data, trace, started_at);
-    worker = strategy.worker_rank(); // an elastic group may have renumbered it
+    // An elastic group may have renumbered the workers (a chief's successor is the chief now).
+    worker = strategy.worker_rank();
+    chief = worker == 0;
     if (chief && result.curve.loss.empty())
       std::printf("trained: no step left after step %lld\n", static_cast<long long>(result.steps));
     else if (chief) {

@@ -8,17 +8,21 @@
 //
 //   consort::elastic_state state{strategy};
 //   state.commit(nest::dict({{"step", tensor::scalar<int64_t>(0)}}));
-//   auto extra = state.sync();                 // a worker that joins takes the group's state
-//   for (int64_t step = first_step(extra); step < steps;) {
+//   bool synced = false;                       // a worker that joins takes the group's state
+//   for (int64_t step = 0; step < steps;) {
 //     try {
+//       if (!synced) {
+//         step = first_step(state.sync());      // worker 0's commit, everywhere
+//         synced = true;
+//       }
 //       strategy.run(train_step, next_batch());
 //       if (++step % commit_every == 0)
 //         state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}}));
 //     } catch (const consort::error& e) {
 //       if (e.code() != consort::errc::membership_changed)
 //         throw;
-//       strategy.reform();                    // the group's next epoch
-//       step = first_step(state.sync());      // worker 0's commit, everywhere
+//       strategy.reform();                     // the group's next epoch
+//       synced = false;                        // a change during the sync re-forms again
 //     }
 //   }
 
@@ -40,7 +44,9 @@ public:
       : strategy_(&strategy) {}
 
   /// Keeps a copy of every variable's value (`strategy::variable_values`, a collective under
-  /// several workers: every worker commits at the same steps) and of `extra`.
+  /// several workers: every worker commits at the same steps) and of `extra`. The first commit
+  /// reads each variable's first local copy instead, with no collective, so that a worker joining
+  /// a running group can commit before its first `sync` (which replaces the values).
   /// @throws the errors of `variable_values`.
   void commit(nest extra = nest{});
 

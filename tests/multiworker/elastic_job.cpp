@@ -112,7 +112,8 @@ int main(int argc, char** argv) {
                              {variable_synchronization::on_write, variable_aggregation::mean});
   elastic_state state{s};
   state.commit(nest::dict({{"step", tensor::scalar<int64_t>(0)}}));
-  int64_t step = step_of(state.sync()); // a worker that joined takes the group's step
+  int64_t step = 0;
+  bool synced = false; // a worker that joined takes the group's step and weights
   std::optional<clock_type::time_point> lost_at;
   bool first_step = true;
   std::string pending_line;
@@ -124,13 +125,18 @@ int main(int argc, char** argv) {
                    std::to_string(c.workers) + " workers at step " + std::to_string(at);
   };
 
-  while (step < steps) {
+  while (step < steps || !synced) {
     try {
+      if (!synced) {
+        step = step_of(state.sync()); // worker 0's commit; a change meanwhile re-forms again
+        synced = true;
+        continue;
+      }
       if (step == regrow_step && s.num_workers() < regrow_workers) {
         lost_at = clock_type::now();
         auto c = s.reform(); // waits for the group to grow
         changed(c, step);
-        step = step_of(state.sync());
+        synced = false;
         continue;
       }
       const bool dies_now = die_task == task && step == die_step;
@@ -167,7 +173,7 @@ int main(int argc, char** argv) {
       std::cout << me << ": step " << step << ": " << e.what() << std::endl;
       auto c = s.reform();
       changed(c, step);
-      step = step_of(state.sync());
+      synced = false;
     }
   }
   auto value = w.value();

@@ -7,6 +7,8 @@
 #                                                  under its task once it is gone, joins them
 #   elastic_test.sh ELASTIC_JOB below-min TRANSPORT  with a minimum of 3, the others end with
 #                                                    peer_lost (exit 1)
+#   elastic_test.sh ELASTIC_JOB chief-loss TRANSPORT the chief (worker:0) is the one killed:
+#                                                    worker:1 succeeds it and the two go on
 # A collective in flight when the worker dies may have completed on some of the others (step 5)
 # and not on the rest (step 4); every worker that finishes checks that its variable saw every step exactly once (exit 0).
 set -u
@@ -20,16 +22,18 @@ case "$scenario" in
   loss) args=(40 4 2 --die 2:5) ;;
   rejoin) args=(40 4 2 --die 2:5 --regrow 3:12) ;;
   below-min) args=(40 4 3 --die 2:5) ;;
+  chief-loss) args=(40 4 2 --die 0:5) ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 for i in 0 1 2; do
   mw_start "$i" "$env" "$job" "${args[@]}"
 done
-mw_expect 2 137
 survivors=0
 [ "$scenario" = below-min ] && survivors=1
-mw_expect 0 "$survivors"
-mw_expect 1 "$survivors"
+victim=2
+[ "$scenario" = chief-loss ] && victim=0
+for i in 0 1 2; do mw_expect "$i" "$survivors"; done
+mw_expect "$victim" 137
 if [ "$scenario" = rejoin ]; then
   # Once worker:2's process is gone and the others went on without it, it starts again under
   # its own task and joins.
@@ -71,5 +75,8 @@ case "$scenario" in
     expect 3 '^worker:[012]: final step 40: .*\(ok\)$' ;;
   below-min)
     expect 2 '^worker:[01]: step [45] failed: .*\(peer_lost\).*2 members remain, fewer than the 3 it needs' ;;
+  chief-loss)
+    expect 2 '^worker:[12]: membership: 3 -> 2 workers at step [45]; training resumed [0-9]+ ms'
+    expect 2 '^worker:[12]: final step 40: .*\(ok\)$' ;;
 esac
 echo "ok"

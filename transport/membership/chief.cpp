@@ -90,6 +90,7 @@ void service::impl::on_chief_message(const conn_ptr& c, codec::message& m) {
     if (auto* l = std::get_if<codec::leave>(&m)) {
       log_line(name_of(c->rank) + " left before the view: " + l->reason);
       by_rank_[c->rank].reset();
+      deferred_joins_.erase(c->rank);
       c->state = phase::left;
       if (reforming_ && next_set_.erase(c->rank) != 0)
         maybe_form_next_view();
@@ -128,6 +129,7 @@ void service::impl::chief_failed(const conn_ptr& c, const std::string& what) {
     log_line(name_of(c->rank) + " at " + c->remote() + " dropped out before the view: " + what +
              "; it may join again");
     by_rank_[c->rank].reset();
+    deferred_joins_.erase(c->rank);
     close(c);
     if (reforming_ && next_set_.erase(c->rank) != 0)
       maybe_form_next_view();
@@ -167,8 +169,8 @@ std::string service::impl::check_join(const codec::join& j, const std::vector<st
            " is not a worker of this cluster (expected one of: " + join_names(names) + ")";
   }
   rank = static_cast<int>(it - opts_.tasks.begin());
-  if (rank == 0)
-    return "task " + who + " is the chief's own task (rank 0)";
+  if (rank == opts_.rank)
+    return "task " + who + " is the chief's own task (rank " + std::to_string(rank) + ")";
   if (view_formed_ && !elastic())
     return "task " + who + " (rank " + std::to_string(rank) +
            ") is already a member of this cluster's view (epoch " + std::to_string(view_.epoch) +
@@ -221,6 +223,14 @@ void service::impl::on_join(const conn_ptr& c, codec::join& j) {
   log_line(name_of(rank) + " joined from " + c->remote() + " (collective address " +
            c->join.address + ", " + std::to_string(c->join.devices.size()) + " devices, pid " +
            std::to_string(c->join.pid) + ")");
+  if (view_formed_ && reforming_ && next_set_.count(rank) != 0 && replaced.empty())
+    return maybe_form_next_view(); // a member reaching the chief's successor
+  if (view_formed_ && reforming_ && replaced.empty()) {
+    // A re-formation is under way: the task joins in the epoch after it, so that each epoch is
+    // one change (a loss, then a join) and the members' counts say what happened.
+    deferred_joins_.insert(rank);
+    return;
+  }
   if (view_formed_) // elastic: it joins the running group in its next epoch
     return start_reform(replaced, rank,
                         name_of(rank) + (replaced.empty() ? " joins the group"
@@ -289,6 +299,7 @@ void service::impl::maybe_form_view() {
     } else {
       m.address = by_rank_[r]->join.address;
       m.devices = by_rank_[r]->join.devices;
+      m.standby_address = by_rank_[r]->join.standby_address;
     }
   }
   v.nccl_unique_id = opts_.nccl_unique_id;
@@ -429,7 +440,7 @@ void service::impl::start_reform(const std::vector<int>& lost, int joining,
   std::vector<uint32_t> lost_ranks(lost.begin(), lost.end());
   for (int r : next_set_) {
     auto& c = by_rank_[static_cast<std::size_t>(r)];
-    if (r == 0 || !c || c->state != phase::member)
+    if (r == opts_.rank || !c || c->state != phase::member)
       continue;
     notified_.insert(r);
     send(c, codec::abort{next_epoch_, cause, lost_ranks});
@@ -468,7 +479,7 @@ void service::impl::maybe_form_next_view() {
   if (!has_offer_ || offer_after_ != view_.epoch)
     return; // the chief's own caller has not offered its part yet
   for (int r : next_set_) {
-    if (r == 0)
+    if (r == opts_.rank)
       continue;
     const auto& c = by_rank_[static_cast<std::size_t>(r)];
     if (!c)
@@ -488,13 +499,15 @@ void service::impl::maybe_form_next_view() {
     member m;
     m.rank = static_cast<int>(v.members.size());
     m.task = opts_.tasks[static_cast<std::size_t>(r)];
-    if (r == 0) {
+    if (r == opts_.rank) {
       m.address = offer_address_;
       m.devices = opts_.devices;
+      m.standby_address = standby_address_;
     } else {
       const auto& c = by_rank_[static_cast<std::size_t>(r)];
       m.address = c->join.address;
       m.devices = c->join.devices;
+      m.standby_address = c->join.standby_address;
       if (c->state == phase::joined)
         joined += (joined.empty() ? "" : ", ") + to_string(m.task);
     }
@@ -510,7 +523,7 @@ void service::impl::maybe_form_next_view() {
   in_view_ = next_set_;
   auto now = this->now();
   for (int r : next_set_) {
-    if (r == 0)
+    if (r == opts_.rank)
       continue;
     auto& c = by_rank_[static_cast<std::size_t>(r)];
     c->state = phase::member;
@@ -525,15 +538,22 @@ void service::impl::maybe_form_next_view() {
            std::to_string(v.members.size()) + " members, group " + std::to_string(v.group_id) +
            (left.empty() ? "" : ", without " + left) + (joined.empty() ? "" : ", joined by " + joined));
   publish_view(v);
+  // Tasks that joined during this re-formation: the next one.
+  auto deferred = std::exchange(deferred_joins_, {});
+  for (int r : deferred)
+    if (by_rank_[static_cast<std::size_t>(r)] &&
+        by_rank_[static_cast<std::size_t>(r)]->state == phase::joined)
+      start_reform({}, r, name_of(r) + " joins the group");
 }
 
 void service::impl::reform_timed_out() {
   std::vector<int> late;
   for (int r : next_set_) {
-    if (r == 0)
+    if (r == opts_.rank)
       continue;
     const auto& c = by_rank_[static_cast<std::size_t>(r)];
-    if (c && c->state == phase::member && rejoined_.count(r) == 0)
+    // Not there at all (a member that never reached a successor), or no part offered.
+    if (!c || (c->state == phase::member && rejoined_.count(r) == 0))
       late.push_back(r);
   }
   if (!has_offer_ || offer_after_ != view_.epoch)
@@ -545,16 +565,50 @@ void service::impl::reform_timed_out() {
     log_line("left " + name_of(r) + " out of epoch " + std::to_string(next_epoch_) +
              ": it did not offer its part within reform_timeout (" +
              ms_text(opts_.reform_timeout) + ")");
-    send(c, codec::abort{view_.epoch, "left out of epoch " + std::to_string(next_epoch_) +
-                                          ": no part offered within reform_timeout",
-                         {static_cast<uint32_t>(r)}});
-    c->state = phase::lost;
-    close_gracefully(c);
+    if (c) {
+      send(c, codec::abort{view_.epoch, "left out of epoch " + std::to_string(next_epoch_) +
+                                            ": no part offered within reform_timeout",
+                           {static_cast<uint32_t>(r)}});
+      c->state = phase::lost;
+      close_gracefully(c);
+    }
     by_rank_[static_cast<std::size_t>(r)].reset();
     next_set_.erase(r);
     in_view_.erase(r);
   }
   reform_deadline_ = now() + opts_.reform_timeout;
+  maybe_form_next_view();
+}
+
+void service::impl::promote() {
+  log_line("succeeds the lost chief: leads the re-formation of the group as epoch " +
+           std::to_string(notice_epoch_) + " at " + standby_address_);
+  chief_ = true;
+  failing_over_ = false;
+  if (chief_conn_) {
+    close(chief_conn_);
+    chief_conn_.reset();
+  }
+  retry_timer_.cancel();
+  acceptor_ = std::move(standby_);
+  listen_address_ = standby_address_;
+  by_rank_.assign(opts_.tasks.size(), nullptr);
+  handshakes_ = 0;
+  // The members of the view but the lost chief, who reach this one at its standby address.
+  const auto lost = std::find(opts_.tasks.begin(), opts_.tasks.end(), view_.members.front().task);
+  in_view_.clear();
+  for (const auto& m : view_.members) {
+    auto it = std::find(opts_.tasks.begin(), opts_.tasks.end(), m.task);
+    if (it != opts_.tasks.end() && it != lost)
+      in_view_.insert(static_cast<int>(it - opts_.tasks.begin()));
+  }
+  reforming_ = true;
+  next_epoch_ = notice_epoch_;
+  next_set_ = in_view_;
+  rejoined_.clear();
+  notified_.clear();
+  reform_deadline_ = now() + opts_.reform_timeout;
+  accept_next();
   maybe_form_next_view();
 }
 

@@ -73,6 +73,7 @@ struct encoder {
     out.setPid(m.pid);
     out.setClusterDigest(m.cluster_digest);
     out.setCluster(m.cluster);
+    out.setStandbyAddress(m.standby_address);
   }
 
   void operator()(const refusal& m) {
@@ -93,6 +94,7 @@ struct encoder {
       set_task(dst.initTask(), src.task);
       dst.setAddress(src.address);
       set_devices(dst.initDevices(static_cast<unsigned>(src.devices.size())), src.devices);
+      dst.setStandbyAddress(src.standby_address);
     }
     out.setNcclUniqueId(bytes_of(m.view.nccl_unique_id));
     out.setAuthProof(bytes_of(m.auth_proof));
@@ -225,6 +227,9 @@ std::string read_message(schemas::MembershipMessage::Reader root, budget& b, mes
     m.cluster_digest = in.getClusterDigest();
     if (why = copy_text(in.getCluster(), "cluster", b, m.cluster); !why.empty())
       return why;
+    if (why = copy_text(in.getStandbyAddress(), "standby address", b, m.standby_address);
+        !why.empty())
+      return why;
     out = std::move(m);
     return {};
   }
@@ -265,6 +270,10 @@ std::string read_message(schemas::MembershipMessage::Reader root, budget& b, mes
       if (why = copy_text(src.getAddress(), "member address", b, dst.address); !why.empty())
         return why;
       if (why = copy_devices(src.getDevices(), b, dst.devices); !why.empty())
+        return why;
+      if (why = copy_text(src.getStandbyAddress(), "member standby address", b,
+                          dst.standby_address);
+          !why.empty())
         return why;
       m.view.members.push_back(std::move(dst));
     }

@@ -60,6 +60,8 @@ struct join {
   uint64_t cluster_digest = 0;
   /// That cluster's list, as text, cut to fit the frame.
   std::string cluster;
+  /// Elastic: where this worker would lead re-formations as the chief's successor; "" otherwise.
+  std::string standby_address;
 };
 
 /// schemas::Refusal.

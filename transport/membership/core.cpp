@@ -127,9 +127,6 @@ std::string service::impl::check_elastic_view(const view& v) const {
       return "its view lists " + to_string(m.task) +
              ", which is not a task of this cluster after the members before it (do all tasks "
              "share one cluster spec?)";
-    if (i == 0 && it != opts_.tasks.begin())
-      return "its view's first member is " + to_string(m.task) + ", not the chief " +
-             to_string(opts_.tasks[0]);
     auto r = static_cast<std::size_t>(it - opts_.tasks.begin());
     self = self || r == static_cast<std::size_t>(opts_.rank);
     next_task = r + 1;
@@ -192,6 +189,16 @@ void service::impl::tick() {
     return;
   if (chief_ && reforming_ && now >= reform_deadline_)
     reform_timed_out();
+  if (failing_over_ && now >= rendezvous_deadline_) {
+    failing_over_ = false;
+    if (chief_conn_)
+      close(chief_conn_);
+    log_line("could not re-form the group at the chief's successor in time: " + last_error_);
+    end_group(make_caf_error(errc::peer_lost,
+                             self_ + ": the chief was lost and its successor could not be reached "
+                                     "within reform_timeout: " +
+                                 last_error_));
+  }
   // Heartbeats out, liveness and stuck writes in.
   std::vector<conn_ptr> members;
   for (const auto& c : conns_)
@@ -329,6 +336,7 @@ void service::impl::do_leave(const std::string& reason) {
       make_caf_error(errc::shutdown, self_ + " left the cluster before the view: " + reason));
   error_code ignored;
   acceptor_.close(ignored);
+  standby_.close(ignored);
   retry_timer_.cancel();
   resolver_.cancel();
   log_line("leaving the cluster: " + reason);
@@ -361,6 +369,7 @@ void service::impl::do_crash() {
   set_outcome(make_caf_error(errc::shutdown, self_ + " crashed (test hook) before the view"));
   error_code ignored;
   acceptor_.close(ignored);
+  standby_.close(ignored);
   retry_timer_.cancel();
   resolver_.cancel();
   tick_timer_.cancel();

@@ -110,7 +110,8 @@ std::string check_options(const options& opts) {
 // -- construction and destruction ----------------------------------------------------------------
 
 service::impl::impl(options opts)
-    : opts_(std::move(opts)), chief_(opts_.rank == 0), acceptor_(io_), tick_timer_(io_),
+    : opts_(std::move(opts)), chief_(opts_.rank == 0), acceptor_(io_), standby_(io_),
+      tick_timer_(io_),
       retry_timer_(io_), resolver_(io_) {
   self_ = to_string(opts_.tasks[opts_.rank]) + " (rank " + std::to_string(opts_.rank) + ")";
   cluster_ = cluster_check::of(opts_);
@@ -144,6 +145,7 @@ void service::impl::shutdown() {
   // The I/O thread is gone: close every Asio object here, before io_ goes.
   error_code ignored;
   acceptor_.close(ignored);
+  standby_.close(ignored);
   for (const auto& c : conns_)
     c->close();
   conns_.clear();
@@ -190,6 +192,33 @@ caf::error service::impl::start() {
     if (ec)
       return fail("getsockname", ec);
     listen_address_ = endpoint_text(local);
+  }
+  if (!chief_ && opts_.elastic_min_members > 0 && !opts_.address.empty()) {
+    // Where this member leads the group if it succeeds a lost chief: bound now, so that the
+    // others know it from the view; accepted from only once it does (promote).
+    host_port own;
+    split_address(opts_.address, own); // checked by check_options
+    error_code ec;
+    asio_tcp::resolver resolver(io_);
+    auto results = resolver.resolve(
+        own.host, "0", asio_tcp::resolver::passive | asio_tcp::resolver::numeric_service, ec);
+    if (!ec && !results.empty()) {
+      auto ep = results.begin()->endpoint();
+      standby_.open(ep.protocol(), ec);
+      if (!ec)
+        standby_.set_option(asio_tcp::acceptor::reuse_address(true), ec);
+      if (!ec)
+        standby_.bind(ep, ec);
+      if (!ec)
+        standby_.listen(asio::socket_base::max_listen_connections, ec);
+      if (!ec)
+        standby_address_ = endpoint_text(standby_.local_endpoint(ec));
+    }
+    if (ec || results.empty())
+      return make_caf_error(errc::invalid_argument,
+                            self_ + " cannot listen on " + own.host +
+                                " for leading an elastic group after a lost chief: " +
+                                (ec ? ec.message() : std::string{"the host has no address"}));
   }
   work_.emplace(io_.get_executor());
   asio::post(io_, [this] {

@@ -207,6 +207,12 @@ private:
   void attempt_failed(const conn_ptr& c, const std::string& why);
   void on_view(const conn_ptr& c, codec::view_message& m);
   void lose_chief(const std::string& cause);
+  /// Elastic: the chief was lost. The first member after it in the view succeeds it (promote);
+  /// the others reach it at its standby address and offer their parts of the next epoch there.
+  void fail_over(const std::string& cause);
+  /// Becomes the chief of an elastic group whose chief was lost: accepts on the standby acceptor
+  /// and re-forms the group from the members that reach it.
+  void promote();
   /// Elastic: sends this member's Join for the announced re-formation when the caller offered
   /// its address for it.
   void maybe_rejoin();
@@ -217,7 +223,8 @@ private:
   bool chief_;
   std::string self_;                // "worker:1 (rank 1)", the prefix of log lines
   cluster_check::identity cluster_; // the cluster this process was given, canonical
-  std::string listen_address_;      // chief only
+  std::string listen_address_;      // chief only (a successor: its standby address)
+  std::string standby_address_;     // elastic, not the chief: the standby acceptor's address
   host_port chief_hp_;
   milliseconds tick_period_;
   milliseconds linger_;
@@ -226,6 +233,9 @@ private:
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   asio_tcp::acceptor acceptor_;
+  /// Elastic, every member but the chief: listening from the start, accepting only once this
+  /// member succeeds a lost chief (promote), so that the others can reach it at once.
+  asio_tcp::acceptor standby_;
   asio::steady_timer tick_timer_;
   asio::steady_timer retry_timer_;
   asio_tcp::resolver resolver_;
@@ -261,6 +271,7 @@ private:
   std::set<int> next_set_;        // chief: the tasks of that epoch
   std::set<int> rejoined_;        // chief: members of next_set_ whose Join for it arrived
   std::set<int> notified_;        // chief: members told of the change under way
+  std::set<int> deferred_joins_;  // chief: tasks that joined during it, for the next one
   clock::time_point reform_deadline_{};
   bool group_ended_ = false;
   uint64_t notice_epoch_ = 0;     // worker: the newest change announced
@@ -268,6 +279,8 @@ private:
   bool has_offer_ = false;        // the caller's offer: valid while offer_after_ == view_.epoch
   uint64_t offer_after_ = 0;
   std::string offer_address_;
+  bool failing_over_ = false; // worker: reaching the chief's successor
+  bool join_pending_ = false; // worker: the successor's Challenge came; the Join waits for the offer
 
   std::atomic<bool> suspended_{false};
   std::atomic<bool> stopped_{false};

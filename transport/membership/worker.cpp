@@ -27,7 +27,8 @@ using auth::random_bytes;
 // -- I/O thread: worker --------------------------------------------------------------------------
 
 void service::impl::start_attempt() {
-  if (stopped_ || crashed_ || leaving_ || rendezvous_failed_ || view_formed_ || decided())
+  if (stopped_ || crashed_ || leaving_ ||
+      (!failing_over_ && (rendezvous_failed_ || view_formed_ || decided())))
     return;
   auto c = new_connection();
   c->remote(opts_.chief_address);
@@ -67,7 +68,8 @@ void service::impl::start_attempt() {
 void service::impl::attempt_failed(const conn_ptr& c, const std::string& why) {
   close(c);
   last_error_ = why;
-  if (stopped_ || crashed_ || leaving_ || rendezvous_failed_ || view_formed_ || decided())
+  if (stopped_ || crashed_ || leaving_ ||
+      (!failing_over_ && (rendezvous_failed_ || view_formed_ || decided())))
     return;
   auto now = this->now();
   if (now + backoff_ >= rendezvous_deadline_)
@@ -96,12 +98,21 @@ void service::impl::on_worker_message(const conn_ptr& c, codec::message& m) {
                            codec::kind_of(m) + " message");
     if (auto why = proofs::check_challenge(*ch); !why.empty())
       return failed(c, why);
+    chief_nonce_ = ch->nonce;
+    if (failing_over_) {
+      // The successor's Challenge: the Join carries this member's part of the next epoch, once
+      // its caller offered it (maybe_rejoin).
+      c->state = phase::joined;
+      join_pending_ = true;
+      last_error_ = "reached the chief's successor at " + c->remote() + ", but no view arrived";
+      return maybe_rejoin();
+    }
     codec::join j;
     j.task = opts_.tasks[opts_.rank];
     j.address = opts_.address;
+    j.standby_address = standby_address_;
     j.devices = opts_.devices;
     j.nonce = my_nonce_ = random_bytes(nonce_bytes);
-    chief_nonce_ = ch->nonce;
     if (!opts_.secret.empty())
       j.auth_proof = proofs::join_proof(opts_.secret, chief_nonce_, my_nonce_, j.task, j.address);
     j.pid = static_cast<uint32_t>(::getpid());
@@ -117,6 +128,17 @@ void service::impl::on_worker_message(const conn_ptr& c, codec::message& m) {
   case phase::joined:
     if (auto* v = std::get_if<codec::view_message>(&m))
       return on_view(c, *v);
+    if (failing_over_ && (std::holds_alternative<codec::refusal>(m) ||
+                          std::holds_alternative<codec::abort>(m) ||
+                          std::holds_alternative<codec::leave>(m))) {
+      failing_over_ = false;
+      c->state = phase::left;
+      close_gracefully(c);
+      auto text = "the chief's successor at " + c->remote() + " ended the group (a " +
+                  std::string(codec::kind_of(m)) + " message)";
+      log_line(text);
+      return end_group(make_caf_error(errc::peer_lost, self_ + ": " + text));
+    }
     if (auto* r = std::get_if<codec::refusal>(&m)) {
       auto text = "refused by the chief at " + opts_.chief_address + ": " + r->reason;
       return chief_ended_join(c, text, make_caf_error(errc::invalid_argument, text));
@@ -208,6 +230,8 @@ void service::impl::on_view(const conn_ptr& c, codec::view_message& m) {
   }
   view_formed_ = true;
   view_ = v;
+  failing_over_ = false;
+  join_pending_ = false;
   c->state = phase::member;
   auto now = this->now();
   c->last_rx = now;
@@ -251,11 +275,41 @@ void service::impl::lose_chief(const std::string& cause) {
   log_line("lost the chief: " + cause + " (connection to " + c->remote() + ")");
   close(c);
   if (elastic())
-    end_group(make_caf_error(errc::peer_lost,
-                             self_ + ": lost the chief (" + cause +
-                                 "); the chief leads an elastic group's re-formations, so the "
-                                 "group ends without it"));
+    return fail_over(cause);
   report({0}, cause);
+}
+
+void service::impl::fail_over(const std::string& cause) {
+  const auto& members = view_.members;
+  const auto leader =
+      std::find(opts_.tasks.begin(), opts_.tasks.end(), members.front().task) - opts_.tasks.begin();
+  if (members.size() < 2 || group_ended_) {
+    end_group(make_caf_error(errc::peer_lost, self_ + ": lost the chief (" + cause + ")"));
+    return report({static_cast<int>(leader)}, cause);
+  }
+  // The first member after the chief succeeds it; the others reach it at its standby address.
+  // Only it: if it is gone too, the group ends (a second candidate could split the group).
+  const auto& successor = members[1];
+  notice_epoch_ = std::max(notice_epoch_, view_.epoch + 1);
+  report({static_cast<int>(leader)},
+         cause + "; " + to_string(successor.task) + " succeeds it", notice_epoch_);
+  if (successor.task == opts_.tasks[opts_.rank])
+    return promote();
+  if (successor.standby_address.empty() || !split_address(successor.standby_address, chief_hp_).empty()) {
+    return end_group(make_caf_error(
+        errc::peer_lost, self_ + ": lost the chief (" + cause + "), and its successor " +
+                             to_string(successor.task) + " announced no standby address"));
+  }
+  log_line("the chief was lost (" + cause + "); reaching its successor " +
+           to_string(successor.task) + " at " + successor.standby_address);
+  opts_.chief_address = successor.standby_address;
+  failing_over_ = true;
+  join_pending_ = false;
+  warned_ = false;
+  backoff_ = first_backoff;
+  last_error_ = "no attempt to reach " + successor.standby_address + " finished";
+  rendezvous_deadline_ = now() + opts_.reform_timeout;
+  start_attempt();
 }
 
 void service::impl::maybe_rejoin() {
@@ -263,11 +317,14 @@ void service::impl::maybe_rejoin() {
       rejoined_for_ >= notice_epoch_ || group_ended_)
     return;
   auto c = chief_conn_;
-  if (!c || c->state != phase::member || c->closed())
+  const auto wanted = failing_over_ ? phase::joined : phase::member;
+  if (!c || c->state != wanted || c->closed() || (failing_over_ && !join_pending_))
     return;
+  join_pending_ = false;
   codec::join j;
   j.task = opts_.tasks[opts_.rank];
   j.address = offer_address_;
+  j.standby_address = standby_address_;
   j.devices = opts_.devices;
   j.nonce = my_nonce_ = random_bytes(nonce_bytes);
   if (!opts_.secret.empty())

@@ -73,6 +73,10 @@ struct member {
   /// The member's devices, in local replica order.
   std::vector<device_info> devices;
 
+  /// Elastic groups: "host:port" where the member leads the group if it succeeds a lost chief
+  /// (the first member after the chief does); empty otherwise.
+  std::string standby_address;
+
   /// Equal when every field is.
   friend bool operator==(const member&, const member&) = default;
 };
