@@ -508,7 +508,9 @@ void service::impl::maybe_form_next_view() {
       m.address = c->join.address;
       m.devices = c->join.devices;
       m.standby_address = c->join.standby_address;
-      if (c->state == phase::joined)
+      // New to the group (a member reaching a chief's successor is in phase joined too).
+      if (std::none_of(view_.members.begin(), view_.members.end(),
+                       [&](const member& o) { return o.task == m.task; }))
         joined += (joined.empty() ? "" : ", ") + to_string(m.task);
     }
     v.members.push_back(std::move(m));
