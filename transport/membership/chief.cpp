@@ -325,19 +325,21 @@ void service::impl::maybe_form_view() {
   publish_view(v);
   auto now = this->now();
   next_heartbeat_ = now + opts_.heartbeat_interval;
-  for (std::size_t r = 1; r < by_rank_.size(); ++r) {
-    auto& c = by_rank_[r];
-    c->state = phase::member;
-    c->last_rx = now;
-    codec::view_message m{v, {}};
-    if (!opts_.secret.empty())
-      m.auth_proof = proofs::view_proof(opts_.secret, c->nonce, c->join.nonce, c->join.task,
-                                        v.epoch, v.group_id);
-    send(c, m);
-  }
+  for (std::size_t r = 1; r < by_rank_.size(); ++r)
+    send_view(by_rank_[r], v, now);
   log_line("formed the view of epoch " + std::to_string(v.epoch) + ": " +
            std::to_string(v.members.size()) + " members, group " + std::to_string(v.group_id));
   set_outcome(std::move(v));
+}
+
+void service::impl::send_view(const conn_ptr& c, const view& v, clock::time_point now) {
+  c->state = phase::member;
+  c->last_rx = now;
+  codec::view_message m{v, {}};
+  if (!opts_.secret.empty())
+    m.auth_proof = proofs::view_proof(opts_.secret, c->nonce, c->join.nonce, c->join.task, v.epoch,
+                                      v.group_id);
+  send(c, m);
 }
 
 void service::impl::log_missing() {
@@ -524,18 +526,9 @@ void service::impl::maybe_form_next_view() {
   view_ = v;
   in_view_ = next_set_;
   auto now = this->now();
-  for (int r : next_set_) {
-    if (r == opts_.rank)
-      continue;
-    auto& c = by_rank_[static_cast<std::size_t>(r)];
-    c->state = phase::member;
-    c->last_rx = now;
-    codec::view_message m{v, {}};
-    if (!opts_.secret.empty())
-      m.auth_proof = proofs::view_proof(opts_.secret, c->nonce, c->join.nonce, c->join.task,
-                                        v.epoch, v.group_id);
-    send(c, m);
-  }
+  for (int r : next_set_)
+    if (r != opts_.rank)
+      send_view(by_rank_[static_cast<std::size_t>(r)], v, now);
   log_line("formed the view of epoch " + std::to_string(v.epoch) + ": " +
            std::to_string(v.members.size()) + " members, group " + std::to_string(v.group_id) +
            (left.empty() ? "" : ", without " + left) + (joined.empty() ? "" : ", joined by " + joined));

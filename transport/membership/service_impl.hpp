@@ -180,6 +180,8 @@ private:
   void fail_for_other_cluster(const codec::join& j, const std::string& remote,
                               const std::string& reason);
   void maybe_form_view();
+  /// Sends `v` to `c`, with the proof of the secret for its connection; it is a member now.
+  void send_view(const conn_ptr& c, const view& v, clock::time_point now);
   void rendezvous_timed_out();
   /// Sends Abort with `text` to every worker that joined, and closes and forgets them.
   void abort_joined(const std::string& text);
@@ -207,6 +209,8 @@ private:
   void attempt_failed(const conn_ptr& c, const std::string& why);
   void on_view(const conn_ptr& c, codec::view_message& m);
   void lose_chief(const std::string& cause);
+  /// This worker's Join with collective address `address` (and a fresh nonce, its proof).
+  codec::join join_for(const std::string& address);
   /// Elastic: the chief was lost. The first member after it in the view succeeds it (promote);
   /// the others reach it at its standby address and offer their parts of the next epoch there.
   void fail_over(const std::string& cause);

@@ -26,6 +26,20 @@ using auth::random_bytes;
 
 // -- I/O thread: worker --------------------------------------------------------------------------
 
+codec::join service::impl::join_for(const std::string& address) {
+  codec::join j;
+  j.task = opts_.tasks[opts_.rank];
+  j.address = address;
+  j.standby_address = standby_address_;
+  j.devices = opts_.devices;
+  j.nonce = my_nonce_ = random_bytes(nonce_bytes);
+  if (!opts_.secret.empty())
+    j.auth_proof = proofs::join_proof(opts_.secret, chief_nonce_, my_nonce_, j.task, j.address);
+  j.pid = static_cast<uint32_t>(::getpid());
+  j.cluster_digest = cluster_.digest;
+  return j;
+}
+
 void service::impl::start_attempt() {
   if (stopped_ || crashed_ || leaving_ ||
       (!failing_over_ && (rendezvous_failed_ || view_formed_ || decided())))
@@ -107,16 +121,7 @@ void service::impl::on_worker_message(const conn_ptr& c, codec::message& m) {
       last_error_ = "reached the chief's successor at " + c->remote() + ", but no view arrived";
       return maybe_rejoin();
     }
-    codec::join j;
-    j.task = opts_.tasks[opts_.rank];
-    j.address = opts_.address;
-    j.standby_address = standby_address_;
-    j.devices = opts_.devices;
-    j.nonce = my_nonce_ = random_bytes(nonce_bytes);
-    if (!opts_.secret.empty())
-      j.auth_proof = proofs::join_proof(opts_.secret, chief_nonce_, my_nonce_, j.task, j.address);
-    j.pid = static_cast<uint32_t>(::getpid());
-    j.cluster_digest = cluster_.digest;
+    codec::join j = join_for(opts_.address);
     // The list as far as it fits the frame (a text takes its length, a NUL and padding to 8).
     auto base = codec::encode(j).size() - codec::prefix_bytes;
     auto room = opts_.max_message_bytes > base + 16 ? opts_.max_message_bytes - base - 16 : 0;
@@ -321,16 +326,7 @@ void service::impl::maybe_rejoin() {
   if (!c || c->state != wanted || c->closed() || (failing_over_ && !join_pending_))
     return;
   join_pending_ = false;
-  codec::join j;
-  j.task = opts_.tasks[opts_.rank];
-  j.address = offer_address_;
-  j.standby_address = standby_address_;
-  j.devices = opts_.devices;
-  j.nonce = my_nonce_ = random_bytes(nonce_bytes);
-  if (!opts_.secret.empty())
-    j.auth_proof = proofs::join_proof(opts_.secret, chief_nonce_, my_nonce_, j.task, j.address);
-  j.pid = static_cast<uint32_t>(::getpid());
-  j.cluster_digest = cluster_.digest;
+  codec::join j = join_for(offer_address_);
   rejoined_for_ = notice_epoch_;
   log_line("offers its part of epoch " + std::to_string(notice_epoch_) + " (collective address " +
            j.address + ")");
