@@ -22,16 +22,16 @@
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
-#include <cstring>
-#include <limits>
-#include <tuple>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -213,8 +213,8 @@ public:
     hints.ai_flags = AI_PASSIVE;
     addrinfo* found = nullptr;
     if (int rc = ::getaddrinfo(bare.c_str(), "0", &hints, &found); rc != 0 || !found)
-      throw_error(errc::invalid_argument, "reserving a port on \"" + host +
-                                              "\" for the next epoch: " + ::gai_strerror(rc));
+      throw_error(errc::invalid_argument,
+                  "reserving a port on \"" + host + "\" for the next epoch: " + ::gai_strerror(rc));
     std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard{found, ::freeaddrinfo};
     fd_ = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
@@ -349,8 +349,9 @@ struct detail::elastic_group {
 
 namespace {
 
-std::shared_ptr<transport::tcp::context> listen_for(detail::elastic_group& g, const membership::view& v, int rank,
-                                  const std::string& address) {
+std::shared_ptr<transport::tcp::context> listen_for(detail::elastic_group& g,
+                                                    const membership::view& v, int rank,
+                                                    const std::string& address) {
   transport::tcp::mesh_options mesh;
   mesh.rank = rank;
   mesh.size = static_cast<int>(v.members.size());
@@ -370,8 +371,8 @@ int rank_in(const membership::view& v, const task_id& me) {
   for (const auto& m : v.members)
     if (m.task == me)
       return m.rank;
-  throw_error(errc::peer_lost, "the group's epoch " + std::to_string(v.epoch) + " leaves " +
-                                   to_string(me) + " out");
+  throw_error(errc::peer_lost,
+              "the group's epoch " + std::to_string(v.epoch) + " leaves " + to_string(me) + " out");
 }
 
 } // namespace
@@ -448,8 +449,8 @@ detail::elastic_group::connect(const membership::view& v,
   if (first_recorder && v.epoch == view.epoch && rank == first_recorder->rank()) {
     setup.recorder = first_recorder; // the recorder that saw the start-up
   } else {
-    setup.recorder = std::make_shared<detail::flight_recorder>(recorder_entries, rank,
-                                                               members.names);
+    setup.recorder =
+        std::make_shared<detail::flight_recorder>(recorder_entries, rank, members.names);
     setup.recorder->note("membership epoch " + std::to_string(v.epoch) + ": " +
                          std::to_string(size) + " workers");
   }
@@ -475,14 +476,14 @@ detail::elastic_group::next_view(uint64_t after) {
   auto v = service->next_view(after, reserved->address(),
                               std::chrono::steady_clock::now() + mw.rendezvous_timeout);
   if (!v)
-    fail(v.error(), "re-forming the group after epoch " + std::to_string(after) + " as " +
-                        to_string(me));
+    fail(v.error(),
+         "re-forming the group after epoch " + std::to_string(after) + " as " + to_string(me));
   return {std::move(*v), std::move(reserved)};
 }
 
-std::unique_ptr<detail::runtime> detail::elastic_group::form(membership::view v,
-                                                             std::shared_ptr<transport::tcp::context> ctx,
-                                                             std::unique_ptr<port_reservation> reserved) {
+std::unique_ptr<detail::runtime>
+detail::elastic_group::form(membership::view v, std::shared_ptr<transport::tcp::context> ctx,
+                            std::unique_ptr<port_reservation> reserved) {
   for (;;) {
     target->begin(v.epoch);
     try {
@@ -564,7 +565,8 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   if (gpus && mw.elastic_min_workers > 0)
     throw_error(errc::unsupported,
                 "multi_worker_options::elastic_min_workers is " +
-                    std::to_string(mw.elastic_min_workers) + " but this worker has GPU replicas; "
+                    std::to_string(mw.elastic_min_workers) +
+                    " but this worker has GPU replicas; "
                     "elastic groups run on CPU replicas (the NCCL communicators across workers are "
                     "not re-formed yet): give CPU devices, or set it to 0");
   auto spec = resolver->cluster_spec();
@@ -671,23 +673,23 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
       std::make_shared<detail::flight_recorder>(recorder_entries, rank, std::move(names));
   group->first_recorder = recorder;
   const bool elastic = group->elastic();
-  group->service->on_lost([target = group->target, log, recorder,
-                           elastic](const membership::lost_event& event) {
-    if (elastic && event.next_epoch > 0) {
-      auto cause = "the group of workers changed: " + event.cause + "; it re-forms as epoch " +
-                   std::to_string(event.next_epoch);
-      log(cause);
-      recorder->note(cause);
-      target->end(event.next_epoch, cause, errc::membership_changed);
-      return;
-    }
-    // A loss, or (elastic, no rank named) the end of the group.
-    const auto cause = (event.ranks.empty() ? "" : "lost ") + event.cause;
-    log(cause);
-    recorder->note(cause);
-    recorder->dump_on_failure(cause);
-    target->end(0, cause, errc::peer_lost);
-  });
+  group->service->on_lost(
+      [target = group->target, log, recorder, elastic](const membership::lost_event& event) {
+        if (elastic && event.next_epoch > 0) {
+          auto cause = "the group of workers changed: " + event.cause + "; it re-forms as epoch " +
+                       std::to_string(event.next_epoch);
+          log(cause);
+          recorder->note(cause);
+          target->end(event.next_epoch, cause, errc::membership_changed);
+          return;
+        }
+        // A loss, or (elastic, no rank named) the end of the group.
+        const auto cause = (event.ranks.empty() ? "" : "lost ") + event.cause;
+        log(cause);
+        recorder->note(cause);
+        recorder->dump_on_failure(cause);
+        target->end(0, cause, errc::peer_lost);
+      });
   group->target->begin(1);
   if (ctx)
     group->target->add(ctx);

@@ -70,8 +70,8 @@ struct options : train::train_options {
   std::string trace;
   std::string checkpoint_dir;
   int64_t checkpoint_every_steps = 100;
-  int elastic = 0;             // --elastic MIN: 0, not elastic
-  int64_t commit_every = 10;   // --commit-every: steps between in-memory commits (elastic)
+  int elastic = 0;           // --elastic MIN: 0, not elastic
+  int64_t commit_every = 10; // --commit-every: steps between in-memory commits (elastic)
   // -- real data (docs/train.md, "Real data") --
   std::string data;          // --data FILE; empty: the synthetic spiral
   std::string label_column;  // --label-column NAME|NUMBER; empty: the last column
@@ -534,7 +534,8 @@ train::outcome train_through_changes(multi_worker_mirrored_strategy& strategy, c
   std::string pending;
   steady::time_point lost_at;
   int64_t reached = extra["step"].as_tensor().item<int64_t>();
-  nest snapshot; // --verify's: the parameters after snapshot_step, in the segment that last got there
+  nest snapshot; // --verify's: the parameters after snapshot_step, in the segment that last got
+                 // there
   run.on_step = [&](int64_t step, const nest& params) {
     reached = step;
     if (step == o.snapshot_step)

@@ -6,8 +6,8 @@
 #include <consort/cluster.hpp>
 #include <consort/cross_device_ops.hpp>
 #include <consort/dataset.hpp>
-#include <consort/elastic.hpp>
 #include <consort/device.hpp>
+#include <consort/elastic.hpp>
 #include <consort/error.hpp>
 #include <consort/future.hpp>
 #include <consort/nest.hpp>

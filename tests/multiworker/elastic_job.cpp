@@ -48,8 +48,7 @@ void say(const std::string& line) {
 /// The monotonic clock in ns (the same clock in every process of the machine), for the
 /// benchmark's times across processes (bench/elastic_bench.sh).
 long long now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             clock_type::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now().time_since_epoch())
       .count();
 }
 
@@ -156,8 +155,8 @@ int main(int argc, char** argv) {
               std::to_string(now_ns()));
       }
       if (!pending_line.empty()) {
-        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() -
-                                                                        *lost_at);
+        auto ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - *lost_at);
         say(me + ": " + pending_line + "; training resumed " + std::to_string(ms.count()) +
             " ms after the loss (at " + std::to_string(now_ns()) + ")");
         pending_line.clear();
@@ -177,7 +176,8 @@ int main(int argc, char** argv) {
     }
   }
   auto value = w.value();
-  const bool ok = value == tensor::from<float>(std::vector<float>(4, static_cast<float>(steps)), {4});
+  const bool ok =
+      value == tensor::from<float>(std::vector<float>(4, static_cast<float>(steps)), {4});
   say(me + ": final step " + std::to_string(step) + ": w = " + value.to_string(8) + " (" +
       (ok ? "ok" : "WRONG, expected every element " + std::to_string(steps)) + ")");
   return ok ? 0 : 1;

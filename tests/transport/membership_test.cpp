@@ -1266,14 +1266,14 @@ TEST(ElasticMembershipTest, ACrashedWorkerIsLeftOutOfTheNextEpoch) {
   membership::service_test_access::crash(*c.services[2]);
   for (int r : {0, 1, 3}) {
     auto e = wait_for_change(*c.lost[static_cast<std::size_t>(r)], 2);
-    ASSERT_TRUE(e) << "rank " << r << ": " << describe(c.lost[static_cast<std::size_t>(r)]->events())
-                   << c.logs.all();
+    ASSERT_TRUE(e) << "rank " << r << ": "
+                   << describe(c.lost[static_cast<std::size_t>(r)]->events()) << c.logs.all();
     EXPECT_EQ(e->ranks, std::vector<int>{2});
     EXPECT_NE(e->cause.find("worker:2 (rank 2)"), std::string::npos) << e->cause;
   }
   auto views = offer_all(c, {0, 1, 3}, 1);
-  const std::vector<std::string> expected{"worker:0@0=127.0.0.1:22020", "worker:1@1=127.0.0.1:22021",
-                                          "worker:3@2=127.0.0.1:22023"};
+  const std::vector<std::string> expected{
+      "worker:0@0=127.0.0.1:22020", "worker:1@1=127.0.0.1:22021", "worker:3@2=127.0.0.1:22023"};
   for (std::size_t i = 0; i < views.size(); ++i) {
     ASSERT_TRUE(views[i]) << text_of(views[i].error()) << c.logs.all();
     EXPECT_EQ(views[i]->epoch, 2u);
@@ -1339,9 +1339,9 @@ TEST(ElasticMembershipTest, ANewProcessOfAMembersTaskReplacesItsPreviousProcess)
     ASSERT_TRUE(other) << text_of(other.error());
     EXPECT_EQ(*other, *v);
   }
-  EXPECT_TRUE(has_error(c.services[2]->next_view(1, "127.0.0.1:1",
-                                                 clock_type::now() + consort::test::scaled(10s)),
-                        errc::peer_lost, {"a new process of its task joined the group"}))
+  EXPECT_TRUE(has_error(
+      c.services[2]->next_view(1, "127.0.0.1:1", clock_type::now() + consort::test::scaled(10s)),
+      errc::peer_lost, {"a new process of its task joined the group"}))
       << c.logs.all();
 }
 
@@ -1380,9 +1380,9 @@ TEST(ElasticMembershipTest, AMemberThatDoesNotOfferItsPartIsLeftOutAtTheTimeout)
     ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
     EXPECT_EQ(member_tasks(*v).size(), 2u);
   }
-  EXPECT_TRUE(has_error(c.services[2]->next_view(1, "127.0.0.1:1",
-                                                 clock_type::now() + consort::test::scaled(10s)),
-                        errc::peer_lost, {"left out of epoch 2"}));
+  EXPECT_TRUE(has_error(
+      c.services[2]->next_view(1, "127.0.0.1:1", clock_type::now() + consort::test::scaled(10s)),
+      errc::peer_lost, {"left out of epoch 2"}));
 }
 
 TEST(ElasticMembershipTest, FewerMembersThanTheMinimumEndTheGroupEverywhere) {
@@ -1410,9 +1410,8 @@ TEST(ElasticMembershipTest, ALostChiefIsSucceededByTheFirstMemberAfterIt) {
     EXPECT_NE(e->cause.find("worker:1 succeeds it"), std::string::npos) << e->cause;
   }
   auto views = offer_all(c, {1, 2, 3}, 1);
-  const std::vector<std::string> expected{"worker:1@0=127.0.0.1:22021",
-                                          "worker:2@1=127.0.0.1:22022",
-                                          "worker:3@2=127.0.0.1:22023"};
+  const std::vector<std::string> expected{
+      "worker:1@0=127.0.0.1:22021", "worker:2@1=127.0.0.1:22022", "worker:3@2=127.0.0.1:22023"};
   for (auto& v : views) {
     ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
     EXPECT_EQ(v->epoch, 2u);

@@ -207,9 +207,8 @@ void service::impl::on_join(const conn_ptr& c, codec::join& j) {
   if (view_formed_ && by_rank_[rank]) {
     // Elastic: a new process of a member's task; its previous process is taken as lost.
     auto old = by_rank_[rank];
-    log_line(name_of(rank) + " joins again from " + c->remote() + " (pid " +
-             std::to_string(j.pid) + "); its previous process at " + old->remote() +
-             " is taken as lost");
+    log_line(name_of(rank) + " joins again from " + c->remote() + " (pid " + std::to_string(j.pid) +
+             "); its previous process at " + old->remote() + " is taken as lost");
     send(old, codec::abort{view_.epoch, "a new process of its task joined the group", {}});
     old->state = phase::lost;
     close_gracefully(old);
@@ -531,7 +530,8 @@ void service::impl::maybe_form_next_view() {
       send_view(by_rank_[static_cast<std::size_t>(r)], v, now);
   log_line("formed the view of epoch " + std::to_string(v.epoch) + ": " +
            std::to_string(v.members.size()) + " members, group " + std::to_string(v.group_id) +
-           (left.empty() ? "" : ", without " + left) + (joined.empty() ? "" : ", joined by " + joined));
+           (left.empty() ? "" : ", without " + left) +
+           (joined.empty() ? "" : ", joined by " + joined));
   publish_view(v);
   // Tasks that joined during this re-formation: the next one.
   auto deferred = std::exchange(deferred_joins_, {});
@@ -558,11 +558,12 @@ void service::impl::reform_timed_out() {
   for (int r : late) {
     auto c = by_rank_[static_cast<std::size_t>(r)];
     log_line("left " + name_of(r) + " out of epoch " + std::to_string(next_epoch_) +
-             ": it did not offer its part within reform_timeout (" +
-             ms_text(opts_.reform_timeout) + ")");
+             ": it did not offer its part within reform_timeout (" + ms_text(opts_.reform_timeout) +
+             ")");
     if (c) {
-      send(c, codec::abort{view_.epoch, "left out of epoch " + std::to_string(next_epoch_) +
-                                            ": no part offered within reform_timeout",
+      send(c, codec::abort{view_.epoch,
+                           "left out of epoch " + std::to_string(next_epoch_) +
+                               ": no part offered within reform_timeout",
                            {static_cast<uint32_t>(r)}});
       c->state = phase::lost;
       close_gracefully(c);

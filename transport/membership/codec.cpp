@@ -271,8 +271,8 @@ std::string read_message(schemas::MembershipMessage::Reader root, budget& b, mes
         return why;
       if (why = copy_devices(src.getDevices(), b, dst.devices); !why.empty())
         return why;
-      if (why = copy_text(src.getStandbyAddress(), "member standby address", b,
-                          dst.standby_address);
+      if (why =
+              copy_text(src.getStandbyAddress(), "member standby address", b, dst.standby_address);
           !why.empty())
         return why;
       m.view.members.push_back(std::move(dst));

@@ -195,8 +195,9 @@ void service::impl::tick() {
       close(chief_conn_);
     log_line("could not re-form the group at the chief's successor in time: " + last_error_);
     end_group(make_caf_error(errc::peer_lost,
-                             self_ + ": the chief was lost and its successor could not be reached "
-                                     "within reform_timeout: " +
+                             self_ +
+                                 ": the chief was lost and its successor could not be reached "
+                                 "within reform_timeout: " +
                                  last_error_));
   }
   // Heartbeats out, liveness and stuck writes in.

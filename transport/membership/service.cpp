@@ -86,12 +86,12 @@ std::string check_options(const options& opts) {
     const char* name;
     milliseconds value;
   };
-  for (auto [name, value] : {named{"rendezvous_timeout", opts.rendezvous_timeout},
-                             named{"missing_log_interval", opts.missing_log_interval},
-                             named{"handshake_timeout", opts.handshake_timeout},
-                             named{"heartbeat_interval", opts.heartbeat_interval},
-                             named{"peer_timeout", opts.peer_timeout},
-                             named{"reform_timeout", opts.reform_timeout}})
+  for (auto [name, value] :
+       {named{"rendezvous_timeout", opts.rendezvous_timeout},
+        named{"missing_log_interval", opts.missing_log_interval},
+        named{"handshake_timeout", opts.handshake_timeout},
+        named{"heartbeat_interval", opts.heartbeat_interval},
+        named{"peer_timeout", opts.peer_timeout}, named{"reform_timeout", opts.reform_timeout}})
     if (value.count() <= 0)
       return std::string("options.") + name + " is " + ms_text(value) + " (expected > 0)";
   if (opts.elastic_min_members < 0 ||
@@ -111,8 +111,7 @@ std::string check_options(const options& opts) {
 
 service::impl::impl(options opts)
     : opts_(std::move(opts)), chief_(opts_.rank == 0), acceptor_(io_), standby_(io_),
-      tick_timer_(io_),
-      retry_timer_(io_), resolver_(io_) {
+      tick_timer_(io_), retry_timer_(io_), resolver_(io_) {
   self_ = to_string(opts_.tasks[opts_.rank]) + " (rank " + std::to_string(opts_.rank) + ")";
   cluster_ = cluster_check::of(opts_);
   split_address(opts_.chief_address, chief_hp_); // checked by check_options
@@ -261,9 +260,8 @@ caf::expected<view> service::impl::rendezvous() {
 caf::expected<view> service::impl::next_view(uint64_t after, const std::string& address,
                                              clock::time_point until) {
   if (!elastic())
-    return make_caf_error(errc::invalid_argument,
-                          self_ + ": next_view needs an elastic group "
-                                  "(options.elastic_min_members >= 1)");
+    return make_caf_error(errc::invalid_argument, self_ + ": next_view needs an elastic group "
+                                                          "(options.elastic_min_members >= 1)");
   host_port hp;
   if (auto why = split_address(address, hp); !why.empty())
     return make_caf_error(errc::invalid_argument,
@@ -379,7 +377,7 @@ void service::leave(const std::string& reason) {
 }
 
 caf::expected<view> service::next_view(uint64_t after, const std::string& address,
-                                        std::chrono::steady_clock::time_point until) {
+                                       std::chrono::steady_clock::time_point until) {
   return impl_->next_view(after, address, until);
 }
 

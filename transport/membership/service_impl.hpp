@@ -269,22 +269,23 @@ private:
   std::vector<std::byte> chief_nonce_; // worker: the nonce of the chief's Challenge
 
   // Elastic (I/O thread only).
-  std::set<int> in_view_;         // chief: the tasks of view_
-  bool reforming_ = false;        // chief: a change is under way
-  uint64_t next_epoch_ = 0;       // chief: the epoch it forms
-  std::set<int> next_set_;        // chief: the tasks of that epoch
-  std::set<int> rejoined_;        // chief: members of next_set_ whose Join for it arrived
-  std::set<int> notified_;        // chief: members told of the change under way
-  std::set<int> deferred_joins_;  // chief: tasks that joined during it, for the next one
+  std::set<int> in_view_;        // chief: the tasks of view_
+  bool reforming_ = false;       // chief: a change is under way
+  uint64_t next_epoch_ = 0;      // chief: the epoch it forms
+  std::set<int> next_set_;       // chief: the tasks of that epoch
+  std::set<int> rejoined_;       // chief: members of next_set_ whose Join for it arrived
+  std::set<int> notified_;       // chief: members told of the change under way
+  std::set<int> deferred_joins_; // chief: tasks that joined during it, for the next one
   clock::time_point reform_deadline_{};
   bool group_ended_ = false;
-  uint64_t notice_epoch_ = 0;     // worker: the newest change announced
-  uint64_t rejoined_for_ = 0;     // worker: the change its last Join answered
-  bool has_offer_ = false;        // the caller's offer: valid while offer_after_ == view_.epoch
+  uint64_t notice_epoch_ = 0; // worker: the newest change announced
+  uint64_t rejoined_for_ = 0; // worker: the change its last Join answered
+  bool has_offer_ = false;    // the caller's offer: valid while offer_after_ == view_.epoch
   uint64_t offer_after_ = 0;
   std::string offer_address_;
   bool failing_over_ = false; // worker: reaching the chief's successor
-  bool join_pending_ = false; // worker: the successor's Challenge came; the Join waits for the offer
+  bool join_pending_ =
+      false; // worker: the successor's Challenge came; the Join waits for the offer
 
   std::atomic<bool> suspended_{false};
   std::atomic<bool> stopped_{false};

@@ -133,9 +133,9 @@ void service::impl::on_worker_message(const conn_ptr& c, codec::message& m) {
   case phase::joined:
     if (auto* v = std::get_if<codec::view_message>(&m))
       return on_view(c, *v);
-    if (failing_over_ && (std::holds_alternative<codec::refusal>(m) ||
-                          std::holds_alternative<codec::abort>(m) ||
-                          std::holds_alternative<codec::leave>(m))) {
+    if (failing_over_ &&
+        (std::holds_alternative<codec::refusal>(m) || std::holds_alternative<codec::abort>(m) ||
+         std::holds_alternative<codec::leave>(m))) {
       failing_over_ = false;
       c->state = phase::left;
       close_gracefully(c);
@@ -175,8 +175,8 @@ void service::impl::on_worker_message(const conn_ptr& c, codec::message& m) {
       }
       log_line("the chief aborted epoch " + std::to_string(a->epoch) + ": " + a->cause);
       if (elastic())
-        end_group(make_caf_error(errc::peer_lost, self_ + ": the chief ended the group: " +
-                                                      a->cause));
+        end_group(
+            make_caf_error(errc::peer_lost, self_ + ": the chief ended the group: " + a->cause));
       return report(std::move(ranks), a->cause);
     }
     if (auto* v = std::get_if<codec::view_message>(&m); v && elastic())
@@ -296,11 +296,12 @@ void service::impl::fail_over(const std::string& cause) {
   // Only it: if it is gone too, the group ends (a second candidate could split the group).
   const auto& successor = members[1];
   notice_epoch_ = std::max(notice_epoch_, view_.epoch + 1);
-  report({static_cast<int>(leader)},
-         cause + "; " + to_string(successor.task) + " succeeds it", notice_epoch_);
+  report({static_cast<int>(leader)}, cause + "; " + to_string(successor.task) + " succeeds it",
+         notice_epoch_);
   if (successor.task == opts_.tasks[opts_.rank])
     return promote();
-  if (successor.standby_address.empty() || !split_address(successor.standby_address, chief_hp_).empty()) {
+  if (successor.standby_address.empty() ||
+      !split_address(successor.standby_address, chief_hp_).empty()) {
     return end_group(make_caf_error(
         errc::peer_lost, self_ + ": lost the chief (" + cause + "), and its successor " +
                              to_string(successor.task) + " announced no standby address"));
