@@ -1429,6 +1429,23 @@ TEST(ElasticMembershipTest, ALostChiefIsSucceededByTheFirstMemberAfterIt) {
     EXPECT_EQ(v->members.size(), 2u);
     EXPECT_EQ(v->members[0].task, (consort::task_id{"worker", 1}));
   }
+  // A restarted worker:3 knows only the chief's address from its cluster: the successor, on the
+  // same host, serves there too, and it joins the group it leads.
+  auto opts = options_for(4, 3, c.chief_address, &c.logs);
+  elastic(2)(opts);
+  c.services[3] = start_ok(opts);
+  ASSERT_TRUE(c.services[3]);
+  auto joined = std::async(std::launch::async, [&c] { return c.services[3]->rendezvous(); });
+  ASSERT_TRUE(wait_for_change(*c.lost[2], 4)) << c.logs.all();
+  auto fourth = offer_all(c, {1, 2}, 3);
+  auto v = joined.get();
+  ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
+  EXPECT_EQ(v->epoch, 4u);
+  EXPECT_EQ(v->members.size(), 3u);
+  for (auto& other : fourth) {
+    ASSERT_TRUE(other) << text_of(other.error());
+    EXPECT_EQ(*other, *v);
+  }
 }
 
 // Only the first member after the chief may succeed it (a second candidate could split the

@@ -40,23 +40,27 @@ std::string join_names(const std::vector<std::string>& names) {
 // -- I/O thread: chief ---------------------------------------------------------------------------
 
 void service::impl::accept_next() {
+  accept_on(acceptor_);
+}
+
+void service::impl::accept_on(asio_tcp::acceptor& acceptor) {
   if (stopped_ || crashed_ || leaving_)
     return;
   auto c = new_connection();
-  acceptor_.async_accept(c->socket(), [this, c](const error_code& ec) {
+  acceptor.async_accept(c->socket(), [this, c, &acceptor](const error_code& ec) {
     if (stopped_ || crashed_ || leaving_ || ec == asio::error::operation_aborted)
       return;
     if (ec) {
       // Out of descriptors and the like: log, and keep accepting after a pause.
       log_line("accept on " + listen_address_ + " failed: " + ec.message());
       retry_timer_.expires_after(milliseconds{50});
-      retry_timer_.async_wait([this](const error_code& ec) {
+      retry_timer_.async_wait([this, &acceptor](const error_code& ec) {
         if (!ec)
-          accept_next();
+          accept_on(acceptor);
       });
       return;
     }
-    accept_next();
+    accept_on(acceptor);
     on_accepted(c);
   });
 }
@@ -605,6 +609,31 @@ void service::impl::promote() {
   notified_.clear();
   reform_deadline_ = now() + opts_.reform_timeout;
   accept_next();
+  // Where the chief served, when it was on this host: a restarted task, which knows only that
+  // address from its cluster, finds the group there. (Its port is free: the chief is gone.)
+  host_port hp;
+  error_code ec;
+  if (split_address(first_chief_address_, hp).empty()) {
+    asio_tcp::resolver resolver(io_);
+    auto results = resolver.resolve(
+        hp.host, hp.port, asio_tcp::resolver::passive | asio_tcp::resolver::numeric_service, ec);
+    if (!ec && !results.empty()) {
+      auto ep = results.begin()->endpoint();
+      former_chief_.open(ep.protocol(), ec);
+      if (!ec)
+        former_chief_.set_option(asio_tcp::acceptor::reuse_address(true), ec);
+      if (!ec)
+        former_chief_.bind(ep, ec);
+      if (!ec)
+        former_chief_.listen(asio::socket_base::max_listen_connections, ec);
+      if (!ec) {
+        log_line("also serves membership at the lost chief's address " + first_chief_address_);
+        accept_on(former_chief_);
+      } else {
+        former_chief_.close(ec);
+      }
+    }
+  }
   maybe_form_next_view();
 }
 

@@ -338,6 +338,7 @@ void service::impl::do_leave(const std::string& reason) {
   error_code ignored;
   acceptor_.close(ignored);
   standby_.close(ignored);
+  former_chief_.close(ignored);
   retry_timer_.cancel();
   resolver_.cancel();
   log_line("leaving the cluster: " + reason);
@@ -371,6 +372,7 @@ void service::impl::do_crash() {
   error_code ignored;
   acceptor_.close(ignored);
   standby_.close(ignored);
+  former_chief_.close(ignored);
   retry_timer_.cancel();
   resolver_.cancel();
   tick_timer_.cancel();

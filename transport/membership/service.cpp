@@ -111,8 +111,9 @@ std::string check_options(const options& opts) {
 
 service::impl::impl(options opts)
     : opts_(std::move(opts)), chief_(opts_.rank == 0), acceptor_(io_), standby_(io_),
-      tick_timer_(io_), retry_timer_(io_), resolver_(io_) {
+      former_chief_(io_), tick_timer_(io_), retry_timer_(io_), resolver_(io_) {
   self_ = to_string(opts_.tasks[opts_.rank]) + " (rank " + std::to_string(opts_.rank) + ")";
+  first_chief_address_ = opts_.chief_address;
   cluster_ = cluster_check::of(opts_);
   split_address(opts_.chief_address, chief_hp_); // checked by check_options
   tick_period_ =
@@ -145,6 +146,7 @@ void service::impl::shutdown() {
   error_code ignored;
   acceptor_.close(ignored);
   standby_.close(ignored);
+  former_chief_.close(ignored);
   for (const auto& c : conns_)
     c->close();
   conns_.clear();

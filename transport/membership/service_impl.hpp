@@ -169,6 +169,7 @@ private:
   void on_chief_message(const conn_ptr& c, codec::message& m);
   void chief_failed(const conn_ptr& c, const std::string& what);
   void accept_next();
+  void accept_on(asio_tcp::acceptor& acceptor);
   void on_accepted(const conn_ptr& c);
   void on_join(const conn_ptr& c, codec::join& j);
   /// Why `j` is refused, or ""; `other_cluster` tells a refusal for another cluster.
@@ -229,6 +230,7 @@ private:
   cluster_check::identity cluster_; // the cluster this process was given, canonical
   std::string listen_address_;      // chief only (a successor: its standby address)
   std::string standby_address_;     // elastic, not the chief: the standby acceptor's address
+  std::string first_chief_address_; // options.chief_address as given (fail_over moves the other)
   host_port chief_hp_;
   milliseconds tick_period_;
   milliseconds linger_;
@@ -240,6 +242,8 @@ private:
   /// Elastic, every member but the chief: listening from the start, accepting only once this
   /// member succeeds a lost chief (promote), so that the others can reach it at once.
   asio_tcp::acceptor standby_;
+  /// A chief's successor: the lost chief's own address too, when it was on this host.
+  asio_tcp::acceptor former_chief_;
   asio::steady_timer tick_timer_;
   asio::steady_timer retry_timer_;
   asio_tcp::resolver resolver_;
