@@ -493,12 +493,15 @@ void arrange_checkpoints(options& o, std::optional<checkpoint_manager>& manager,
 /// on from there on the new group, its dataset split over the new replicas. A worker that joins
 /// the running group takes the group's commit the same way. Each change prints one line on every
 /// worker of the group, once the first step after it completed.
-/// `started_at`: the step this worker started from (a worker that joined a running group: the
+/// `snapshot_replicas`: the replicas in sync when --verify's snapshot was taken (a later change
+/// may have changed them). `started_at`: the step this worker started from (a worker that
+/// joined a running group: the
 /// group's).
 train::outcome train_through_changes(multi_worker_mirrored_strategy& strategy, const options& o,
                                      const train::dataset_tensors& data, train::tracer& trace,
-                                     int64_t& started_at) {
+                                     int64_t& started_at, int& snapshot_replicas) {
   started_at = o.start_step;
+  snapshot_replicas = strategy.num_replicas_in_sync();
   auto progress = [&] {
     return strategy.worker_rank() == 0 ? progress_printer(o.steps) : train::progress_fn{};
   };
@@ -534,12 +537,14 @@ train::outcome train_through_changes(multi_worker_mirrored_strategy& strategy, c
   std::string pending;
   steady::time_point lost_at;
   int64_t reached = extra["step"].as_tensor().item<int64_t>();
-  nest snapshot; // --verify's: the parameters after snapshot_step, in the segment that last got
-                 // there
+  // --verify's: the parameters after snapshot_step, in the segment that last got there.
+  nest snapshot;
   run.on_step = [&](int64_t step, const nest& params) {
     reached = step;
-    if (step == o.snapshot_step)
+    if (step == o.snapshot_step) {
       snapshot = params; // shared: the next update copies them first
+      snapshot_replicas = strategy.num_replicas_in_sync();
+    }
     if (pending.empty())
       return;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - lost_at);
@@ -611,7 +616,8 @@ int main(int argc, char** argv) {
     arrange_checkpoints(o, manager, data, strategy);
     train::tracer trace(!o.trace.empty());
     int64_t started_at = 0;
-    auto result = train_through_changes(strategy, o, data, trace, started_at);
+    int snapshot_replicas = 0;
+    auto result = train_through_changes(strategy, o, data, trace, started_at, snapshot_replicas);
     // An elastic group may have renumbered the workers (a chief's successor is the chief now).
     worker = strategy.worker_rank();
     chief = worker == 0;
@@ -684,7 +690,8 @@ int main(int argc, char** argv) {
       bool ok = worst.relative <= limit;
       std::printf("verify (worker %d): weights after %lld steps of %d %s replicas vs 1 %s "
                   "replica: max relative difference %.2e (limit %.0e): %s\n",
-                  worker, static_cast<long long>(same.steps), strategy.num_replicas_in_sync(),
+                  worker, static_cast<long long>(same.steps),
+                  whole ? strategy.num_replicas_in_sync() : snapshot_replicas,
                   on_gpus ? "GPU" : "CPU", on_gpus ? "GPU" : "CPU", worst.relative, limit,
                   ok ? "OK" : "MISMATCH");
       if (!ok)

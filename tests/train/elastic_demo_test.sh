@@ -91,4 +91,5 @@ else
     fail "the chief's successor did not print the final weights"
 fi
 grep -E "membership: " "$work/log"
+grep -E "verify \(" "$work/log"
 echo "elastic demo ($mode): OK"
