@@ -335,7 +335,12 @@ struct detail::elastic_group {
   std::shared_ptr<std::atomic<bool>> retired;
   bool elastic() const noexcept { return mw.elastic_min_workers > 0; }
 
-  /// The runtime of `v`'s epoch over `ctx`, a TCP context of this worker that listens for it.
+  /// The communicator of `v`'s epoch (two workers or more) over `ctx`, which listens for it:
+  /// the mesh, then shared memory when the workers agree on it.
+  std::shared_ptr<transport::communicator> join_mesh(const membership::view& v,
+                                                     std::shared_ptr<transport::tcp::context> ctx);
+  /// The runtime of `v`'s epoch over `ctx`, a TCP context of this worker that listens for it
+  /// (null for a group of one worker).
   std::unique_ptr<runtime> connect(const membership::view& v,
                                    std::shared_ptr<transport::tcp::context> ctx);
   /// `v`'s epoch, and the epochs that follow while changes are announced during its set-up
@@ -377,11 +382,9 @@ int rank_in(const membership::view& v, const task_id& me) {
 
 } // namespace
 
-std::unique_ptr<detail::runtime>
-detail::elastic_group::connect(const membership::view& v,
-                               std::shared_ptr<transport::tcp::context> ctx) {
-  const int rank = rank_in(v, me);
-  const int size = static_cast<int>(v.members.size());
+std::shared_ptr<transport::communicator>
+detail::elastic_group::join_mesh(const membership::view& v,
+                                 std::shared_ptr<transport::tcp::context> ctx) {
   target->add(ctx);
   std::vector<std::string> addresses;
   for (const auto& m : v.members) {
@@ -437,6 +440,21 @@ detail::elastic_group::connect(const membership::view& v,
   if (elastic())
     cross->set_change_grace(mw.peer_timeout + mw.heartbeat_interval);
   target->add(cross);
+  return cross;
+}
+
+std::unique_ptr<detail::runtime>
+detail::elastic_group::connect(const membership::view& v,
+                               std::shared_ptr<transport::tcp::context> ctx) {
+  const int rank = rank_in(v, me);
+  const int size = static_cast<int>(v.members.size());
+  // An elastic group of one worker needs no mesh.
+  std::shared_ptr<transport::communicator> cross;
+  if (size > 1)
+    cross = join_mesh(v, std::move(ctx));
+  transport::group_members members{v.epoch, {}};
+  for (const auto& m : v.members)
+    members.names.push_back(to_string(m.task));
 
   detail::multi_worker_setup setup;
   setup.worker_rank = rank;
@@ -487,10 +505,10 @@ detail::elastic_group::form(membership::view v, std::shared_ptr<transport::tcp::
   for (;;) {
     target->begin(v.epoch);
     try {
-      if (!ctx) {
+      if (!ctx && v.members.size() > 1)
         ctx = listen_for(*this, v, rank_in(v, me), reserved->address());
+      if (reserved)
         reserved->release();
-      }
       return connect(v, std::move(ctx));
     } catch (const error& e) {
       // A change announced while this epoch was set up (another worker lost meanwhile): the

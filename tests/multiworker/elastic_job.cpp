@@ -9,7 +9,7 @@
 //
 //   --die TASK:STEP       worker TASK kills itself (SIGKILL) inside step STEP, while the others
 //                         are in its all-reduce; not in a restarted process (CONSORT_RESTART_COUNT
-//                         or ELASTIC_JOB_RESTARTED set and not 0)
+//                         or ELASTIC_JOB_RESTARTED set and not 0); may be given once per task
 //   --regrow N:STEP       at step STEP, while the group has fewer than N workers, every worker
 //                         waits in `reform` for the group to grow (a restarted worker joining)
 //
@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 using namespace consort;
 using clock_type = std::chrono::steady_clock;
@@ -86,11 +87,12 @@ int main(int argc, char** argv) {
   mw.elastic_min_workers = std::stoi(argv[3]);
   mw.peer_timeout = std::chrono::seconds(2);
   mw.heartbeat_interval = std::chrono::milliseconds(200);
-  int die_task = -1, die_step = -1, regrow_workers = 0, regrow_step = -1;
+  int die_step = -1, regrow_workers = 0, regrow_step = -1;
+  std::vector<std::pair<int, int>> deaths; // (task, step)
   for (int i = 4; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--die")
-      std::tie(die_task, die_step) = pair_of(argv[i + 1]);
+      deaths.push_back(pair_of(argv[i + 1]));
     else if (flag == "--regrow")
       std::tie(regrow_workers, regrow_step) = pair_of(argv[i + 1]);
     else {
@@ -102,8 +104,9 @@ int main(int argc, char** argv) {
   multi_worker_mirrored_strategy s({}, mw);
   const auto task = s.cluster_resolver().task().index;
   const std::string me = "worker:" + std::to_string(task);
-  if (die_task == task && restarted())
-    die_task = -1;
+  for (auto [t, at] : deaths)
+    if (t == task && !restarted())
+      die_step = at;
   std::cout << me << ": epoch " << s.membership_epoch() << ", rank " << s.worker_rank() << " of "
             << s.num_workers() << std::endl;
 
@@ -138,10 +141,10 @@ int main(int argc, char** argv) {
         synced = false;
         continue;
       }
-      const bool dies_now = die_task == task && step == die_step;
-      s.run([&w, dies_now, die_task](replica_context& ctx) {
+      const bool dies_now = step == die_step;
+      s.run([&w, dies_now, task](replica_context& ctx) {
         if (dies_now && ctx.local_replica_index() == 0) {
-          say("worker:" + std::to_string(die_task) + ": killed at " + std::to_string(now_ns()));
+          say("worker:" + std::to_string(task) + ": killed at " + std::to_string(now_ns()));
           std::raise(SIGKILL); // inside the step: the others wait in its all-reduce
         }
         ctx.assign_add(w, tensor::from<float>({1, 1, 1, 1}, {4}));

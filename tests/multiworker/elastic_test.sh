@@ -9,6 +9,11 @@
 #                                                    peer_lost (exit 1)
 #   elastic_test.sh ELASTIC_JOB chief-loss TRANSPORT the chief (worker:0) is the one killed:
 #                                                    worker:1 succeeds it and the two go on
+#   elastic_test.sh ELASTIC_JOB chief-then-rejoin TRANSPORT  the chief dies in step 5, worker:2
+#                                                    in step 15; worker:1 goes on alone, and
+#                                                    worker:2, started again, finds the group at
+#                                                    the chief's address, where its successor
+#                                                    serves too, and joins it (1 -> 2)
 # A collective in flight when the worker dies may have completed on some of the others (step 5)
 # and not on the rest (step 4); every worker that finishes checks that its variable saw every step exactly once (exit 0).
 set -u
@@ -23,6 +28,7 @@ case "$scenario" in
   rejoin) args=(40 4 2 --die 2:5 --regrow 3:12) ;;
   below-min) args=(40 4 3 --die 2:5) ;;
   chief-loss) args=(40 4 2 --die 0:5) ;;
+  chief-then-rejoin) args=(40 4 1 --die 0:5 --die 2:15 --regrow 2:25) ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 for i in 0 1 2; do
@@ -34,7 +40,14 @@ victim=2
 [ "$scenario" = chief-loss ] && victim=0
 for i in 0 1 2; do mw_expect "$i" "$survivors"; done
 mw_expect "$victim" 137
-if [ "$scenario" = rejoin ]; then
+[ "$scenario" = chief-then-rejoin ] && mw_expect 0 137
+went_on_pattern='3 -> 2 workers'
+went_on_count=2
+if [ "$scenario" = chief-then-rejoin ]; then
+  went_on_pattern='2 -> 1 workers'
+  went_on_count=1
+fi
+if [ "$scenario" = rejoin ] || [ "$scenario" = chief-then-rejoin ]; then
   # Once worker:2's process is gone and the others went on without it, it starts again under
   # its own task and joins.
   wait "${MW_PIDS[2]}"
@@ -46,7 +59,7 @@ if [ "$scenario" = rejoin ]; then
   mkfifo "$fifo"
   tail -n +1 -f "$said" >"$fifo" &
   tail_pid=$!
-  timeout 60 grep -m 2 -qE '3 -> 2 workers' "$fifo"
+  timeout 60 grep -m "$went_on_count" -qE "$went_on_pattern" "$fifo"
   went_on=$?
   kill "$tail_pid" 2>/dev/null
   rm -f "$fifo"
@@ -77,6 +90,10 @@ case "$scenario" in
     expect 2 '^worker:[01]: step [45] failed: .*\(peer_lost\).*2 members remain, fewer than the 3 it needs' ;;
   chief-loss)
     expect 2 '^worker:[12]: membership: 3 -> 2 workers at step [45]; training resumed [0-9]+ ms'
+    expect 2 '^worker:[12]: final step 40: .*\(ok\)$' ;;
+  chief-then-rejoin)
+    expect 1 '^worker:1: membership: 2 -> 1 workers at step 1[45]; training resumed [0-9]+ ms'
+    expect 1 '^worker:1: membership: 1 -> 2 workers at step [0-9]+; training resumed [0-9]+ ms'
     expect 2 '^worker:[12]: final step 40: .*\(ok\)$' ;;
 esac
 echo "ok"

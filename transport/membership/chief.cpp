@@ -580,6 +580,41 @@ void service::impl::reform_timed_out() {
   maybe_form_next_view();
 }
 
+void service::impl::serve_former_chief_address() {
+  if (former_chief_.is_open() || former_chief_until_ == clock::time_point{})
+    return;
+  host_port hp;
+  if (!split_address(first_chief_address_, hp).empty())
+    return;
+  error_code ec;
+  asio_tcp::resolver resolver(io_);
+  auto results = resolver.resolve(
+      hp.host, hp.port, asio_tcp::resolver::passive | asio_tcp::resolver::numeric_service, ec);
+  if (ec || results.empty())
+    return;
+  auto ep = results.begin()->endpoint();
+  former_chief_.open(ep.protocol(), ec);
+  if (!ec)
+    former_chief_.set_option(asio_tcp::acceptor::reuse_address(true), ec);
+  if (!ec)
+    former_chief_.bind(ep, ec);
+  if (!ec)
+    former_chief_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    error_code ignored;
+    former_chief_.close(ignored);
+    if (now() >= former_chief_until_) {
+      former_chief_until_ = {};
+      log_line("does not serve at the lost chief's address " + first_chief_address_ + ": " +
+               ec.message() + " (a task restarted now cannot find the group)");
+    }
+    return;
+  }
+  former_chief_until_ = {};
+  log_line("also serves membership at the lost chief's address " + first_chief_address_);
+  accept_on(former_chief_);
+}
+
 void service::impl::promote() {
   log_line("succeeds the lost chief: leads the re-formation of the group as epoch " +
            std::to_string(notice_epoch_) + " at " + standby_address_);
@@ -610,30 +645,11 @@ void service::impl::promote() {
   reform_deadline_ = now() + opts_.reform_timeout;
   accept_next();
   // Where the chief served, when it was on this host: a restarted task, which knows only that
-  // address from its cluster, finds the group there. (Its port is free: the chief is gone.)
-  host_port hp;
-  error_code ec;
-  if (split_address(first_chief_address_, hp).empty()) {
-    asio_tcp::resolver resolver(io_);
-    auto results = resolver.resolve(
-        hp.host, hp.port, asio_tcp::resolver::passive | asio_tcp::resolver::numeric_service, ec);
-    if (!ec && !results.empty()) {
-      auto ep = results.begin()->endpoint();
-      former_chief_.open(ep.protocol(), ec);
-      if (!ec)
-        former_chief_.set_option(asio_tcp::acceptor::reuse_address(true), ec);
-      if (!ec)
-        former_chief_.bind(ep, ec);
-      if (!ec)
-        former_chief_.listen(asio::socket_base::max_listen_connections, ec);
-      if (!ec) {
-        log_line("also serves membership at the lost chief's address " + first_chief_address_);
-        accept_on(former_chief_);
-      } else {
-        former_chief_.close(ec);
-      }
-    }
-  }
+  // address from its cluster, finds the group there. Its port is free once the chief's process
+  // is gone, which may be a moment after its connections closed: tried again at every tick, for
+  // reform_timeout.
+  former_chief_until_ = now() + opts_.reform_timeout;
+  serve_former_chief_address();
   maybe_form_next_view();
 }
 

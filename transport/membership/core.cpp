@@ -189,6 +189,8 @@ void service::impl::tick() {
     return;
   if (chief_ && reforming_ && now >= reform_deadline_)
     reform_timed_out();
+  if (chief_)
+    serve_former_chief_address();
   if (failing_over_ && now >= rendezvous_deadline_) {
     failing_over_ = false;
     if (chief_conn_)

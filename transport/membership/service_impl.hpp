@@ -218,6 +218,9 @@ private:
   /// Becomes the chief of an elastic group whose chief was lost: accepts on the standby acceptor
   /// and re-forms the group from the members that reach it.
   void promote();
+  /// A chief's successor: accepts at the lost chief's address too, when it can bind it (it was on
+  /// this host and its port is free); until `former_chief_until_`, tried again at every tick.
+  void serve_former_chief_address();
   /// Elastic: sends this member's Join for the announced re-formation when the caller offered
   /// its address for it.
   void maybe_rejoin();
@@ -231,6 +234,7 @@ private:
   std::string listen_address_;      // chief only (a successor: its standby address)
   std::string standby_address_;     // elastic, not the chief: the standby acceptor's address
   std::string first_chief_address_; // options.chief_address as given (fail_over moves the other)
+  clock::time_point former_chief_until_{}; // a successor: when to stop trying that address
   host_port chief_hp_;
   milliseconds tick_period_;
   milliseconds linger_;
