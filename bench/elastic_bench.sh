@@ -10,13 +10,17 @@
 # of the machine shares: the victim prints when it raises SIGKILL, the others when their first
 # step after the change completed.
 #
-#   bash bench/elastic_bench.sh [BUILD_DIR] [RUNS] [WORKERS] [TRANSPORT]
-#     defaults: build 20 4 shm
+#   bash bench/elastic_bench.sh [BUILD_DIR] [RUNS] [WORKERS] [TRANSPORT] [VICTIM]
+#     defaults: build 20 4 shm worker
+#   VICTIM chief: the chief is the one killed instead (the first worker after it succeeds it);
+#   nothing restarts, so the last column is empty.
 set -uo pipefail
 build=${1:-build}
 runs=${2:-20}
 workers=${3:-4}
 transport=${4:-shm}
+victim_kind=${5:-worker}
+case "$victim_kind" in worker | chief) ;; *) echo "VICTIM is worker or chief, not $victim_kind" >&2; exit 2 ;; esac
 job="$build/tests/multiworker/elastic_job"
 [ -x "$job" ] || { echo "no $job: build first (bash tools/build.sh)" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
@@ -46,6 +50,7 @@ first=()
 rejoin=()
 for ((r = 0; r < runs; r++)); do
   victim=$((1 + r % survivors))
+  [ "$victim_kind" = chief ] && victim=0
   said="$work/said.$r"
   : >"$said"
   MW_PORT="" MW_PIDS=() MW_EXPECT=() MW_FAILED=0
@@ -53,6 +58,7 @@ for ((r = 0; r < runs; r++)); do
   mw_cluster "$workers" 127.0.0.1
   env="CONSORT_TRANSPORT=$transport ELASTIC_JOB_LOG=$said"
   args=(60 4 "$survivors" --die "$victim:20" --regrow "$workers:40")
+  [ "$victim_kind" = chief ] && args=(60 4 "$survivors" --die 0:20)
   for ((i = 0; i < workers; i++)); do
     mw_start "$i" "$env" "$job" "${args[@]}" >"$work/out.$r.$i" 2>&1
   done
@@ -62,8 +68,12 @@ for ((r = 0; r < runs; r++)); do
     cat "$said" "$work"/out."$r".* >&2
     exit 1
   fi
-  mw_start "$victim" "$env ELASTIC_JOB_RESTARTED=1" "$job" "${args[@]}" >"$work/out.$r.$victim.2" 2>&1
-  mw_expect "$victim" 0
+  if [ "$victim_kind" = worker ]; then
+    mw_start "$victim" "$env ELASTIC_JOB_RESTARTED=1" "$job" "${args[@]}" >"$work/out.$r.$victim.2" 2>&1
+    mw_expect "$victim" 0
+  else
+    mw_expect 0 137
+  fi
   if ! mw_finish >/dev/null; then
     echo "run $r: a worker failed; what they said:" >&2
     cat "$said" "$work"/out."$r".* >&2
@@ -78,7 +88,7 @@ for ((r = 0; r < runs; r++)); do
   printf '%-4s %-7s %22s %22s %16s\n' "$r" "worker:$victim" "$worst" "$best" "$back"
   all+=("$worst")
   first+=("$best")
-  rejoin+=("$back")
+  [ -n "$back" ] && rejoin+=("$back")
 done
 
 # percentile P VALUES...: the nearest-rank percentile.
@@ -88,9 +98,10 @@ percentile() {
   printf '%s\n' "$@" | sort -g | awk -v p="$p" '{v[NR] = $1} END {i = int((p * NR + 99) / 100); if (i < 1) i = 1; print v[i]}'
 }
 echo
-echo "$runs runs, $workers workers over $transport, 1 replica each:"
+echo "$runs runs, $workers workers over $transport, 1 replica each, the victim: $victim_kind:"
 printf '%-34s %10s %10s %10s\n' "" p50 p99 max
 printf '%-34s %10s %10s %10s\n' "SIGKILL -> every survivor's step" "$(percentile 50 "${all[@]}")" "$(percentile 99 "${all[@]}")" "$(percentile 100 "${all[@]}")"
 printf '%-34s %10s %10s %10s\n' "SIGKILL -> first survivor's step" "$(percentile 50 "${first[@]}")" "$(percentile 99 "${first[@]}")" "$(percentile 100 "${first[@]}")"
-printf '%-34s %10s %10s %10s\n' "restart -> its first step in group" "$(percentile 50 "${rejoin[@]}")" "$(percentile 99 "${rejoin[@]}")" "$(percentile 100 "${rejoin[@]}")"
+[ "${#rejoin[@]}" -gt 0 ] &&
+  printf '%-34s %10s %10s %10s\n' "restart -> its first step in group" "$(percentile 50 "${rejoin[@]}")" "$(percentile 99 "${rejoin[@]}")" "$(percentile 100 "${rejoin[@]}")"
 echo "(milliseconds; target: p99 of the first row <= 1000 ms)"
