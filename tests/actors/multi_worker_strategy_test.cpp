@@ -3,10 +3,13 @@
 // on loopback. The multi-process tests are in tests/multiworker.
 
 #include <consort/cluster.hpp>
+#include <consort/elastic.hpp>
 #include <consort/ops.hpp>
 #include <consort/strategy.hpp>
 
+#include "support/expect_error.hpp"
 #include "support/free_port.hpp"
+#include "support/scoped_env.hpp"
 #include "support/strategy_helpers.hpp"
 #include "support/time_scale.hpp"
 
@@ -254,4 +257,67 @@ TEST(MultiWorkerStrategyTest, EachWorkersInputFunctionGetsItsOwnPipelineId) {
   auto other = std::async(std::launch::async, work, 1);
   EXPECT_EQ(work(0), 255.0f);
   EXPECT_EQ(other.get(), 255.0f);
+}
+
+// -- elastic groups: the public API's refusals and a lone worker's rollback (the groups of several
+// workers, killed and restarted, are real processes: tests/multiworker/elastic_test.sh) --------
+
+TEST(ElasticStrategyTest, ReformOfAGroupThatIsNotElasticIsRefused) {
+  auto mw = quiet(cluster_resolver::local());
+  mw.devices = {"CPU:0"};
+  multi_worker_mirrored_strategy strategy({}, mw);
+  EXPECT_EQ(strategy.membership_epoch(), 1u);
+  EXPECT_TRUE(consort::test::fails_with([&] { strategy.reform(); }, errc::invalid_argument,
+                                        {"reform", "not elastic"}));
+}
+
+TEST(ElasticStrategyTest, AMinimumOutsideOneToTheWorkersIsRefusedBeforeAnyNetworking) {
+  for (int min : {-1, 3}) {
+    auto mw = quiet(two_workers(free_port(), 0));
+    mw.elastic_min_workers = min;
+    EXPECT_TRUE(consort::test::fails_with(
+        [&] { multi_worker_mirrored_strategy strategy({}, mw); }, errc::invalid_argument,
+        {"elastic_min_workers is " + std::to_string(min), "the number of workers (2)"}));
+  }
+}
+
+TEST(ElasticStrategyTest, AMalformedMinimumInTheEnvironmentIsRefused) {
+  consort::test::scoped_env env{"CONSORT_ELASTIC_MIN_WORKERS", "two"};
+  auto mw = quiet(cluster_resolver::local());
+  mw.devices = {"CPU:0"};
+  EXPECT_TRUE(consort::test::fails_with([&] { multi_worker_mirrored_strategy strategy({}, mw); },
+                                        errc::invalid_argument,
+                                        {"CONSORT_ELASTIC_MIN_WORKERS is \"two\"", "a count"}));
+}
+
+TEST(ElasticStrategyTest, SyncBeforeAnyCommitIsRefused) {
+  auto mw = quiet(cluster_resolver::local());
+  mw.devices = {"CPU:0"};
+  multi_worker_mirrored_strategy strategy({}, mw);
+  elastic_state state{strategy};
+  EXPECT_FALSE(state.committed());
+  EXPECT_TRUE(consort::test::fails_with([&] { state.sync(); }, errc::invalid_argument,
+                                        {"sync before any commit"}));
+}
+
+// A lone worker's sync is its own commit: the variables and the extra roll back to it, the first
+// commit (local copies) and later ones (variable_values) alike.
+TEST(ElasticStrategyTest, SyncRollsTheVariablesAndTheExtraBackToTheCommit) {
+  auto mw = quiet(cluster_resolver::local());
+  mw.devices = {"CPU:0", "CPU:1"};
+  multi_worker_mirrored_strategy strategy({}, mw);
+  auto w = strategy.create_variable("w", tensor::from<float>({1, 2}, {2}));
+  elastic_state state{strategy};
+  state.commit(nest::dict({{"step", tensor::scalar<int64_t>(3)}}));
+  w.assign(tensor::from<float>({7, 7}, {2}));
+  auto extra = state.sync();
+  EXPECT_EQ(extra["step"].as_tensor(), tensor::scalar<int64_t>(3));
+  for (const auto& copy : w.local_values())
+    EXPECT_EQ(copy, tensor::from<float>({1, 2}, {2}));
+  w.assign(tensor::from<float>({5, 6}, {2}));
+  state.commit(nest::dict({{"step", tensor::scalar<int64_t>(9)}}));
+  w.assign(tensor::from<float>({0, 0}, {2}));
+  EXPECT_EQ(state.sync()["step"].as_tensor(), tensor::scalar<int64_t>(9));
+  EXPECT_EQ(w.value(), tensor::from<float>({5, 6}, {2}));
+  EXPECT_EQ(state.extra()["step"].as_tensor(), tensor::scalar<int64_t>(9));
 }

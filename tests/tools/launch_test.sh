@@ -28,6 +28,7 @@ echo "own=${CONSORT_OWN_GPUS-unset}"
 echo "cpus=$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/self/status) launch_cpus=${CONSORT_LAUNCH_CPUS-unset}"
 echo "to stderr" >&2
 echo "restart=${CONSORT_RESTART_COUNT-unset}"
+echo "elastic=${CONSORT_ELASTIC_MIN_WORKERS-unset}"
 # FAIL_ROUNDS: the failing rank fails only in the first FAIL_ROUNDS rounds (--max-restarts).
 if [ "${FAIL_RANK:-none}" = "$CONSORT_LAUNCH_RANK" ] && [ "${CONSORT_RESTART_COUNT:-0}" -lt "${FAIL_ROUNDS:-1000}" ]; then
   # Fail only once every peer is up, so that stopping them is what the test observes.
@@ -92,6 +93,26 @@ check "spent restarts are reported" grep -qF "no restarts left (--max-restarts 2
 out=$("$launch" -n 2 --max-restarts -1 -- "$tmp/job.sh" 2>&1)
 check "a negative --max-restarts is a usage error" [ "$?" -eq 2 ]
 check "a negative --max-restarts says what is expected" grep -qF -- "--max-restarts needs a count >= 0, got '-1'" <<<"$out"
+# 3c. --elastic: a failed worker other than the chief is restarted alone while the others go on;
+# the chief's failure is not restarted (its successor leads); every worker gets the minimum.
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$(FAIL_RANK=1 FAIL_ROUNDS=1 "$launch" -n 3 --port 7370 --grace 2 --elastic 2 --max-restarts 1 -- "$tmp/job.sh" 2>&1)
+rc=$?
+check "--elastic: a worker's failure within --max-restarts: the job succeeds" [ "$rc" -eq 0 ]
+check "--elastic: the failed worker runs twice" [ "$(grep -c '^\[worker:1\] restart=' <<<"$out")" -eq 2 ]
+check "--elastic: the others run once" [ "$(grep -c '^\[worker:[02]\] restart=' <<<"$out")" -eq 2 ]
+check "--elastic: the restart is reported" grep -qF "restarting it alone, under its task, to rejoin the group (restart 1 of 1)" <<<"$out"
+check "--elastic: the others are not stopped" bash -c '! grep -qF "stopping the others" <<<"$1"' _ "$out"
+check "--elastic: every worker gets the minimum" [ "$(grep -c '^\[worker:[012]\] elastic=2$' <<<"$out")" -eq 4 ]
+rm -rf "$PIDS"; mkdir -p "$PIDS"
+out=$(FAIL_RANK=0 FAIL_ROUNDS=9 "$launch" -n 3 --port 7380 --grace 2 --elastic 2 --max-restarts 1 -- "$tmp/job.sh" 2>&1)
+rc=$?
+check "--elastic: the chief's failure leaves the others to succeed" [ "$rc" -eq 0 ]
+check "--elastic: the chief is not restarted" [ "$(grep -c '^\[worker:0\] restart=' <<<"$out")" -eq 1 ]
+check "--elastic: the succession is reported" grep -qF "(the chief) exited with status 3; the next worker succeeds it" <<<"$out"
+out=$("$launch" -n 2 --elastic 3 -- "$tmp/job.sh" 2>&1)
+check "an --elastic minimum above -n is a usage error" [ "$?" -eq 2 ]
+check "an --elastic minimum above -n says what is expected" grep -qF -- "--elastic needs the minimum number of workers, 1 to -n (2), got '3'" <<<"$out"
 
 # 4. A job that never finishes is stopped at --timeout with status 124.
 rm -rf "$PIDS"; mkdir -p "$PIDS"
