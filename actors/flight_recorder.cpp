@@ -4,6 +4,7 @@
 #include "actors/flight_recorder.hpp"
 
 #include "actors/call_checks.hpp"
+#include "actors/stderr_line.hpp"
 #include "transport/algorithms/group_call.hpp"
 
 #include <consort/caf_error.hpp>
@@ -17,7 +18,6 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
-#include <iostream>
 #include <sstream>
 #include <thread>
 #include <unistd.h>
@@ -254,9 +254,9 @@ flight_recorder::~flight_recorder() {
       env != nullptr && std::string{env} == "1") {
     try {
       auto path = dump("", "end");
-      std::cerr << "consort: " << name() << ": flight recorder written to " << path << std::endl;
+      detail::write_stderr_line(name() + ": flight recorder written to " + path);
     } catch (const std::exception& e) {
-      std::cerr << "consort: " << e.what() << std::endl;
+      detail::write_stderr_line(e.what());
     }
   }
   std::lock_guard<std::mutex> guard{recorders().mu};
@@ -660,7 +660,7 @@ void flight_recorder::dump_on_failure(const std::string& reason) noexcept {
   try {
     (void)dump("", reason);
   } catch (const std::exception& e) {
-    std::cerr << "consort: " << e.what() << std::endl;
+    detail::write_stderr_line(e.what());
   }
 }
 
@@ -669,9 +669,9 @@ void flight_recorder::dump_all(const std::string& reason) noexcept {
   for (auto* r : recorders().live) {
     try {
       auto path = r->dump("", reason);
-      std::cerr << "consort: " << r->name() << ": flight recorder written to " << path << std::endl;
+      detail::write_stderr_line(r->name() + ": flight recorder written to " + path);
     } catch (const std::exception& e) {
-      std::cerr << "consort: " << e.what() << std::endl;
+      detail::write_stderr_line(e.what());
     }
   }
 }

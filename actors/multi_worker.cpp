@@ -13,6 +13,7 @@
 #include "actors/flight_recorder.hpp"
 #include "actors/gpu_collectives.hpp"
 #include "actors/runtime.hpp"
+#include "actors/stderr_line.hpp"
 #include "actors/strategy_access.hpp"
 #include "actors/worker_devices.hpp"
 #include "device/gpu.hpp"
@@ -26,7 +27,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <iostream>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -109,7 +109,7 @@ std::vector<std::string> worker_devices(const multi_worker_options& mw,
     if (mw.log)
       mw.log(choice.note);
     else
-      std::cerr << "consort: " << choice.note << std::endl;
+      detail::write_stderr_line(choice.note);
   }
   return std::move(choice.devices);
 }
@@ -594,7 +594,7 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   auto log = mw.log;
   if (!log)
     log = [](const std::string& line) {
-      std::cerr << "consort: " << line << std::endl;
+      detail::write_stderr_line(line);
     };
 
   auto group = std::make_shared<detail::elastic_group>();
