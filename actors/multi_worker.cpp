@@ -525,6 +525,33 @@ detail::elastic_group::form(membership::view v, std::shared_ptr<transport::tcp::
 
 namespace {
 
+/// multi_worker_options::peer_timeout and heartbeat_interval left at 0: CONSORT_PEER_TIMEOUT_MS
+/// when set (a worker held in a debugger needs longer), else 800 ms; heartbeats 8 to a timeout.
+void resolve_liveness(multi_worker_options& mw) {
+  if (mw.peer_timeout.count() == 0) {
+    mw.peer_timeout = multi_worker_options::default_peer_timeout;
+    if (const char* env = std::getenv("CONSORT_PEER_TIMEOUT_MS"); env != nullptr && *env) {
+      char* end = nullptr;
+      errno = 0;
+      const long long value = std::strtoll(env, &end, 10);
+      if (end == env || *end != '\0' || errno != 0 || value <= 0 || value > 86'400'000)
+        throw_error(errc::invalid_argument, "CONSORT_PEER_TIMEOUT_MS is \"" + std::string{env} +
+                                                "\"; expected milliseconds, 1 to 86400000 (a day)");
+      mw.peer_timeout = std::chrono::milliseconds{value};
+    }
+  }
+  if (mw.peer_timeout.count() < 0)
+    throw_error(errc::invalid_argument,
+                "multi_worker_options::peer_timeout is " + std::to_string(mw.peer_timeout.count()) +
+                    " ms; expected 0 (CONSORT_PEER_TIMEOUT_MS, else 800 ms) or more");
+  if (mw.heartbeat_interval.count() == 0)
+    mw.heartbeat_interval = std::max(std::chrono::milliseconds{1}, mw.peer_timeout / 8);
+  if (mw.heartbeat_interval.count() < 0)
+    throw_error(errc::invalid_argument, "multi_worker_options::heartbeat_interval is " +
+                                            std::to_string(mw.heartbeat_interval.count()) +
+                                            " ms; expected 0 (an eighth of peer_timeout) or more");
+}
+
 std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
                                                      multi_worker_options mw) {
   auto joined = std::make_unique<detail::joined_cluster>();
@@ -554,6 +581,7 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
                                               "\"; expected a count of workers (0: not elastic)");
     mw.elastic_min_workers = static_cast<int>(value);
   }
+  resolve_liveness(mw);
   if (mw.elastic_min_workers < 0 || mw.elastic_min_workers > std::max(num_workers, 1))
     throw_error(errc::invalid_argument,
                 "multi_worker_options::elastic_min_workers is " +

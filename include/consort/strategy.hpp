@@ -366,13 +366,21 @@ struct multi_worker_options {
   /// deadline every worker fails with the list of missing tasks.
   std::chrono::milliseconds rendezvous_timeout{std::chrono::seconds(60)};
 
-  /// Heartbeats between every worker and the chief.
-  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
+  /// The default of `peer_timeout`.
+  static constexpr std::chrono::milliseconds default_peer_timeout{800};
+
+  /// Heartbeats between every worker and the chief, sent and watched by each process's
+  /// membership thread (not the threads that run steps). 0: an eighth of `peer_timeout` (100 ms).
+  std::chrono::milliseconds heartbeat_interval{0};
 
   /// A worker silent for this long is lost: every survivor's pending and later collectives fail
-  /// with error(peer_lost) naming it. A worker that crashes is seen at once (its connections
-  /// close); this bounds a partition or a hung host.
-  std::chrono::milliseconds peer_timeout{std::chrono::seconds(5)};
+  /// with error(peer_lost) naming it (elastic: membership_changed, and the group re-forms). A
+  /// worker that crashes is seen at once (its connections close); this bounds a hung or stopped
+  /// process, a partition or a hung host. A worker descheduled, busy in a long step or stopped
+  /// for less than this is not lost: its membership thread answers regardless of its steps.
+  /// 0: CONSORT_PEER_TIMEOUT_MS when set (a worker held in a debugger needs more), else
+  /// `default_peer_timeout`, 800 ms (docs/multi_worker.md, "Failures").
+  std::chrono::milliseconds peer_timeout{0};
 
   /// The longest `shutdown` (and the destructor) waits for a clean end with the other workers:
   /// every send it started is finished, each worker is told that this one leaves, and this one

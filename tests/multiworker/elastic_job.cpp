@@ -5,11 +5,16 @@
 // element, and only if every re-formation rolled every worker back to the same commit: a step
 // applied twice, or lost, shows.
 //
-//   elastic_job STEPS COMMIT_EVERY MIN_WORKERS [--die TASK:STEP] [--regrow WORKERS:STEP]
+//   elastic_job STEPS COMMIT_EVERY MIN_WORKERS [--die TASK:STEP] [--stop TASK:STEP:MS]
+//               [--regrow WORKERS:STEP]
 //
 //   --die TASK:STEP       worker TASK kills itself (SIGKILL) inside step STEP, while the others
 //                         are in its all-reduce; not in a restarted process (CONSORT_RESTART_COUNT
 //                         or ELASTIC_JOB_RESTARTED set and not 0); may be given once per task
+//   --stop TASK:STEP:MS   worker TASK stops (SIGSTOP, every thread, as a debugger or a frozen
+//                         host would) inside step STEP for MS ms, then goes on; not in a
+//                         restarted process. Longer than the peer timeout, the others leave it
+//                         out and it fails with peer_lost (exit 1); shorter, nothing changes.
 //   --regrow N:STEP       at step STEP, while the group has fewer than N workers, every worker
 //                         waits in `reform` for the group to grow (a restarted worker joining)
 //
@@ -23,11 +28,17 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 using namespace consort;
 using clock_type = std::chrono::steady_clock;
@@ -62,6 +73,43 @@ bool restarted() {
   return false;
 }
 
+/// Stops this process (every thread) for `ms` ms: a child waits until it is stopped, then
+/// continues it `ms` later. The child is a fork of a threaded process, so it calls only
+/// async-signal-safe functions.
+void stop_for(int ms) {
+  const pid_t parent = getpid();
+  const pid_t child = fork();
+  if (child < 0) {
+    std::perror("elastic_job: fork");
+    std::_Exit(3);
+  }
+  if (child == 0) {
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(parent));
+    const timespec poll{0, 1'000'000};
+    for (int i = 0; i < 60'000; ++i) { // until the parent is stopped, at most 60 s
+      char buf[512];
+      const int fd = open(path, O_RDONLY);
+      const ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+      if (fd >= 0)
+        close(fd);
+      if (n <= 0)
+        _exit(1); // the parent is gone
+      buf[n] = '\0';
+      const char* state = std::strrchr(buf, ')'); // "pid (comm) S ...": comm may hold spaces
+      if (state && state[1] == ' ' && state[2] == 'T')
+        break;
+      nanosleep(&poll, nullptr);
+    }
+    const timespec pause{ms / 1000, static_cast<long>(ms % 1000) * 1'000'000};
+    nanosleep(&pause, nullptr);
+    kill(parent, SIGCONT);
+    _exit(0);
+  }
+  std::raise(SIGSTOP);
+  waitpid(child, nullptr, 0);
+}
+
 std::pair<int, int> pair_of(const std::string& text) {
   auto colon = text.find(':');
   if (colon == std::string::npos)
@@ -85,20 +133,31 @@ int main(int argc, char** argv) {
   const int64_t commit_every = std::stoll(argv[2]);
   multi_worker_options mw;
   mw.elastic_min_workers = std::stoi(argv[3]);
-  mw.peer_timeout = std::chrono::seconds(2);
-  mw.heartbeat_interval = std::chrono::milliseconds(200);
-  int die_step = -1, regrow_workers = 0, regrow_step = -1;
-  std::vector<std::pair<int, int>> deaths; // (task, step)
+  // The library's peer_timeout and heartbeats (800 ms, 100 ms): the tests hold it to them.
+  int die_step = -1, regrow_workers = 0, regrow_step = -1, stop_step = -1, stop_ms = 0;
+  std::vector<std::pair<int, int>> deaths;      // (task, step)
+  std::vector<std::tuple<int, int, int>> stops; // (task, step, ms)
   for (int i = 4; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
-    if (flag == "--die")
+    if (flag == "--die") {
       deaths.push_back(pair_of(argv[i + 1]));
-    else if (flag == "--regrow")
+    } else if (flag == "--stop") {
+      std::string text = argv[i + 1];
+      auto last = text.rfind(':');
+      if (last == std::string::npos)
+        throw std::invalid_argument("expected TASK:STEP:MS, got \"" + text + "\"");
+      auto [t, at] = pair_of(text.substr(0, last));
+      stops.emplace_back(t, at, std::stoi(text.substr(last + 1)));
+    } else if (flag == "--regrow")
       std::tie(regrow_workers, regrow_step) = pair_of(argv[i + 1]);
     else {
       std::cerr << "elastic_job: unknown option " << flag << "\n";
       return 2;
     }
+  }
+  if (argc > 4 && (argc - 4) % 2 != 0) {
+    std::cerr << "elastic_job: option " << argv[argc - 1] << " has no value\n";
+    return 2;
   }
   const long long started_ns = now_ns();
   multi_worker_mirrored_strategy s({}, mw);
@@ -107,6 +166,9 @@ int main(int argc, char** argv) {
   for (auto [t, at] : deaths)
     if (t == task && !restarted())
       die_step = at;
+  for (auto [t, at, ms] : stops)
+    if (t == task && !restarted())
+      std::tie(stop_step, stop_ms) = std::tuple{at, ms};
   std::cout << me << ": epoch " << s.membership_epoch() << ", rank " << s.worker_rank() << " of "
             << s.num_workers() << std::endl;
 
@@ -142,10 +204,17 @@ int main(int argc, char** argv) {
         continue;
       }
       const bool dies_now = step == die_step;
-      s.run([&w, dies_now, task](replica_context& ctx) {
+      const int stop_now_ms = step == stop_step ? stop_ms : 0;
+      s.run([&w, dies_now, stop_now_ms, task](replica_context& ctx) {
         if (dies_now && ctx.local_replica_index() == 0) {
           say("worker:" + std::to_string(task) + ": killed at " + std::to_string(now_ns()));
           std::raise(SIGKILL); // inside the step: the others wait in its all-reduce
+        }
+        if (stop_now_ms > 0 && ctx.local_replica_index() == 0) {
+          say("worker:" + std::to_string(task) + ": stopped at " + std::to_string(now_ns()) +
+              " for " + std::to_string(stop_now_ms) + " ms");
+          stop_for(stop_now_ms); // inside the step: the others wait in its all-reduce
+          say("worker:" + std::to_string(task) + ": continued");
         }
         ctx.assign_add(w, tensor::from<float>({1, 1, 1, 1}, {4}));
         return nest{};
@@ -167,14 +236,21 @@ int main(int argc, char** argv) {
       if (step % commit_every == 0)
         state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}}));
     } catch (const error& e) {
-      if (e.code() != errc::membership_changed) {
-        say(me + ": step " + std::to_string(step) + " failed: " + e.what());
+      auto failed = [&](const error& why) {
+        say(me + ": step " + std::to_string(step) + " failed (" + to_string(why.code()) +
+            "): " + why.what());
         return 1;
-      }
+      };
+      if (e.code() != errc::membership_changed)
+        return failed(e);
       lost_at = clock_type::now();
       std::cout << me << ": step " << step << ": " << e.what() << std::endl;
-      auto c = s.reform();
-      changed(c, step);
+      try {
+        auto c = s.reform(); // peer_lost when this worker was left out, or too few remain
+        changed(c, step);
+      } catch (const error& e2) {
+        return failed(e2);
+      }
       synced = false;
     }
   }

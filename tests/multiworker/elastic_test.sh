@@ -14,6 +14,17 @@
 #                                                    worker:2, started again, finds the group at
 #                                                    the chief's address, where its successor
 #                                                    serves too, and joins it (1 -> 2)
+#   elastic_test.sh ELASTIC_JOB hang TRANSPORT     worker:2 stops (SIGSTOP) inside step 5 for 2 s,
+#                                                  past the default peer timeout (800 ms): the
+#                                                  others leave it out and go on; continued, it
+#                                                  learns it was left out (peer_lost, exit 1), and
+#                                                  started again it joins them
+#   elastic_test.sh ELASTIC_JOB chief-hang TRANSPORT  the chief stops for 2 s: worker:1 succeeds
+#                                                  it and the two go on; continued, the chief
+#                                                  learns that they did (peer_lost, exit 1) and
+#                                                  leads no group of its own
+#   elastic_test.sh ELASTIC_JOB pause TRANSPORT    worker:2 stops inside step 5 for 300 ms, within
+#                                                  the peer timeout: it is not lost, nothing changes
 # A collective in flight when the worker dies may have completed on some of the others (step 5)
 # and not on the rest (step 4); every worker that finishes checks that its variable saw every step exactly once (exit 0).
 set -u
@@ -29,6 +40,9 @@ case "$scenario" in
   below-min) args=(40 4 3 --die 2:5) ;;
   chief-loss) args=(40 4 2 --die 0:5) ;;
   chief-then-rejoin) args=(40 4 1 --die 0:5 --die 2:15 --regrow 2:25) ;;
+  hang) args=(40 4 2 --stop 2:5:2000 --regrow 3:12) ;;
+  pause) args=(40 4 2 --stop 2:5:300) ;;
+  chief-hang) args=(40 4 2 --stop 0:5:2000) ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 for i in 0 1 2; do
@@ -37,9 +51,11 @@ done
 survivors=0
 [ "$scenario" = below-min ] && survivors=1
 victim=2
-[ "$scenario" = chief-loss ] && victim=0
+[ "$scenario" = chief-loss ] || [ "$scenario" = chief-hang ] && victim=0
 for i in 0 1 2; do mw_expect "$i" "$survivors"; done
-mw_expect "$victim" 137
+victim_status=137
+[ "$scenario" = hang ] || [ "$scenario" = chief-hang ] && victim_status=1
+[ "$scenario" = pause ] || mw_expect "$victim" "$victim_status"
 [ "$scenario" = chief-then-rejoin ] && mw_expect 0 137
 went_on_pattern='3 -> 2 workers'
 went_on_count=2
@@ -47,12 +63,13 @@ if [ "$scenario" = chief-then-rejoin ]; then
   went_on_pattern='2 -> 1 workers'
   went_on_count=1
 fi
-if [ "$scenario" = rejoin ] || [ "$scenario" = chief-then-rejoin ]; then
+if [ "$scenario" = rejoin ] || [ "$scenario" = chief-then-rejoin ] || [ "$scenario" = hang ]; then
   # Once worker:2's process is gone and the others went on without it, it starts again under
   # its own task and joins.
   wait "${MW_PIDS[2]}"
   rc=$?
-  [ "$rc" = 137 ] || { echo "FAIL: worker:2 exited with $rc, expected 137"; exit 1; }
+  [ "$rc" = "$victim_status" ] ||
+    { echo "FAIL: worker:2 exited with $rc, expected $victim_status"; exit 1; }
   # Waits on the file's growth through a FIFO (a process substitution here would not see it
   # next to the workers' own output substitutions).
   fifo=$(mktemp -u)
@@ -87,7 +104,7 @@ case "$scenario" in
     expect 2 '^worker:[01]: membership: 2 -> 3 workers at step [0-9]+; training resumed [0-9]+ ms'
     expect 3 '^worker:[012]: final step 40: .*\(ok\)$' ;;
   below-min)
-    expect 2 '^worker:[01]: step [45] failed: .*\(peer_lost\).*2 members remain, fewer than the 3 it needs' ;;
+    expect 2 '^worker:[01]: step [45] failed \(peer_lost\): .*2 members remain, fewer than the 3 it needs' ;;
   chief-loss)
     expect 2 '^worker:[12]: membership: 3 -> 2 workers at step [45]; training resumed [0-9]+ ms'
     expect 2 '^worker:[12]: final step 40: .*\(ok\)$' ;;
@@ -95,5 +112,20 @@ case "$scenario" in
     expect 1 '^worker:1: membership: 2 -> 1 workers at step 1[45]; training resumed [0-9]+ ms'
     expect 1 '^worker:1: membership: 1 -> 2 workers at step [0-9]+; training resumed [0-9]+ ms'
     expect 2 '^worker:[12]: final step 40: .*\(ok\)$' ;;
+  hang)
+    expect 1 '^worker:2: stopped at [0-9]+ for 2000 ms$'
+    expect 2 '^worker:[01]: membership: 3 -> 2 workers at step [45]; training resumed [0-9]+ ms'
+    expect 1 '^worker:2: step 5 failed \(peer_lost\): .*the chief left this worker out of the group: worker:2 \(rank 2\) sent no heartbeat for 800 ms; the others went on without it'
+    expect 2 '^worker:[01]: membership: 2 -> 3 workers at step [0-9]+; training resumed [0-9]+ ms'
+    expect 3 '^worker:[012]: final step 40: .*\(ok\)$' ;;
+  chief-hang)
+    expect 2 '^worker:[12]: membership: 3 -> 2 workers at step [45]; training resumed [0-9]+ ms'
+    expect 1 '^worker:0: step 5 failed \(peer_lost\): .*the others went on without this chief, under its successor: worker:[12] \(rank [12]\) lost this chief: worker:0 \(rank 0\) sent no heartbeat for 800 ms'
+    expect 2 '^worker:[12]: final step 40: .*\(ok\)$' ;;
+  pause)
+    expect 1 '^worker:2: stopped at [0-9]+ for 300 ms$'
+    expect 1 '^worker:2: continued$'
+    expect 0 'membership:'
+    expect 3 '^worker:[012]: final step 40: .*\(ok\)$' ;;
 esac
 echo "ok"

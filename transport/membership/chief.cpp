@@ -106,6 +106,11 @@ void service::impl::on_chief_message(const conn_ptr& c, codec::message& m) {
       return;
     if (auto* j = std::get_if<codec::join>(&m); j && elastic())
       return on_rejoin(c, *j);
+    if (auto* a = std::get_if<codec::abort>(&m);
+        a && elastic() &&
+        std::find(a->lost_ranks.begin(), a->lost_ranks.end(), static_cast<uint32_t>(opts_.rank)) !=
+            a->lost_ranks.end())
+      return deposed(name_of(c->rank) + " lost this chief: " + a->cause);
     if (auto* l = std::get_if<codec::leave>(&m)) {
       log_line(name_of(c->rank) + " left: " + l->reason);
       c->state = phase::left;
@@ -122,6 +127,23 @@ void service::impl::on_chief_message(const conn_ptr& c, codec::message& m) {
   default:
     return;
   }
+}
+
+void service::impl::deposed(const std::string& cause) {
+  if (group_ended_)
+    return;
+  // This chief was stopped or cut off past peer_timeout, and its members went on under a
+  // successor: it leads no group of its own (a second group would train apart).
+  auto what = "the others went on without this chief, under its successor: " + cause;
+  log_line(what);
+  end_group(make_caf_error(errc::peer_lost, self_ + ": " + what));
+  reforming_ = false;
+  for (const auto& other : std::vector<conn_ptr>(conns_.begin(), conns_.end()))
+    if (other->state == phase::member || other->state == phase::joined) {
+      other->state = phase::lost;
+      close(other);
+    }
+  report({}, what);
 }
 
 void service::impl::chief_failed(const conn_ptr& c, const std::string& what) {
@@ -382,13 +404,22 @@ void service::impl::rendezvous_timed_out() {
   set_outcome(make_caf_error(errc::collective_timeout, text));
 }
 
-void service::impl::lose_member(int rank, const std::string& cause) {
+void service::impl::lose_member(int rank, const std::string& cause, bool silent) {
   auto c = by_rank_[rank];
   if (!c || c->state != phase::member)
     return;
   c->state = phase::lost;
   log_line("lost " + cause + " (connection from " + c->remote() + ")");
-  close(c);
+  const bool stuck = c->writing() && now() - c->write_started() >= opts_.peer_timeout;
+  if (!silent || stuck || c->closed()) {
+    close(c);
+  } else {
+    // Silent, it may only be stopped or cut off for a while: should it read on, it learns first
+    // that it is no longer a member (an Abort of its epoch naming it) instead of a bare end of
+    // file, which it would take for the chief's loss.
+    send(c, codec::abort{view_.epoch, cause, {static_cast<uint32_t>(rank)}});
+    close_gracefully(c);
+  }
   if (elastic()) {
     by_rank_[rank].reset();
     return start_reform({rank}, -1, cause);
@@ -621,7 +652,8 @@ void service::impl::promote() {
   chief_ = true;
   failing_over_ = false;
   if (chief_conn_) {
-    close(chief_conn_);
+    if (!chief_conn_->graceful()) // a lingering one still tells the old chief (lose_chief)
+      close(chief_conn_);
     chief_conn_.reset();
   }
   retry_timer_.cancel();

@@ -148,6 +148,9 @@ void service::impl::arm_tick() {
 
 void service::impl::tick() {
   auto now = this->now();
+  const auto real_now = std::chrono::steady_clock::now();
+  const auto real_gap = real_now - last_tick_real_;
+  last_tick_real_ = real_now;
   // Graceful closes whose peer did not close in time.
   std::vector<conn_ptr> expired;
   for (const auto& c : conns_)
@@ -207,6 +210,18 @@ void service::impl::tick() {
   for (const auto& c : conns_)
     if (c->state == phase::member)
       members.push_back(c);
+  // This process itself was stopped (a debugger, SIGSTOP, a host that froze) or not scheduled
+  // for half a timeout: the silence it sees is its own. Each peer gets a full peer_timeout from
+  // now, in which what it sent meanwhile is read, instead of every peer being lost at once.
+  // Measured on real time: a test's manual clock jumps on purpose.
+  if (!members.empty() && real_gap >= opts_.peer_timeout / 2) {
+    log_line("this process did not run for " +
+             ms_text(std::chrono::duration_cast<milliseconds>(real_gap)) +
+             "; its peers get a full peer_timeout (" + ms_text(opts_.peer_timeout) +
+             ") from now before their silence counts");
+    for (const auto& c : members)
+      c->last_rx = std::max(c->last_rx, now);
+  }
   if (now >= next_heartbeat_) {
     next_heartbeat_ = now + opts_.heartbeat_interval;
     ++heartbeat_sequence_;
@@ -218,7 +233,8 @@ void service::impl::tick() {
     if (c->closed() || c->state != phase::member)
       continue; // lost through an earlier one of this loop
     std::string cause;
-    if (now - c->last_rx >= opts_.peer_timeout)
+    const bool silent = now - c->last_rx >= opts_.peer_timeout;
+    if (silent)
       cause = name_of(c->rank) + " sent no heartbeat for " + ms_text(opts_.peer_timeout);
     else if (c->writing() && now - c->write_started() >= opts_.peer_timeout)
       cause = name_of(c->rank) + ": a write of " + std::to_string(c->front_bytes()) + " bytes to " +
@@ -226,9 +242,9 @@ void service::impl::tick() {
     if (cause.empty())
       continue;
     if (chief_)
-      lose_member(c->rank, cause);
+      lose_member(c->rank, cause, silent);
     else
-      lose_chief(cause);
+      lose_chief(cause, silent);
   }
 }
 

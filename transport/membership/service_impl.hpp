@@ -187,7 +187,8 @@ private:
   /// Sends Abort with `text` to every worker that joined, and closes and forgets them.
   void abort_joined(const std::string& text);
   void log_missing();
-  void lose_member(int rank, const std::string& cause);
+  /// `silent`: lost for its silence, not a broken connection; it is told before it is cut off.
+  void lose_member(int rank, const std::string& cause, bool silent = false);
   /// Elastic: the group changes (`lost` gone, `joining` joins): begins the next epoch's
   /// re-formation, or amends the one under way, and announces it to the members.
   void start_reform(const std::vector<int>& lost, int joining, const std::string& cause);
@@ -209,7 +210,10 @@ private:
   void start_attempt();
   void attempt_failed(const conn_ptr& c, const std::string& why);
   void on_view(const conn_ptr& c, codec::view_message& m);
-  void lose_chief(const std::string& cause);
+  /// `silent`: lost for its silence; in an elastic group it is told before it is cut off.
+  void lose_chief(const std::string& cause, bool silent = false);
+  /// Chief of an elastic group: a member told it that the group went on without it.
+  void deposed(const std::string& cause);
   /// This worker's Join with collective address `address` (and a fresh nonce, its proof).
   codec::join join_for(const std::string& address);
   /// Elastic: the chief was lost. The first member after it in the view succeeds it (promote);
@@ -237,6 +241,9 @@ private:
   clock::time_point former_chief_until_{}; // a successor: when to stop trying that address
   host_port chief_hp_;
   milliseconds tick_period_;
+  /// When tick() last ran, in real time: a gap of half a peer_timeout means this process was
+  /// stopped, and the silence of its peers is not theirs.
+  std::chrono::steady_clock::time_point last_tick_real_ = std::chrono::steady_clock::now();
   milliseconds linger_;
 
   // Declared before every Asio object of this class, so that it is destroyed after them.

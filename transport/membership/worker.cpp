@@ -173,6 +173,18 @@ void service::impl::on_worker_message(const conn_ptr& c, codec::message& m) {
         report(std::move(ranks), a->cause, a->epoch);
         return maybe_rejoin();
       }
+      if (std::find(ranks.begin(), ranks.end(), opts_.rank) != ranks.end()) {
+        // Lost for its silence (stopped, hung, cut off) while the others went on.
+        auto what = "the chief left this worker out of the group: " + a->cause +
+                    (elastic() ? "; the others went on without it (a new process of this task "
+                                 "joins them)"
+                               : "");
+        log_line(what);
+        end_group(make_caf_error(errc::peer_lost, self_ + ": " + what));
+        c->state = phase::lost;
+        close_gracefully(c);
+        return report({}, what);
+      }
       log_line("the chief aborted epoch " + std::to_string(a->epoch) + ": " + a->cause);
       if (elastic())
         end_group(
@@ -272,13 +284,25 @@ void service::impl::join_timed_out() {
   set_outcome(make_caf_error(errc::collective_timeout, text));
 }
 
-void service::impl::lose_chief(const std::string& cause) {
+void service::impl::lose_chief(const std::string& cause, bool silent) {
   auto c = chief_conn_;
   if (!c || c->state != phase::member)
     return;
   c->state = phase::lost;
   log_line("lost the chief: " + cause + " (connection to " + c->remote() + ")");
-  close(c);
+  const bool stuck = c->writing() && now() - c->write_started() >= opts_.peer_timeout;
+  if (elastic() && silent && !stuck && !c->closed()) {
+    // The chief may only be stopped or cut off for a while: should it read on, it learns first
+    // that the group goes on without it (an Abort of its epoch naming it), so that it does not
+    // lead a second group of its own.
+    const auto leader =
+        std::find(opts_.tasks.begin(), opts_.tasks.end(), view_.members.front().task) -
+        opts_.tasks.begin();
+    send(c, codec::abort{view_.epoch, cause, {static_cast<uint32_t>(leader)}});
+    close_gracefully(c);
+  } else {
+    close(c);
+  }
   if (elastic())
     return fail_over(cause);
   report({0}, cause);

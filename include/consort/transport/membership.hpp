@@ -165,11 +165,11 @@ struct options {
   std::chrono::milliseconds handshake_timeout{5000};
 
   /// How often members send heartbeats (workers to the chief, the chief to every worker).
-  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_interval{100};
 
   /// A peer from which nothing arrived for this long, or a write to it that did not complete
   /// within this, is lost.
-  std::chrono::milliseconds peer_timeout{5000};
+  std::chrono::milliseconds peer_timeout{800};
 
   /// The largest membership frame (length prefix excluded), sent or received; a frame announcing
   /// more is malformed. At least 1024.
