@@ -18,7 +18,12 @@ void elastic_state::commit(nest extra) {
       variables_.push_back({v.name(), v.local_values().front()});
   }
   extra_ = std::move(extra);
+  const bool first = !committed_;
   committed_ = true;
+  // A task waiting to join comes in here, where nothing is lost. Not at the first commit: a
+  // worker that joined commits before its first sync, while the others are in theirs.
+  if (!first)
+    strategy_->step_boundary();
 }
 
 nest elastic_state::sync() {

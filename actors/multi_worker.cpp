@@ -303,6 +303,23 @@ struct loss_target {
     std::lock_guard<std::mutex> guard{mtx};
     return aborted_before > e;
   }
+
+  /// Elastic: a join that waits for the next step boundary (membership::lost_event::at_boundary)
+  /// begins epoch `next`.
+  uint64_t boundary_epoch = 0;
+  std::string boundary_cause;
+  void at_boundary(uint64_t next, const std::string& why) {
+    std::lock_guard<std::mutex> guard{mtx};
+    if (next <= boundary_epoch)
+      return;
+    boundary_epoch = next;
+    boundary_cause = why;
+  }
+  /// Why the group re-forms at the next step boundary after epoch `e`, or "" when it does not.
+  std::string boundary_after(uint64_t e) {
+    std::lock_guard<std::mutex> guard{mtx};
+    return boundary_epoch > e ? boundary_cause : std::string{};
+  }
 };
 
 } // namespace
@@ -721,6 +738,14 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
   const bool elastic = group->elastic();
   group->service->on_lost(
       [target = group->target, log, recorder, elastic](const membership::lost_event& event) {
+        if (elastic && event.next_epoch > 0 && event.at_boundary) {
+          auto cause = "the group of workers grows: " + event.cause + "; it re-forms as epoch " +
+                       std::to_string(event.next_epoch) + " at the workers' next step boundary";
+          log(cause);
+          recorder->note(cause);
+          target->at_boundary(event.next_epoch, cause);
+          return;
+        }
         if (elastic && event.next_epoch > 0) {
           auto cause = "the group of workers changed: " + event.cause + "; it re-forms as epoch " +
                        std::to_string(event.next_epoch);
@@ -827,6 +852,30 @@ multi_worker_mirrored_strategy::membership_change multi_worker_mirrored_strategy
   // The previous epoch's engine goes without leaving the cluster (form retired it).
   replace_runtime(std::move(rt));
   return change;
+}
+
+void multi_worker_mirrored_strategy::step_boundary() {
+  if (!group_)
+    return;
+  const auto epoch = group_->view.epoch;
+  auto cause = group_->target->boundary_after(epoch);
+  // Every worker learns of the join at its own moment: one all-reduce makes it the same boundary
+  // everywhere (a worker that did not hear of it yet re-forms too, and waits for the notice).
+  int32_t any = cause.empty() ? 0 : 1;
+  if (num_workers() > 1) {
+    auto out = run([mine = any](replica_context& ctx) {
+      return ctx.all_reduce("MAX", tensor::scalar<int32_t>(mine));
+    });
+    any = out.values().front().item<int32_t>();
+  }
+  if (any == 0)
+    return;
+  if (cause.empty())
+    cause = "the group of workers grows; it re-forms as epoch " + std::to_string(epoch + 1) +
+            " at the workers' next step boundary";
+  // This epoch's engine has nothing in flight: it ends here, as after a notice.
+  group_->target->end(epoch + 1, cause, errc::membership_changed);
+  throw_error(errc::membership_changed, cause);
 }
 
 int multi_worker_mirrored_strategy::worker_rank() const noexcept {

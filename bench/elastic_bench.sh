@@ -14,13 +14,17 @@
 #     defaults: build 20 4 shm worker
 #   VICTIM chief: the chief is the one killed instead (the first worker after it succeeds it);
 #   nothing restarts, so the last column is empty.
+#   VICTIM hang: the victim is stopped (SIGSTOP, every thread) for 2 s instead of killed: the
+#   others find it by its silence (peer_timeout, 800 ms by default) and go on; continued, it
+#   learns it was left out and exits, and is started again to rejoin. The first columns then
+#   measure SIGSTOP -> step.
 set -uo pipefail
 build=${1:-build}
 runs=${2:-20}
 workers=${3:-4}
 transport=${4:-shm}
 victim_kind=${5:-worker}
-case "$victim_kind" in worker | chief) ;; *) echo "VICTIM is worker or chief, not $victim_kind" >&2; exit 2 ;; esac
+case "$victim_kind" in worker | chief | hang) ;; *) echo "VICTIM is worker, chief or hang, not $victim_kind" >&2; exit 2 ;; esac
 job="$build/tests/multiworker/elastic_job"
 [ -x "$job" ] || { echo "no $job: build first (bash tools/build.sh)" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
@@ -59,6 +63,7 @@ for ((r = 0; r < runs; r++)); do
   env="CONSORT_TRANSPORT=$transport ELASTIC_JOB_LOG=$said"
   args=(60 4 "$survivors" --die "$victim:20" --regrow "$workers:40")
   [ "$victim_kind" = chief ] && args=(60 4 "$survivors" --die 0:20)
+  [ "$victim_kind" = hang ] && args=(60 4 "$survivors" --stop "$victim:20:2000" --regrow "$workers:40")
   for ((i = 0; i < workers; i++)); do
     mw_start "$i" "$env" "$job" "${args[@]}" >"$work/out.$r.$i" 2>&1
   done
@@ -68,7 +73,7 @@ for ((r = 0; r < runs; r++)); do
     cat "$said" "$work"/out."$r".* >&2
     exit 1
   fi
-  if [ "$victim_kind" = worker ]; then
+  if [ "$victim_kind" != chief ]; then
     mw_start "$victim" "$env ELASTIC_JOB_RESTARTED=1" "$job" "${args[@]}" >"$work/out.$r.$victim.2" 2>&1
     mw_expect "$victim" 0
   else
@@ -79,7 +84,7 @@ for ((r = 0; r < runs; r++)); do
     cat "$said" "$work"/out."$r".* >&2
     exit 1
   fi
-  killed=$(sed -n 's/.*: killed at \([0-9]*\)$/\1/p' "$said")
+  killed=$(sed -n 's/.*: \(killed\|stopped\) at \([0-9]*\).*$/\2/p' "$said")
   read -r worst best < <(sed -n "s/.*: membership: $workers -> $survivors workers.*(at \\([0-9]*\\))\$/\\1/p" "$said" |
     awk -v k="$killed" 'NR == 1 {max = $1; min = $1} {if ($1 > max) max = $1; if ($1 < min) min = $1}
                         END {printf "%.3f %.3f\n", (max - k) / 1e6, (min - k) / 1e6}')
@@ -100,8 +105,10 @@ percentile() {
 echo
 echo "$runs runs, $workers workers over $transport, 1 replica each, the victim: $victim_kind:"
 printf '%-34s %10s %10s %10s\n' "" p50 p99 max
-printf '%-34s %10s %10s %10s\n' "SIGKILL -> every survivor's step" "$(percentile 50 "${all[@]}")" "$(percentile 99 "${all[@]}")" "$(percentile 100 "${all[@]}")"
-printf '%-34s %10s %10s %10s\n' "SIGKILL -> first survivor's step" "$(percentile 50 "${first[@]}")" "$(percentile 99 "${first[@]}")" "$(percentile 100 "${first[@]}")"
+signal=SIGKILL
+[ "$victim_kind" = hang ] && signal=SIGSTOP
+printf '%-34s %10s %10s %10s\n' "$signal -> every survivor's step" "$(percentile 50 "${all[@]}")" "$(percentile 99 "${all[@]}")" "$(percentile 100 "${all[@]}")"
+printf '%-34s %10s %10s %10s\n' "$signal -> first survivor's step" "$(percentile 50 "${first[@]}")" "$(percentile 99 "${first[@]}")" "$(percentile 100 "${first[@]}")"
 [ "${#rejoin[@]}" -gt 0 ] &&
   printf '%-34s %10s %10s %10s\n' "restart -> its first step in group" "$(percentile 50 "${rejoin[@]}")" "$(percentile 99 "${rejoin[@]}")" "$(percentile 100 "${rejoin[@]}")"
 echo "(milliseconds; target: p99 of the first row <= 1000 ms)"

@@ -145,6 +145,11 @@ struct Abort {
 
   lostRanks @2 :List(UInt32);
   # The members that were lost (empty when the abort has another cause).
+
+  atBoundary @3 :Bool;
+  # Elastic, a notice (epoch later than the view's) of a join only: the members go on with the
+  # current epoch and re-form at their next step boundary, all at the same one, instead of
+  # aborting the calls in flight. A later notice of the same epoch without it aborts them.
 }
 
 # Everything sent on a membership connection.

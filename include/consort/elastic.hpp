@@ -47,7 +47,11 @@ public:
   /// several workers: every worker commits at the same steps) and of `extra`. The first commit
   /// reads each variable's first local copy instead, with no collective, so that a worker joining
   /// a running group can commit before its first `sync` (which replaces the values).
-  /// @throws the errors of `variable_values`.
+  /// Every later commit is also a step boundary (`multi_worker_mirrored_strategy::step_boundary`):
+  /// a task waiting to join comes in there, and the commit, once kept, throws
+  /// error(membership_changed) on every worker; `reform` and `sync` then go on from it, with
+  /// nothing to roll back.
+  /// @throws the errors of `variable_values`; error(membership_changed) when a task joins here.
   void commit(nest extra = nest{});
 
   /// The `extra` of the last commit (or of the last `sync`).

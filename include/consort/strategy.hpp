@@ -479,6 +479,15 @@ public:
   ///         `rendezvous_timeout` (the group did not change: the failure had another cause).
   membership_change reform();
 
+  /// Elastic groups only (a no-op otherwise): a step boundary, where a task that waits to join
+  /// the running group is let in with nothing to roll back. Every worker of the group calls it at
+  /// the same step (`elastic_state::commit` does, after it kept the commit). When a task waits,
+  /// the call fails on every worker with error(membership_changed), and the loop goes on as after
+  /// any change: `reform`, then `elastic_state::sync`, which finds the commit just made. A join
+  /// that no boundary reaches within `reform_timeout` aborts the calls in flight instead, as a
+  /// loss does. One all-reduce of one value across the workers, to agree.
+  void step_boundary();
+
 private:
   friend struct detail::strategy_access; // consort::testing builds workers over its own network
   explicit multi_worker_mirrored_strategy(std::unique_ptr<detail::joined_cluster> joined);

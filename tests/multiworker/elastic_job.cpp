@@ -17,7 +17,13 @@
 //                         out and it fails with peer_lost (exit 1); shorter, nothing changes.
 //   --regrow N:STEP       at step STEP, while the group has fewer than N workers, every worker
 //                         waits in `reform` for the group to grow (a restarted worker joining)
+//   --commits N:STEP      at step STEP, while the group has fewer than N workers, every worker
+//                         commits again and again without stepping: a joining worker comes in at
+//                         one of these step boundaries (elastic_state::commit), with nothing to
+//                         roll back
 //
+// After each change, every worker that was in the group prints where it goes on from:
+//   went on from the commit of step C at step S (R steps redone)
 // Every membership change prints, on every worker that was in the group:
 //   membership: 3 -> 2 workers at step S; training resumed T ms after the loss
 // and at the end: "final step STEPS: w = STEPS (ok)", exit 0; a wrong value exits 1.
@@ -126,7 +132,7 @@ int64_t step_of(const nest& extra) {
 int main(int argc, char** argv) {
   if (argc < 4) {
     std::cerr << "usage: elastic_job STEPS COMMIT_EVERY MIN_WORKERS [--die TASK:STEP] "
-                 "[--regrow WORKERS:STEP]\n";
+                 "[--stop TASK:STEP:MS] [--regrow WORKERS:STEP] [--commits WORKERS:STEP]\n";
     return 2;
   }
   const int64_t steps = std::stoll(argv[1]);
@@ -135,6 +141,7 @@ int main(int argc, char** argv) {
   mw.elastic_min_workers = std::stoi(argv[3]);
   // The library's peer_timeout and heartbeats (800 ms, 100 ms): the tests hold it to them.
   int die_step = -1, regrow_workers = 0, regrow_step = -1, stop_step = -1, stop_ms = 0;
+  int commits_workers = 0, commits_step = -1;
   std::vector<std::pair<int, int>> deaths;      // (task, step)
   std::vector<std::tuple<int, int, int>> stops; // (task, step, ms)
   for (int i = 4; i + 1 < argc; i += 2) {
@@ -150,6 +157,8 @@ int main(int argc, char** argv) {
       stops.emplace_back(t, at, std::stoi(text.substr(last + 1)));
     } else if (flag == "--regrow")
       std::tie(regrow_workers, regrow_step) = pair_of(argv[i + 1]);
+    else if (flag == "--commits")
+      std::tie(commits_workers, commits_step) = pair_of(argv[i + 1]);
     else {
       std::cerr << "elastic_job: unknown option " << flag << "\n";
       return 2;
@@ -181,6 +190,7 @@ int main(int argc, char** argv) {
   std::optional<clock_type::time_point> lost_at;
   bool first_step = true;
   std::string pending_line;
+  int64_t changed_at = -1; // the step at which the group last changed, until the sync after it
 
   auto changed = [&](const multi_worker_mirrored_strategy::membership_change& c, int64_t at) {
     if (!pending_line.empty()) // the previous change: no step completed in between
@@ -192,14 +202,24 @@ int main(int argc, char** argv) {
   while (step < steps || !synced) {
     try {
       if (!synced) {
+        const int64_t at = step;
         step = step_of(state.sync()); // worker 0's commit; a change meanwhile re-forms again
         synced = true;
+        if (changed_at >= 0)
+          say(me + ": went on from the commit of step " + std::to_string(step) + " at step " +
+              std::to_string(at) + " (" + std::to_string(at - step) + " steps redone)");
+        changed_at = -1;
         continue;
+      }
+      if (step == commits_step && s.num_workers() < commits_workers) {
+        state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}}));
+        continue; // a step boundary, again and again, until a join comes in at one
       }
       if (step == regrow_step && s.num_workers() < regrow_workers) {
         lost_at = clock_type::now();
         auto c = s.reform(); // waits for the group to grow
         changed(c, step);
+        changed_at = step;
         synced = false;
         continue;
       }
@@ -248,6 +268,7 @@ int main(int argc, char** argv) {
       try {
         auto c = s.reform(); // peer_lost when this worker was left out, or too few remain
         changed(c, step);
+        changed_at = step;
       } catch (const error& e2) {
         return failed(e2);
       }

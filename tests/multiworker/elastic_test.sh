@@ -14,6 +14,10 @@
 #                                                    worker:2, started again, finds the group at
 #                                                    the chief's address, where its successor
 #                                                    serves too, and joins it (1 -> 2)
+#   elastic_test.sh ELASTIC_JOB join-at-boundary TRANSPORT  as rejoin, but the others keep
+#                                                  committing at step 12 instead of waiting in
+#                                                  reform: the restarted worker comes in at one of
+#                                                  those step boundaries, and nothing is redone
 #   elastic_test.sh ELASTIC_JOB hang TRANSPORT     worker:2 stops (SIGSTOP) inside step 5 for 2 s,
 #                                                  past the default peer timeout (800 ms): the
 #                                                  others leave it out and go on; continued, it
@@ -40,6 +44,7 @@ case "$scenario" in
   below-min) args=(40 4 3 --die 2:5) ;;
   chief-loss) args=(40 4 2 --die 0:5) ;;
   chief-then-rejoin) args=(40 4 1 --die 0:5 --die 2:15 --regrow 2:25) ;;
+  join-at-boundary) args=(40 4 2 --die 2:5 --commits 3:12) ;;
   hang) args=(40 4 2 --stop 2:5:2000 --regrow 3:12) ;;
   pause) args=(40 4 2 --stop 2:5:300) ;;
   chief-hang) args=(40 4 2 --stop 0:5:2000) ;;
@@ -63,7 +68,8 @@ if [ "$scenario" = chief-then-rejoin ]; then
   went_on_pattern='2 -> 1 workers'
   went_on_count=1
 fi
-if [ "$scenario" = rejoin ] || [ "$scenario" = chief-then-rejoin ] || [ "$scenario" = hang ]; then
+case "$scenario" in rejoin | chief-then-rejoin | hang | join-at-boundary) restarts=1 ;; *) restarts=0 ;; esac
+if [ "$restarts" = 1 ]; then
   # Once worker:2's process is gone and the others went on without it, it starts again under
   # its own task and joins.
   wait "${MW_PIDS[2]}"
@@ -112,6 +118,11 @@ case "$scenario" in
     expect 1 '^worker:1: membership: 2 -> 1 workers at step 1[45]; training resumed [0-9]+ ms'
     expect 1 '^worker:1: membership: 1 -> 2 workers at step [0-9]+; training resumed [0-9]+ ms'
     expect 2 '^worker:[12]: final step 40: .*\(ok\)$' ;;
+  join-at-boundary)
+    expect 2 '^worker:[01]: membership: 3 -> 2 workers at step [45]; training resumed [0-9]+ ms'
+    expect 2 '^worker:[01]: membership: 2 -> 3 workers at step 12; training resumed [0-9]+ ms'
+    expect 2 '^worker:[01]: went on from the commit of step 12 at step 12 \(0 steps redone\)$'
+    expect 3 '^worker:[012]: final step 40: .*\(ok\)$' ;;
   hang)
     expect 1 '^worker:2: stopped at [0-9]+ for 2000 ms$'
     expect 2 '^worker:[01]: membership: 3 -> 2 workers at step [45]; training resumed [0-9]+ ms'

@@ -445,6 +445,12 @@ namespace consort::transport::membership {
 // its members ranked from 0 in the order of options::tasks. A change during a re-formation amends
 // it; one after its View begins the next. A member that does not answer within reform_timeout is
 // left out as lost; fewer than elastic_min_members ends the group.
+//
+// A join with nothing lost waits for a step boundary: its notice says so (Abort.atBoundary), and
+// the members finish their steps and re-form at the next boundary they agree on
+// (multi_worker_mirrored_strategy::step_boundary), with nothing to roll back. A loss meanwhile,
+// or no offer within reform_timeout (a loop without boundaries), turns it into the plain notice,
+// which aborts the calls in flight.
 
 void service::impl::start_reform(const std::vector<int>& lost, int joining,
                                  const std::string& cause) {
@@ -457,6 +463,11 @@ void service::impl::start_reform(const std::vector<int>& lost, int joining,
     rejoined_.clear();
     notified_.clear();
     reform_deadline_ = now() + opts_.reform_timeout;
+    at_boundary_ = lost.empty() && joining >= 0;
+    reform_cause_ = cause;
+  } else if (!lost.empty()) {
+    at_boundary_ = false;
+    reform_cause_ = cause;
   }
   for (int r : lost) {
     next_set_.erase(r);
@@ -479,10 +490,28 @@ void service::impl::start_reform(const std::vector<int>& lost, int joining,
     if (r == opts_.rank || !c || c->state != phase::member)
       continue;
     notified_.insert(r);
-    send(c, codec::abort{next_epoch_, cause, lost_ranks});
+    send(c, codec::abort{next_epoch_, cause, lost_ranks, at_boundary_});
   }
-  report(lost, cause, next_epoch_, std::move(joins));
+  report(lost, cause, next_epoch_, std::move(joins), at_boundary_);
   maybe_form_next_view();
+}
+
+void service::impl::boundary_not_reached() {
+  // Not every member reached a step boundary in reform_timeout (a loop that does not commit, or
+  // a long stretch between commits): the plain notice aborts their calls in flight instead.
+  at_boundary_ = false;
+  log_line("not every member reached a step boundary within reform_timeout (" +
+           ms_text(opts_.reform_timeout) + "): the calls of epoch " + std::to_string(view_.epoch) +
+           " are aborted for epoch " + std::to_string(next_epoch_));
+  for (int r : next_set_) {
+    auto& c = by_rank_[static_cast<std::size_t>(r)];
+    if (r == opts_.rank || !c || c->state != phase::member || rejoined_.count(r) != 0)
+      continue;
+    send(c, codec::abort{next_epoch_, reform_cause_, {}});
+  }
+  if (!has_offer_ || offer_after_ != view_.epoch)
+    report({}, reform_cause_, next_epoch_);
+  reform_deadline_ = now() + opts_.reform_timeout;
 }
 
 void service::impl::on_rejoin(const conn_ptr& c, codec::join& j) {
@@ -577,6 +606,8 @@ void service::impl::maybe_form_next_view() {
 }
 
 void service::impl::reform_timed_out() {
+  if (at_boundary_)
+    return boundary_not_reached();
   std::vector<int> late;
   for (int r : next_set_) {
     if (r == opts_.rank)

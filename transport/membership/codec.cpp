@@ -121,6 +121,7 @@ struct encoder {
     auto ranks = out.initLostRanks(static_cast<unsigned>(m.lost_ranks.size()));
     for (std::size_t i = 0; i < m.lost_ranks.size(); ++i)
       ranks.set(static_cast<unsigned>(i), m.lost_ranks[i]);
+    out.setAtBoundary(m.at_boundary);
   }
 
   void operator()(const challenge& m) { root.initChallenge().setNonce(bytes_of(m.nonce)); }
@@ -317,6 +318,7 @@ std::string read_message(schemas::MembershipMessage::Reader root, budget& b, mes
     m.lost_ranks.reserve(ranks.size());
     for (auto r : ranks)
       m.lost_ranks.push_back(r);
+    m.at_boundary = in.getAtBoundary();
     out = std::move(m);
     return {};
   }

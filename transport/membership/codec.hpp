@@ -95,6 +95,7 @@ struct abort {
   uint64_t epoch = 0;
   std::string cause;
   std::vector<uint32_t> lost_ranks;
+  bool at_boundary = false;
 };
 
 /// schemas::Challenge.

@@ -148,7 +148,7 @@ private:
   void close_gracefully(const conn_ptr& c);
   void failed(const conn_ptr& c, const std::string& what);
   void report(std::vector<int> ranks, const std::string& cause, uint64_t next_epoch = 0,
-              std::vector<int> joining = {});
+              std::vector<int> joining = {}, bool at_boundary = false);
   bool elastic() const noexcept { return opts_.elastic_min_members > 0; }
   /// The view `v` is this service's newest (the first one, or an elastic group's next).
   void publish_view(const view& v);
@@ -212,6 +212,9 @@ private:
   void on_view(const conn_ptr& c, codec::view_message& m);
   /// `silent`: lost for its silence; in an elastic group it is told before it is cut off.
   void lose_chief(const std::string& cause, bool silent = false);
+  /// Chief of an elastic group: a join waited for a step boundary that not every member reached
+  /// within reform_timeout; the plain notice follows.
+  void boundary_not_reached();
   /// Chief of an elastic group: a member told it that the group went on without it.
   void deposed(const std::string& cause);
   /// This worker's Join with collective address `address` (and a fresh nonce, its proof).
@@ -286,6 +289,8 @@ private:
   // Elastic (I/O thread only).
   std::set<int> in_view_;        // chief: the tasks of view_
   bool reforming_ = false;       // chief: a change is under way
+  bool at_boundary_ = false;     // chief: ... which the members begin at a step boundary
+  std::string reform_cause_;     // chief: ... and why
   uint64_t next_epoch_ = 0;      // chief: the epoch it forms
   std::set<int> next_set_;       // chief: the tasks of that epoch
   std::set<int> rejoined_;       // chief: members of next_set_ whose Join for it arrived

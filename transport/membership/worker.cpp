@@ -167,10 +167,10 @@ void service::impl::on_worker_message(const conn_ptr& c, codec::message& m) {
           ranks.push_back(static_cast<int>(r));
       if (elastic() && a->epoch > view_.epoch) {
         // A notice: the group re-forms as epoch a->epoch.
-        log_line("the chief re-forms the group as epoch " + std::to_string(a->epoch) + ": " +
-                 a->cause);
+        log_line("the chief re-forms the group as epoch " + std::to_string(a->epoch) +
+                 (a->at_boundary ? " at the next step boundary: " : ": ") + a->cause);
         notice_epoch_ = std::max(notice_epoch_, a->epoch);
-        report(std::move(ranks), a->cause, a->epoch);
+        report(std::move(ranks), a->cause, a->epoch, {}, a->at_boundary);
         return maybe_rejoin();
       }
       if (std::find(ranks.begin(), ranks.end(), opts_.rank) != ranks.end()) {

@@ -115,6 +115,12 @@ struct lost_event {
   /// `options::tasks`, that join in it. 0: the group ends; every later `next_view` fails.
   uint64_t next_epoch = 0;
   std::vector<int> joining;
+
+  /// Elastic, a join and nothing lost: the members may finish their step and re-form at their
+  /// next step boundary rather than abort the calls of this epoch. An event of the same epoch
+  /// without it follows when they must abort after all (a loss meanwhile, or no re-formation
+  /// begun within `reform_timeout`).
+  bool at_boundary = false;
 };
 
 /// How a membership service joins its cluster and watches its peers.
