@@ -309,6 +309,7 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
     rec.h = recorder->collective(call.step, call.seq, call.replica, flight_signature_of(sig),
                                  flight_state::waiting, {});
     cc.arrivals = recorder->arrivals(rec.h);
+    cc.lateness = recorder->lateness(rec.h);
   }
   if (!problem.empty()) {
     // The other workers learn the reason in this call's descriptor, as from the actor's path.

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
@@ -47,6 +48,8 @@ struct flight_recorder::entry {
   int64_t end_ns = -1;
   /// Workers whose part arrived (bit w); set by the descriptor exchange without the lock.
   std::atomic<uint64_t> arrived{0};
+  /// Who entered the call last, and by how much; set by the descriptor exchange.
+  transport::call_lateness late;
   std::array<char, note_bytes> text{};
 };
 
@@ -281,6 +284,8 @@ flight_recorder::entry& flight_recorder::claim(clock::time_point now) {
   e.start_ns = -1;
   e.end_ns = -1;
   e.arrived.store(0, std::memory_order_relaxed);
+  e.late.last.store(-1, std::memory_order_relaxed);
+  e.late.margin_ns.store(0, std::memory_order_relaxed);
   e.text[0] = '\0';
   return e;
 }
@@ -323,6 +328,10 @@ std::atomic<uint64_t>* flight_recorder::arrivals(handle h) noexcept {
   return h ? &ring_[h.slot].arrived : nullptr;
 }
 
+transport::call_lateness* flight_recorder::lateness(handle h) noexcept {
+  return h ? &ring_[h.slot].late : nullptr;
+}
+
 void flight_recorder::ended(handle h, errc code) {
   if (!h)
     return;
@@ -331,6 +340,16 @@ void flight_recorder::ended(handle h, errc code) {
   auto& e = ring_[h.slot];
   if (e.number != h.number || e.type != entry_type::collective)
     return;
+  if (const int last = e.late.last.load(std::memory_order_relaxed);
+      code == errc::none && last >= 0 && static_cast<size_t>(last) < names_.size()) {
+    if (current_ == nullptr || current_step_ != e.step) { // one lookup a step, not a call
+      current_ = &open_steps_[e.step];
+      current_step_ = e.step;
+      current_->late_ns.resize(names_.size());
+    }
+    current_->late_ns[static_cast<size_t>(last)] +=
+        e.late.margin_ns.load(std::memory_order_relaxed);
+  }
   e.state = code == errc::none ? flight_state::done : flight_state::failed;
   e.error = code;
   if (code != errc::none)
@@ -355,6 +374,14 @@ void flight_recorder::step_started(uint64_t step, clock::time_point at) {
   auto& e = claim(at);
   e.type = entry_type::step_start;
   e.step = step;
+  if (names_.size() > 1) {
+    open_steps_[step].start_ns = since_epoch(at);
+    // A step that never ends (its worker failed) does not pile up.
+    while (open_steps_.size() > 64) {
+      open_steps_.erase(open_steps_.begin());
+      current_ = nullptr;
+    }
+  }
 }
 
 void flight_recorder::step_ended(uint64_t step, bool ok) {
@@ -366,6 +393,86 @@ void flight_recorder::step_ended(uint64_t step, bool ok) {
   e.type = entry_type::step_end;
   e.step = step;
   e.state = ok ? flight_state::done : flight_state::failed;
+  if (ok)
+    judge_step(step, since_epoch(now));
+  else
+    open_steps_.erase(step);
+  current_ = nullptr;
+}
+
+// -- stragglers -----------------------------------------------------------------------------------
+
+void flight_recorder::judge_step(uint64_t step, int64_t end_ns) {
+  auto it = open_steps_.find(step);
+  if (it == open_steps_.end())
+    return;
+  auto s = std::move(it->second);
+  open_steps_.erase(it);
+  if (s.start_ns < 0 || s.late_ns.empty())
+    return; // no collective between workers in it
+  step_verdict v;
+  v.length_ns = end_ns - s.start_ns;
+  const auto most = std::max_element(s.late_ns.begin(), s.late_ns.end());
+  if (v.length_ns > 0 && static_cast<double>(*most) > straggler_share * v.length_ns) {
+    v.who = static_cast<int>(most - s.late_ns.begin());
+    v.late_ns = *most;
+  }
+  verdicts_.push_back(v);
+  while (verdicts_.size() > static_cast<size_t>(straggler_steps))
+    verdicts_.pop_front();
+  if (v.who < 0 ||
+      (named_.size() > static_cast<size_t>(v.who) && named_[static_cast<size_t>(v.who)]))
+    return;
+  int count = 0;
+  double late = 0, share = 0;
+  for (const auto& o : verdicts_)
+    if (o.who == v.who) {
+      ++count;
+      late += static_cast<double>(o.late_ns);
+      share += static_cast<double>(o.late_ns) / static_cast<double>(o.length_ns);
+    }
+  if (count <= straggler_steps / 2)
+    return;
+  named_.resize(names_.size());
+  named_[static_cast<size_t>(v.who)] = true;
+  if (!straggler_log_)
+    return;
+  char text[256];
+  std::snprintf(text, sizeof text,
+                "straggler: %s entered the collectives last in %d of the last %zu steps (through "
+                "step %llu), %.2f ms (%.0f %% of a step) after the worker before it, on average",
+                names_[static_cast<size_t>(v.who)].c_str(), count, verdicts_.size(),
+                static_cast<unsigned long long>(step), late / count / 1e6, share / count * 100);
+  straggler_log_(text);
+}
+
+void flight_recorder::set_straggler_log(std::function<void(const std::string&)> log) {
+  std::lock_guard<std::mutex> guard{mu_};
+  straggler_log_ = std::move(log);
+}
+
+std::vector<consort::straggler_stat> flight_recorder::stragglers() const {
+  std::lock_guard<std::mutex> guard{mu_};
+  std::vector<consort::straggler_stat> out(names_.size());
+  for (size_t w = 0; w < names_.size(); ++w) {
+    out[w].worker = names_[w];
+    out[w].steps = static_cast<int>(verdicts_.size());
+    out[w].named = w < named_.size() && named_[w];
+  }
+  for (const auto& v : verdicts_) {
+    if (v.who < 0)
+      continue;
+    auto& o = out[static_cast<size_t>(v.who)];
+    ++o.last_steps;
+    o.late_ms += static_cast<double>(v.late_ns) / 1e6;
+    o.share += static_cast<double>(v.late_ns) / static_cast<double>(v.length_ns);
+  }
+  for (auto& o : out)
+    if (o.last_steps > 0) {
+      o.late_ms /= o.last_steps;
+      o.share /= o.last_steps;
+    }
+  return out;
 }
 
 void flight_recorder::note(const std::string& text) {

@@ -20,6 +20,7 @@
 #include <consort/collective_kind.hpp>
 #include <consort/error.hpp>
 #include <consort/reduce_op.hpp>
+#include <consort/stragglers.hpp>
 #include <consort/tensor.hpp>
 
 #include <caf/error.hpp>
@@ -29,10 +30,17 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+namespace consort::transport {
+struct call_lateness;
+} // namespace consort::transport
 
 namespace consort::detail {
 
@@ -110,6 +118,9 @@ public:
   /// Where the descriptor exchange marks the workers whose part of `h` arrived (bit w: worker w);
   /// null when `h` is not recorded. Valid as long as the recorder lives.
   std::atomic<uint64_t>* arrivals(handle h) noexcept;
+  /// Where the descriptor exchange stores who entered `h` last, and by how much; null when `h` is
+  /// not recorded. Valid as long as the recorder lives.
+  transport::call_lateness* lateness(handle h) noexcept;
   /// `h` ended: done (`code` none) or failed with `code`.
   void ended(handle h, errc code);
   /// The number the next collective will get, minus one (the last one given).
@@ -151,6 +162,19 @@ public:
   /// Dumps every live recorder of the process (SIGUSR1 does this, on a thread of its own).
   static void dump_all(const std::string& reason) noexcept;
 
+  // -- stragglers ---------------------------------------------------------------------------------
+
+  /// A worker that entered the collectives of a step last, by more than `straggler_share` of the
+  /// step's length over the worker before it, is that step's straggler; one that is it in more
+  /// than half of the last `straggler_steps` steps is named: once in a line to `log` (set on the
+  /// chief), and in `stragglers()` on every worker. The same rule as tools/consort-diagnose
+  /// --stragglers, live.
+  static constexpr int straggler_steps = 20;
+  static constexpr double straggler_share = 0.05;
+  void set_straggler_log(std::function<void(const std::string&)> log);
+  /// Per worker, over the last `straggler_steps` steps.
+  std::vector<consort::straggler_stat> stragglers() const;
+
 private:
   struct entry;
 
@@ -172,6 +196,25 @@ private:
   uint64_t dumped_failures_ = 0;
   uint64_t dumps_ = 0;
   clock::time_point last_dump_{};
+  /// Stragglers (all guarded by mu_): per step not ended yet, when it started and each worker's
+  /// lateness (ns) summed over its collectives; per step ended, its straggler (-1: none), by how
+  /// much, and how long the step took; who was named.
+  struct step_lateness {
+    int64_t start_ns = -1;
+    std::vector<int64_t> late_ns;
+  };
+  struct step_verdict {
+    int who = -1;
+    int64_t late_ns = 0;
+    int64_t length_ns = 0;
+  };
+  std::map<uint64_t, step_lateness> open_steps_;
+  step_lateness* current_ = nullptr; // the entry of open_steps_ for current_step_, or null
+  uint64_t current_step_ = 0;
+  std::deque<step_verdict> verdicts_;
+  std::vector<bool> named_;
+  std::function<void(const std::string&)> straggler_log_;
+  void judge_step(uint64_t step, int64_t end_ns); // with mu_ held
 };
 
 /// The number of a pending call, its recorder, and how long it may wait, for the code that runs a

@@ -489,6 +489,8 @@ detail::elastic_group::connect(const membership::view& v,
     setup.recorder->note("membership epoch " + std::to_string(v.epoch) + ": " +
                          std::to_string(size) + " workers");
   }
+  if (rank == 0)
+    setup.recorder->set_straggler_log(log); // the chief names stragglers, once for the job
   first_recorder.reset();
   if (retired)
     retired->store(true); // the previous epoch's engine, shut down once this one replaces it

@@ -341,6 +341,12 @@ std::string strategy::diagnose() const {
   return rt_->recorder().diagnose();
 }
 
+std::vector<straggler_stat> strategy::stragglers() const {
+  if (rt_->num_workers() < 2)
+    return {};
+  return rt_->recorder().stragglers();
+}
+
 one_device_strategy::one_device_strategy(const std::string& device, strategy_options opts)
     : strategy({device}, opts, kind::one_device) {}
 

@@ -42,5 +42,5 @@ set(CONSORT_LAYER_transport_HEADERS
   transport/shm.hpp transport/tcp.hpp)
 set(CONSORT_LAYER_actors_HEADERS
   consort.hpp cross_device_ops.hpp dataset.hpp elastic.hpp regroup.hpp optimizer.hpp replica_context.hpp
-  strategy.hpp variable.hpp)
+  strategy.hpp stragglers.hpp variable.hpp)
 set(CONSORT_LAYER_testing_HEADERS testing.hpp)

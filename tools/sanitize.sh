@@ -20,8 +20,9 @@
 #            consort_testing_tests (its fuzz test at 200 seeds), all but the
 #            1M-element all-reduce sweeps and the sweeps over shared memory (`large_sweeps`), and
 #            multiworker.collectives_* (mw_job under tools/consort-launch, 2-4 workers x 1-2
-#            replicas) and multiworker.elastic_{loss,rejoin,chief-loss}_* (elastic_job: a worker
-#            killed, then restarted, or the chief killed; over TCP and shared memory).
+#            replicas) and multiworker.elastic_{loss,rejoin,chief-loss,chief-then-rejoin,
+#            join-at-boundary,hang,chief-hang}_* (elastic_job: a worker killed, then restarted,
+#            the chief killed, a worker or the chief stopped; over TCP and shared memory).
 #   thread:  consort_core_tests and consort_transport_tests (without any 1M-element sweep or 64 MiB
 #            all-reduce or two-way transfer: `tsan_slow`), consort_testing_tests' SimTransport
 #            suite (the simulated network alone), and the suites of
@@ -118,8 +119,11 @@ run_tests() {
   if [ "$kind" = address ]; then
     "${asan_env[@]}" "${ctest[@]}" 962 "${args[@]}" -L "$unit_binaries" -E "$large_sweeps" || failed=1
     "${asan_env[@]}" "${ctest[@]}" 6 "${args[@]}" -R '^multiworker\.collectives_' || failed=1
-    # Elastic groups: loss, rejoin and the chief's succession, over TCP and shared memory.
-    "${asan_env[@]}" "${ctest[@]}" 6 "${args[@]}" -R '^multiworker\.elastic_(loss|rejoin|chief-loss)_' || failed=1
+    # Elastic groups: loss, rejoin, the chief's succession, a join at a step boundary, a hung
+    # worker left out and a hung chief replaced, over TCP and shared memory.
+    "${asan_env[@]}" "${ctest[@]}" 14 "${args[@]}" \
+      -R '^multiworker\.elastic_(loss|rejoin|chief-loss|chief-then-rejoin|join-at-boundary|hang|chief-hang)_' ||
+      failed=1
   else
     "${ctest[@]}" 678 "${args[@]}" -L '^consort_(core|transport)_tests$' -E "$large_sweeps|$tsan_slow" || failed=1
     local suite

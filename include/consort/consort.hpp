@@ -17,6 +17,7 @@
 #include <consort/reduce_op.hpp>
 #include <consort/regroup.hpp>
 #include <consort/replica_context.hpp>
+#include <consort/stragglers.hpp>
 #include <consort/strategy.hpp>
 #include <consort/tensor.hpp>
 #include <consort/variable.hpp>

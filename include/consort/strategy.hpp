@@ -6,6 +6,7 @@
 #include <consort/nest.hpp>
 #include <consort/per_replica.hpp>
 #include <consort/replica_context.hpp>
+#include <consort/stragglers.hpp>
 #include <consort/tensor.hpp>
 #include <consort/variable.hpp>
 
@@ -293,6 +294,11 @@ public:
   /// What the flight recorder says about this worker now, in one paragraph: the last collective
   /// done and every collective pending or failed since, with the workers whose part is missing.
   std::string diagnose() const;
+
+  /// Per worker (in rank order), who entered the collectives between workers last over the last
+  /// 20 steps, and who was named a straggler (`straggler_stat`; the chief also logs a line when
+  /// it names one). Empty with one worker or with the recorder off.
+  std::vector<straggler_stat> stragglers() const;
 
 protected:
   /// The engine (its derived strategies and detail::strategy_access use it).

@@ -14,6 +14,7 @@
 #include <consort/consort.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -41,6 +42,13 @@ int main(int argc, char** argv) {
   };
   for (int i = 0; i < steps; ++i)
     s.run(step);
+  // What this worker's recorder made of the last steps, live (strategy::stragglers).
+  for (const auto& st : s.stragglers())
+    std::printf("worker %d: straggler metric: %s last in %d of %d steps, %.2f ms late (%.0f %% of "
+                "a step)%s\n",
+                s.worker_rank(), st.worker.c_str(), st.last_steps, st.steps, st.late_ms,
+                st.share * 100, st.named ? ", named" : "");
+  std::fflush(stdout);
   std::cout << "worker " << s.worker_rank() << ": " << steps << " steps of "
             << static_cast<double>(work.count()) / 1000 << " ms; flight recorder written to "
             << s.dump_flight_recorder() << std::endl;

@@ -3,6 +3,8 @@
 # tools/consort-diagnose from the workers' flight recorder dumps:
 #   - an even run of 3 workers names no straggler;
 #   - a run where worker 1 computes 10 % longer names worker 1 (and no other) within 20 steps;
+#   - live, the same: the chief logs one "straggler:" line naming worker:1 in the slow run and
+#     none in the even one, and every worker's strategy::stragglers() agrees;
 #   - on the merged timeline of each run, the estimated clock offsets are within 100 us of this
 #     host's shared steady clock, and no worker ends a collective more than 100 us before another
 #     begins it;
@@ -36,10 +38,13 @@ check_clocks() {
 # run NAME STEPS SLOW PERCENT: the job (steps of 20 ms) under the launcher, then the diagnosis of its dumps.
 run() {
   local name=$1
-  if ! CONSORT_FLIGHT_RECORDER_DUMP_AT_END=${dump_at_end:-0} "$root/tools/consort-launch" -n 3 --timeout 120 --dump-dir "$dir/$name" -- "$job" "$2" 20 "$3" "$4"; then
+  if ! CONSORT_FLIGHT_RECORDER_DUMP_AT_END=${dump_at_end:-0} "$root/tools/consort-launch" -n 3 --timeout 120 --dump-dir "$dir/$name" -- "$job" "$2" 20 "$3" "$4" >"$dir/$name.log" 2>&1; then
+    cat "$dir/$name.log"
     fail "$name: the job failed"
     return 1
   fi
+  cat "$dir/$name.log"
+  live=$(cat "$dir/$name.log")
   out=$("$root/tools/consort-diagnose" --clocks --stragglers --trace "$dir/$name.trace.json" "$dir/$name" 2>&1)
   echo "$out"
 }
@@ -51,6 +56,10 @@ if dump_at_end=1 run even 30 -1 0; then
   [ "$ends" -eq 3 ] || fail "even: $ends of 3 workers dumped their recorder at the end"
   grep -q "^stragglers: none" <<<"$out" || fail "even: a worker was named a straggler"
   grep -q "^straggler: " <<<"$out" && fail "even: a straggler line in an even run"
+  # Live, the chief names no one, and no worker's metric does.
+  grep -q "straggler: worker" <<<"$live" && fail "even: the chief named a straggler live"
+  grep -qE "straggler metric: .*, named$" <<<"$live" && fail "even: a worker's metric names a straggler"
+  [ "$(grep -c "straggler metric: " <<<"$live")" -eq 9 ] || fail "even: expected 3 workers' metrics of 3 workers"
   check_clocks even "$out"
   # The trace: one file, a process per worker, every name escaped by the JSON writer.
   python3 - "$dir/even.trace.json" <<'PY' || fail "even: the trace"
@@ -91,6 +100,13 @@ if run slow 20 1 10; then
   grep -qE "^straggler: worker:1 arrived last at [0-9]+ of the last 20 steps" <<<"$out" ||
     fail "slow: worker:1 was not named"
   grep -qE "^straggler: worker:[02]" <<<"$out" && fail "slow: another worker was named"
+  # Live: the chief names worker:1 once, within the 20 steps, and every worker's metric agrees.
+  n=$(grep -cE "^\[worker:0\] consort: straggler: worker:1 entered the collectives last in [0-9]+ of the last [0-9]+ steps \(through step [0-9]+\)" <<<"$live")
+  [ "$n" -eq 1 ] || fail "slow: the chief named worker:1 live $n times, expected once"
+  grep -qE "consort: straggler: worker:[02]" <<<"$live" && fail "slow: the chief named another worker live"
+  [ "$(grep -cE "straggler metric: worker:1 last in [0-9]+ of [0-9]+ steps, .*, named$" <<<"$live")" -eq 3 ] ||
+    fail "slow: not every worker's metric names worker:1"
+  grep -qE "straggler metric: worker:[02] .*, named$" <<<"$live" && fail "slow: a metric names another worker"
   check_clocks slow "$out"
 fi
 

@@ -6,7 +6,9 @@
 #include <consort/caf_error.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 namespace consort::transport {
@@ -117,6 +119,10 @@ void descriptor_exchange::describe_mine() {
   mine_.count = call_.count;
   mine_.signature_hash = call_.hash();
   mine_.flags = call_.flags;
+  if (call_.lateness != nullptr) // the flight recorder's (off: 0, never last)
+    mine_.entered_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
   if (call_.local_failure) {
     mine_.failed = 1;
     auto err = to_consort_error(call_.local_failure, "");
@@ -166,6 +172,18 @@ caf::error descriptor_exchange::run() {
   for (int w = 0; w < size_; ++w) {
     call_.all_flags |= all_[w].flags;
     call_.total_count += all_[w].count;
+  }
+  if (call_.lateness != nullptr && size_ > 1) {
+    int last = 0;
+    for (int w = 1; w < size_; ++w)
+      if (all_[w].entered_ns > all_[last].entered_ns)
+        last = w;
+    int64_t before = std::numeric_limits<int64_t>::min();
+    for (int w = 0; w < size_; ++w)
+      if (w != last)
+        before = std::max(before, all_[w].entered_ns);
+    call_.lateness->last.store(last, std::memory_order_relaxed);
+    call_.lateness->margin_ns.store(all_[last].entered_ns - before, std::memory_order_relaxed);
   }
   return {};
 }

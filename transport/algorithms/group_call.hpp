@@ -42,6 +42,14 @@ uint64_t fnv1a(const std::string& s) noexcept;
 std::string worker_name(int rank);
 
 /// One collective as this worker contributes it to a group call.
+/// Who entered a call between workers last, and by how long after the one before it (by the
+/// workers' system clocks, which agree to well within a step on one host or under NTP). Written
+/// by the call's thread, read once the call ended.
+struct call_lateness {
+  std::atomic<int32_t> last{-1};
+  std::atomic<int64_t> margin_ns{0};
+};
+
 struct group_call {
   collective_kind kind = collective_kind::all_reduce;
   reduce_op op = reduce_op::sum;
@@ -91,6 +99,9 @@ struct group_call {
   /// own included by the caller), also when the call then fails: the flight recorder's view of
   /// who reached the call (actors/flight_recorder.hpp). Up to 64 workers.
   std::atomic<uint64_t>* arrivals = nullptr;
+  /// When set, a descriptor exchange that succeeded stores who entered the call last and by how
+  /// much after the one before (the flight recorder's stragglers).
+  call_lateness* lateness = nullptr;
   /// Broadcasts bytes from worker 0 to every worker over the group (for `data_phase`).
   using share_fn = std::function<caf::error(std::vector<uint8_t>&)>;
   /// When set, replaces the transport's data phase (NCCL for GPU replicas): called once every
@@ -141,7 +152,7 @@ private:
 /// The descriptor every worker sends every other at the start of a call (fixed size; a fused
 /// call's data follows it in the same message).
 struct call_descriptor {
-  static constexpr size_t text_bytes = 198;
+  static constexpr size_t text_bytes = 190;
   uint8_t failed = 0;
   uint8_t kind = 0;
   uint8_t op = 0;
@@ -153,6 +164,9 @@ struct call_descriptor {
   uint32_t num_leaves = 0;
   double count = 0;
   uint64_t signature_hash = 0;
+  /// When the sender entered the call (its descriptor exchange began), in ns of the system clock
+  /// since the Unix epoch: who came last, and by how much (call_lateness).
+  int64_t entered_ns = 0;
   /// The call's description (ok) or the local error (failed), truncated, NUL-padded.
   char text[text_bytes] = {};
   /// group_call::flags of the sender (OR-ed over every worker into all_flags).
