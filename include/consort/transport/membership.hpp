@@ -107,7 +107,7 @@ struct lost_event {
   std::vector<int> ranks;
 
   /// Why, for people; names the task and rank, e.g. "worker:2 (rank 2): connection closed
-  /// without leave (end of file)" or "worker:2 (rank 2) sent no heartbeat for 5000 ms".
+  /// without leave (end of file)" or "worker:2 (rank 2) sent no heartbeat for 800 ms".
   std::string cause;
 
   /// Elastic only: the epoch of the re-formation this change begins (`service::next_view`), and
