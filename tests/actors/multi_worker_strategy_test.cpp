@@ -290,6 +290,37 @@ TEST(ElasticStrategyTest, AMalformedMinimumInTheEnvironmentIsRefused) {
                                         {"CONSORT_ELASTIC_MIN_WORKERS is \"two\"", "a count"}));
 }
 
+TEST(ElasticStrategyTest, AStepBoundaryOfAGroupThatIsNotElasticLetsTheLoopGoOn) {
+  auto mw = quiet(cluster_resolver::local());
+  mw.devices = {"CPU:0"};
+  multi_worker_mirrored_strategy strategy({}, mw);
+  strategy.step_boundary(); // nothing can join: no error, no collective
+  auto out = strategy.run([](replica_context&) { return tensor::scalar<int32_t>(1); });
+  EXPECT_EQ(out.values().front(), tensor::scalar<int32_t>(1));
+}
+
+TEST(ElasticStrategyTest, AMalformedOrNegativePeerTimeoutIsRefused) {
+  for (const char* text : {"soon", "-5", "0", "100000000000"}) {
+    consort::test::scoped_env env{"CONSORT_PEER_TIMEOUT_MS", text};
+    auto mw = quiet(cluster_resolver::local());
+    mw.devices = {"CPU:0"};
+    EXPECT_TRUE(consort::test::fails_with(
+        [&] { multi_worker_mirrored_strategy strategy({}, mw); }, errc::invalid_argument,
+        {"CONSORT_PEER_TIMEOUT_MS is \"" + std::string{text} + "\"", "1 to 86400000"}));
+  }
+  auto mw = quiet(cluster_resolver::local());
+  mw.devices = {"CPU:0"};
+  mw.peer_timeout = std::chrono::milliseconds{-1};
+  EXPECT_TRUE(consort::test::fails_with([&] { multi_worker_mirrored_strategy strategy({}, mw); },
+                                        errc::invalid_argument,
+                                        {"peer_timeout is -1 ms", "expected 0"}));
+  mw.peer_timeout = std::chrono::milliseconds{0};
+  mw.heartbeat_interval = std::chrono::milliseconds{-3};
+  EXPECT_TRUE(consort::test::fails_with(
+      [&] { multi_worker_mirrored_strategy strategy({}, mw); }, errc::invalid_argument,
+      {"heartbeat_interval is -3 ms", "an eighth of peer_timeout"}));
+}
+
 TEST(ElasticStrategyTest, SyncBeforeAnyCommitIsRefused) {
   auto mw = quiet(cluster_resolver::local());
   mw.devices = {"CPU:0"};
