@@ -575,6 +575,34 @@ train::outcome train_through_changes(multi_worker_mirrored_strategy& strategy, c
   }
 }
 
+/// --trace: one trace of the whole job, written by the chief. Every worker's events travel to it
+/// by two gathers (their lengths, then their bytes, one worker after another).
+void write_job_trace(multi_worker_mirrored_strategy& strategy, const train::tracer& trace,
+                     const std::string& path) {
+  const int workers = strategy.num_workers();
+  if (workers == 1)
+    return trace.write(path);
+  const auto text = trace.events_json();
+  const auto lengths =
+      strategy.gather(tensor::from<int64_t>({static_cast<int64_t>(text.size())}, {1}), 0)
+          .to_vector<int64_t>();
+  const auto bytes =
+      strategy.gather(tensor::from<uint8_t>(std::vector<uint8_t>(text.begin(), text.end()),
+                                            {static_cast<int64_t>(text.size())}),
+                      0);
+  if (strategy.worker_rank() != 0)
+    return;
+  std::vector<std::string> events, names;
+  const auto* data = reinterpret_cast<const char*>(bytes.data<uint8_t>());
+  int64_t at = 0;
+  for (int w = 0; w < workers; ++w) {
+    events.emplace_back(data + at, static_cast<size_t>(lengths[static_cast<size_t>(w)]));
+    at += lengths[static_cast<size_t>(w)];
+    names.push_back("worker:" + std::to_string(w));
+  }
+  train::tracer::write_job(path, events, names);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -649,10 +677,9 @@ int main(int argc, char** argv) {
       std::printf("wrote %s\n", o.plot.c_str());
     }
     if (trace.on()) {
-      auto path = strategy.num_workers() > 1 ? o.trace + "." + std::to_string(worker) : o.trace;
-      trace.write(path);
+      write_job_trace(strategy, trace, o.trace);
       if (chief)
-        std::printf("wrote %s (open in https://ui.perfetto.dev)\n", path.c_str());
+        std::printf("wrote %s (open in https://ui.perfetto.dev)\n", o.trace.c_str());
     }
     int status = 0;
     // A run stopped by a signal has its grace period to use, not a reference run to train.

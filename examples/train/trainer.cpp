@@ -1,11 +1,16 @@
 #include "trainer.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <exception>
 #include <fstream>
 #include <iomanip>
+#include <limits>
+#include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -16,32 +21,123 @@ using steady = std::chrono::steady_clock;
 
 // -- tracing -------------------------------------------------------------------------------------
 
-tracer::tracer(bool on) : on_(on), start_(steady::now()) {}
+tracer::tracer(bool on)
+    : on_(on), steady0_(steady::now()),
+      unix0_us_(std::chrono::duration_cast<std::chrono::microseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count()) {}
 
 void tracer::add(const std::string& name, int pid, int tid, steady::time_point begin,
-                 steady::time_point end) {
+                 steady::time_point end, const std::string& flow) {
   if (!on_)
     return;
   auto us = [&](steady::time_point t) {
-    return std::chrono::duration_cast<std::chrono::microseconds>(t - start_).count();
+    return unix0_us_ + std::chrono::duration_cast<std::chrono::microseconds>(t - steady0_).count();
   };
-  std::ostringstream e;
-  e << R"({"name":")" << name << R"(","ph":"X","pid":)" << pid << R"(,"tid":)" << tid << R"(,"ts":)"
-    << us(begin) << R"(,"dur":)" << std::max<int64_t>(us(end) - us(begin), 1) << '}';
+  event e{name, pid, tid, us(begin), std::max<int64_t>(us(end) - us(begin), 1), flow};
   std::lock_guard<std::mutex> guard{mtx_};
-  events_.push_back(e.str());
+  events_.push_back(std::move(e));
+}
+
+std::string tracer::events_json() const {
+  auto out = nlohmann::json::array();
+  std::lock_guard<std::mutex> guard{mtx_};
+  for (const auto& e : events_)
+    out.push_back({{"name", e.name},
+                   {"pid", e.pid},
+                   {"tid", e.tid},
+                   {"ts", e.ts_us},
+                   {"dur", e.dur_us},
+                   {"flow", e.flow}});
+  return out.dump();
 }
 
 void tracer::write(const std::string& path) const {
-  std::ofstream out(path);
-  if (!out)
+  write_job(path, {events_json()}, {"worker:0"});
+}
+
+void tracer::write_job(const std::string& path, const std::vector<std::string>& events,
+                       const std::vector<std::string>& workers) {
+  std::vector<nlohmann::json> parsed;
+  int64_t zero = std::numeric_limits<int64_t>::max();
+  for (size_t w = 0; w < events.size(); ++w) {
+    auto doc = nlohmann::json::parse(events[w], nullptr, /*allow_exceptions=*/false);
+    if (!doc.is_array())
+      throw std::runtime_error("cannot write the trace to \"" + path + "\": the events of " +
+                               (w < workers.size() ? workers[w] : std::to_string(w)) +
+                               " are not a JSON array");
+    for (const auto& e : doc)
+      zero = std::min(zero, e.value("ts", int64_t{0}));
+    parsed.push_back(std::move(doc));
+  }
+  if (zero == std::numeric_limits<int64_t>::max())
+    zero = 0;
+  auto out = nlohmann::json::array();
+  std::map<std::string, std::vector<nlohmann::json>> flows; // flow -> its events' places
+  for (size_t w = 0; w < parsed.size(); ++w) {
+    const int pid = static_cast<int>(w); // the worker's place in the job's trace
+    out.push_back({{"name", "process_name"},
+                   {"ph", "M"},
+                   {"pid", pid},
+                   {"args", {{"name", w < workers.size() ? workers[w] : std::to_string(w)}}}});
+    std::set<int> tids;
+    for (const auto& e : parsed[w]) {
+      const int tid = e.value("tid", 0);
+      const int64_t ts = e.value("ts", int64_t{0}) - zero;
+      const int64_t dur = e.value("dur", int64_t{1});
+      out.push_back({{"name", e.value("name", std::string{})},
+                     {"ph", "X"},
+                     {"pid", pid},
+                     {"tid", tid},
+                     {"ts", ts},
+                     {"dur", dur}});
+      tids.insert(tid);
+      if (auto flow = e.value("flow", std::string{}); !flow.empty())
+        flows[flow].push_back({{"pid", pid}, {"tid", tid}, {"ts", ts}, {"dur", dur}});
+    }
+    for (int tid : tids) {
+      std::string name = tid < 0      ? "steps"
+                         : tid >= 100 ? "replica " + std::to_string(tid - 100) + " compute"
+                                      : "replica " + std::to_string(tid);
+      out.push_back({{"name", "thread_name"},
+                     {"ph", "M"},
+                     {"pid", pid},
+                     {"tid", tid},
+                     {"args", {{"name", name}}}});
+    }
+  }
+  // A collective's events on the workers: an arrow from the first worker's to each other one's.
+  int id = 0;
+  for (const auto& [flow, places] : flows) {
+    if (places.size() < 2)
+      continue;
+    ++id;
+    const auto& from = places.front();
+    for (size_t k = 1; k < places.size(); ++k) {
+      if (places[k]["pid"] == from["pid"])
+        continue; // the same worker's other replicas: no arrow across workers
+      out.push_back({{"name", flow},
+                     {"cat", "collective"},
+                     {"ph", "s"},
+                     {"id", id},
+                     {"pid", from["pid"]},
+                     {"tid", from["tid"]},
+                     {"ts", from["ts"]}});
+      out.push_back({{"name", flow},
+                     {"cat", "collective"},
+                     {"ph", "f"},
+                     {"bp", "e"},
+                     {"id", id},
+                     {"pid", places[k]["pid"]},
+                     {"tid", places[k]["tid"]},
+                     {"ts", places[k]["ts"]}});
+    }
+  }
+  std::ofstream file(path);
+  if (!file)
     throw std::runtime_error("cannot write the trace to \"" + path + "\"");
-  std::lock_guard<std::mutex> guard{mtx_};
-  out << "{\"traceEvents\":[\n";
-  for (size_t i = 0; i < events_.size(); ++i)
-    out << events_[i] << (i + 1 < events_.size() ? ",\n" : "\n");
-  out << "]}\n";
-  if (!out.flush())
+  file << nlohmann::json{{"traceEvents", std::move(out)}}.dump() << "\n";
+  if (!file.flush())
     throw std::runtime_error("writing the trace to \"" + path + "\" failed");
 }
 
@@ -250,6 +346,7 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   // One step of a GPU replica: see on_gpus above. The bucket all-reduces are queued on the
   // replica's stream behind the backward kernels that write them (NCCL on the same stream), so
   // the overlap of the CPU form's helper thread is not needed to keep the host from waiting.
+  int64_t current_step = o.start_step; // the step the loop below runs, for gpu_step's trace
   auto gpu_step = [&](replica_context& ctx, const nest& part, std::vector<tensor>& flats,
                       const std::function<float*(size_t)>& slot_of, steady::time_point begin) {
     const int replica = ctx.replica_id_in_sync_group();
@@ -274,7 +371,8 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
                 .reshape(shapes[k]);
     }
     auto reduce_end = steady::now();
-    trace.add("all_reduce(queued)", worker, replica, reduce_begin, reduce_end);
+    trace.add("all_reduce(queued)", worker, replica, reduce_begin, reduce_end,
+              "step " + std::to_string(current_step) + " all_reduce");
     nest::dict_type grads;
     for (size_t k = 0; k < keys.size(); ++k)
       grads[keys[k]] = reduced[k];
@@ -293,6 +391,7 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   int64_t seen = 0;
   auto start = steady::now();
   for (int64_t step = o.start_step; step < o.steps; ++step) {
+    current_step = step;
     auto batch = dist.get(step % dist.cardinality());
     auto step_begin = steady::now();
     // The step reads result.params by reference: run returns only after every replica's step has
@@ -375,7 +474,8 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
             auto reduce_end = steady::now();
             in_collectives += std::chrono::duration<double>(reduce_end - reduce_begin).count();
             trace.add("all_reduce(" + std::to_string(j - i) + " tensors)", worker, replica,
-                      reduce_begin, reduce_end);
+                      reduce_begin, reduce_end,
+                      "step " + std::to_string(step) + " bucket " + std::to_string(b));
             for (size_t k = i; k < j; ++k)
               reduced[k] = flat_reduced
                                .slice(offset_of[k],

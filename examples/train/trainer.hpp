@@ -87,25 +87,51 @@ struct train_options {
 };
 
 /// Chrome/Perfetto trace events ("X" complete events): one process track per worker (pid) and one
-/// thread track per replica (tid; -1 for the worker's own step track). Thread-safe.
+/// thread track per replica (tid; -1 for the worker's own step track, 100 + replica for a replica's
+/// compute). Times are kept on the system clock, which the workers of one host share (and hosts
+/// under NTP nearly so), so that the workers' events line up in one trace of the job
+/// (`write_job`). Written with nlohmann::json: names are escaped. Thread-safe.
 class tracer {
 public:
   explicit tracer(bool on);
   bool on() const { return on_; }
 
+  /// `flow`, when not empty, names one collective: the events of every worker and replica with
+  /// the same flow are linked in the trace (an arrow from the first worker's to each other's).
   void add(const std::string& name, int pid, int tid, std::chrono::steady_clock::time_point begin,
-           std::chrono::steady_clock::time_point end);
+           std::chrono::steady_clock::time_point end, const std::string& flow = {});
 
-  /// Writes `{"traceEvents": [...]}`. @throws std::runtime_error naming `path` when it cannot.
+  /// This tracer's events as a JSON array (what `write_job` takes from each worker).
+  std::string events_json() const;
+
+  /// Writes `{"traceEvents": [...]}`: this tracer's events alone.
+  /// @throws std::runtime_error naming `path` when it cannot.
   void write(const std::string& path) const;
+
+  /// Writes one trace of the job from every worker's `events_json()` (in worker order, named by
+  /// `workers`): a process per worker and a thread per replica, named; times from the earliest
+  /// event; the collectives of the same `flow` linked across workers and replicas.
+  /// @throws std::runtime_error naming `path` when it cannot, or when a worker's events are not
+  ///         such an array.
+  static void write_job(const std::string& path, const std::vector<std::string>& events,
+                        const std::vector<std::string>& workers);
 
   size_t size() const;
 
 private:
+  struct event {
+    std::string name;
+    int pid = 0;
+    int tid = 0;
+    int64_t ts_us = 0; // system clock, since the Unix epoch
+    int64_t dur_us = 1;
+    std::string flow;
+  };
   bool on_;
-  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point steady0_;
+  int64_t unix0_us_ = 0;
   mutable std::mutex mtx_;
-  std::vector<std::string> events_;
+  std::vector<event> events_;
 };
 
 /// Splits tensors of `sizes` bytes into buckets [begin, end) of consecutive tensors whose sizes

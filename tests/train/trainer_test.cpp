@@ -324,12 +324,21 @@ TEST(Trace, HoldsOneEventPerReplicaStepAndBucketAsChromeJson) {
   const auto& events = doc.at("traceEvents");
   // Per step: the worker's step track, and per replica one step and 5 all-reduce events on its
   // track, and its 2 layers' backward passes on its compute track (100 + replica).
-  ASSERT_EQ(events.size(), 3u * (1 + 2 * (1 + 5 + 2)));
   std::map<std::string, int> names;
   std::map<int, int> per_tid;
+  std::map<int, std::string> threads;
+  size_t spans = 0;
   for (const auto& e : events) {
-    EXPECT_EQ(e.at("ph"), "X");
-    EXPECT_EQ(e.at("pid"), 7);
+    if (e.at("ph") == "M") { // the process's and its threads' names
+      if (e.at("name") == "thread_name")
+        threads[e.at("tid").get<int>()] = e.at("args").at("name").get<std::string>();
+      else
+        EXPECT_EQ(e.at("args").at("name"), "worker:0");
+      continue;
+    }
+    ++spans;
+    EXPECT_EQ(e.at("ph"), "X"); // one worker: no arrows between workers
+    EXPECT_EQ(e.at("pid"), 0);
     EXPECT_GE(e.at("dur").get<int64_t>(), 1);
     EXPECT_GE(e.at("ts").get<int64_t>(), 0);
     auto name = e.at("name").get<std::string>();
@@ -346,6 +355,66 @@ TEST(Trace, HoldsOneEventPerReplicaStepAndBucketAsChromeJson) {
   EXPECT_EQ(names["backward w1"], 6);
   EXPECT_EQ(per_tid[100], 6);
   EXPECT_EQ(per_tid[101], 6);
+  EXPECT_EQ(spans, 3u * (1 + 2 * (1 + 5 + 2)));
+  EXPECT_EQ(threads, (std::map<int, std::string>{{-1, "steps"},
+                                                 {0, "replica 0"},
+                                                 {1, "replica 1"},
+                                                 {100, "replica 0 compute"},
+                                                 {101, "replica 1 compute"}}));
+}
+
+// The job's one trace (consort-train --trace with several workers): each worker a process, named;
+// times from the earliest event on the workers' shared clock; a collective's spans linked by an
+// arrow from the first worker's to each other worker's; names escaped by the JSON writer.
+TEST(Trace, TheJobsTraceLinksEachCollectiveAcrossTheWorkers) {
+  tracer a(true), b(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto ms = [&](int n) {
+    return t0 + std::chrono::milliseconds(n);
+  };
+  a.add("step \"0\"", 0, -1, ms(0), ms(10));
+  a.add("all_reduce(1 tensors)", 0, 0, ms(2), ms(5), "step 0 bucket 0");
+  b.add("all_reduce(1 tensors)", 1, 0, ms(3), ms(5), "step 0 bucket 0");
+  b.add("all_reduce(1 tensors)", 1, 0, ms(6), ms(7), "step 0 bucket 1"); // on one worker only
+  temp_file file("job.json");
+  tracer::write_job(file.path(), {a.events_json(), b.events_json()}, {"worker:0", "worker:1"});
+  auto doc = nlohmann::json::parse(slurp(file.path()));
+  std::map<int, std::string> processes;
+  std::vector<nlohmann::json> spans, starts, ends;
+  for (const auto& e : doc.at("traceEvents")) {
+    if (e.at("ph") == "M" && e.at("name") == "process_name")
+      processes[e.at("pid").get<int>()] = e.at("args").at("name").get<std::string>();
+    else if (e.at("ph") == "X")
+      spans.push_back(e);
+    else if (e.at("ph") == "s")
+      starts.push_back(e);
+    else if (e.at("ph") == "f")
+      ends.push_back(e);
+  }
+  EXPECT_EQ(processes, (std::map<int, std::string>{{0, "worker:0"}, {1, "worker:1"}}));
+  ASSERT_EQ(spans.size(), 4u);
+  EXPECT_EQ(spans[0].at("name"), "step \"0\"");
+  EXPECT_EQ(spans[0].at("ts"), 0); // the earliest event
+  EXPECT_EQ(spans[2].at("ts"), 3000);
+  ASSERT_EQ(starts.size(), 1u); // bucket 0 only: bucket 1 ran on one worker
+  ASSERT_EQ(ends.size(), 1u);
+  EXPECT_EQ(starts[0].at("pid"), 0);
+  EXPECT_EQ(starts[0].at("ts"), 2000);
+  EXPECT_EQ(ends[0].at("pid"), 1);
+  EXPECT_EQ(ends[0].at("ts"), 3000);
+  EXPECT_EQ(starts[0].at("id"), ends[0].at("id"));
+  EXPECT_EQ(starts[0].at("name"), "step 0 bucket 0");
+}
+
+TEST(Trace, AWorkersEventsThatAreNotAnArrayAreAnErrorNamingIt) {
+  temp_file file("job.json");
+  try {
+    tracer::write_job(file.path(), {"[]", "{\"no\": 1}"}, {"worker:0", "worker:1"});
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string{e.what()}.find("worker:1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string{e.what()}.find("not a JSON array"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Trace, OffRecordsNothing) {
