@@ -495,6 +495,11 @@ detail::elastic_group::connect(const membership::view& v,
   if (retired)
     retired->store(true); // the previous epoch's engine, shut down once this one replaces it
   retired = std::make_shared<std::atomic<bool>>(false);
+  if (rank != 0)
+    setup.chief_clock = [svc = std::weak_ptr<membership::service>(service)] {
+      auto s = svc.lock();
+      return s ? s->chief_clock_offset() : clock_offset{};
+    };
   setup.on_shutdown = [svc = service, log = log, retired = retired](const caf::error& closed) {
     if (retired->load())
       return; // an earlier epoch's engine: the worker stays in the cluster

@@ -284,6 +284,12 @@ flight_recorder& runtime::recorder() const noexcept {
   return *impl_->mw.recorder;
 }
 
+clock_offset runtime::chief_clock_offset() const {
+  if (impl_->mw.chief_clock)
+    return impl_->mw.chief_clock();
+  return clock_offset{true, 0, 0, 0};
+}
+
 caf::actor_system& runtime::system() noexcept {
   return *impl_->sys;
 }

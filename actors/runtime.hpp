@@ -48,6 +48,9 @@ struct multi_worker_setup {
   /// The worker's flight recorder when the caller made it (to record membership events); null:
   /// the runtime makes one from the strategy's options.
   std::shared_ptr<flight_recorder> recorder;
+  /// The chief's wall clock against this worker's (the membership's heartbeats); empty: the
+  /// chief's own, or one worker.
+  std::function<clock_offset()> chief_clock;
 };
 
 /// Checks a device list and returns it in canonical spelling ("cpu:0" -> "CPU:0").
@@ -106,6 +109,8 @@ public:
 
   /// The worker's flight recorder (never null; maybe off).
   flight_recorder& recorder() const noexcept;
+  /// multi_worker_setup::chief_clock, or known and 0.
+  clock_offset chief_clock_offset() const;
 
   /// The actor system, for tests that speak the actor protocol next to a running strategy.
   caf::actor_system& system() noexcept;

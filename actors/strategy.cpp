@@ -341,6 +341,10 @@ std::string strategy::diagnose() const {
   return rt_->recorder().diagnose();
 }
 
+clock_offset strategy::chief_clock_offset() const {
+  return rt_->chief_clock_offset();
+}
+
 std::vector<straggler_stat> strategy::stragglers() const {
   if (rt_->num_workers() < 2)
     return {};

@@ -34,7 +34,8 @@ set(CONSORT_LAYER_testing_DIRS testing)
 # Public headers, #include <consort/...>, by the layer that implements them. A public header must
 # be listed here (the check fails on one that is not), and it is checked with its layer's rules.
 set(CONSORT_LAYER_core_HEADERS
-  asio.hpp caf_error.hpp collective_kind.hpp config.hpp error.hpp future.hpp per_replica.hpp reduce_op.hpp)
+  asio.hpp caf_error.hpp clock_offset.hpp collective_kind.hpp config.hpp error.hpp future.hpp
+  per_replica.hpp reduce_op.hpp)
 set(CONSORT_LAYER_device_HEADERS checkpoint.hpp device.hpp nest.hpp ops.hpp tensor.hpp)
 set(CONSORT_LAYER_cluster_HEADERS cluster.hpp)
 set(CONSORT_LAYER_transport_HEADERS

@@ -127,6 +127,15 @@ struct Heartbeat {
   rank @1 :UInt32;
   sequence @2 :UInt64;
   # Increases by one with every heartbeat of this member.
+
+  sentNs @3 :Int64;
+  # The sender's wall clock when it sent this (ns since the Unix epoch).
+
+  echoSentNs @4 :Int64;
+  echoReceivedNs @5 :Int64;
+  # The sentNs of the last heartbeat the sender received from the recipient, and when it received
+  # it on its own clock (0: none yet). With sentNs and its own receive time, the recipient has one
+  # NTP-style round trip: its clock's offset from the sender's, and the trip's delay.
 }
 
 # A member leaves the cluster cleanly (shutdown); it is not reported as lost.

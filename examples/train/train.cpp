@@ -582,7 +582,10 @@ void write_job_trace(multi_worker_mirrored_strategy& strategy, const train::trac
   const int workers = strategy.num_workers();
   if (workers == 1)
     return trace.write(path);
-  const auto text = trace.events_json();
+  // On the chief's clock: the same host's clocks agree, other hosts' are moved by the offset the
+  // membership heartbeats measured.
+  const auto offset = strategy.chief_clock_offset();
+  const auto text = trace.events_json(offset.known ? offset.offset_ns / 1000 : 0);
   const auto lengths =
       strategy.gather(tensor::from<int64_t>({static_cast<int64_t>(text.size())}, {1}), 0)
           .to_vector<int64_t>();

@@ -39,14 +39,14 @@ void tracer::add(const std::string& name, int pid, int tid, steady::time_point b
   events_.push_back(std::move(e));
 }
 
-std::string tracer::events_json() const {
+std::string tracer::events_json(int64_t shift_us) const {
   auto out = nlohmann::json::array();
   std::lock_guard<std::mutex> guard{mtx_};
   for (const auto& e : events_)
     out.push_back({{"name", e.name},
                    {"pid", e.pid},
                    {"tid", e.tid},
-                   {"ts", e.ts_us},
+                   {"ts", e.ts_us + shift_us},
                    {"dur", e.dur_us},
                    {"flow", e.flow}});
   return out.dump();

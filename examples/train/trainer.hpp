@@ -101,8 +101,9 @@ public:
   void add(const std::string& name, int pid, int tid, std::chrono::steady_clock::time_point begin,
            std::chrono::steady_clock::time_point end, const std::string& flow = {});
 
-  /// This tracer's events as a JSON array (what `write_job` takes from each worker).
-  std::string events_json() const;
+  /// This tracer's events as a JSON array (what `write_job` takes from each worker), their times
+  /// moved by `shift_us` (onto the chief's clock: `strategy::chief_clock_offset`).
+  std::string events_json(int64_t shift_us = 0) const;
 
   /// Writes `{"traceEvents": [...]}`: this tracer's events alone.
   /// @throws std::runtime_error naming `path` when it cannot.

@@ -3,6 +3,7 @@
 /// The public API of consort: include this one header.
 
 #include <consort/checkpoint.hpp>
+#include <consort/clock_offset.hpp>
 #include <consort/cluster.hpp>
 #include <consort/cross_device_ops.hpp>
 #include <consort/dataset.hpp>

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <consort/clock_offset.hpp>
 #include <consort/cross_device_ops.hpp>
 #include <consort/dataset.hpp>
 #include <consort/future.hpp>
@@ -299,6 +300,11 @@ public:
   /// 20 steps, and who was named a straggler (`straggler_stat`; the chief also logs a line when
   /// it names one). Empty with one worker or with the recorder off.
   std::vector<straggler_stat> stragglers() const;
+
+  /// How far the chief's wall clock is from this worker's, refreshed by every membership
+  /// heartbeat (`clock_offset`): add `offset_ns` to this worker's system-clock times to put them
+  /// on the chief's clock, as `consort-train --trace` does. The chief and one worker: known, 0.
+  clock_offset chief_clock_offset() const;
 
 protected:
   /// The engine (its derived strategies and detail::strategy_access use it).

@@ -48,6 +48,16 @@ int main(int argc, char** argv) {
                 "a step)%s\n",
                 s.worker_rank(), st.worker.c_str(), st.last_steps, st.steps, st.late_ms,
                 st.share * 100, st.named ? ", named" : "");
+  // The chief's clock against this worker's, from the membership heartbeats: one host, so the
+  // truth is 0, and the estimate must be within half its round trip's delay of it.
+  const auto clock = s.chief_clock_offset();
+  std::printf("worker %d: chief clock offset: %s, %lld ns, delay %lld ns, %llu round trips%s\n",
+              s.worker_rank(), clock.known ? "known" : "unknown",
+              static_cast<long long>(clock.offset_ns), static_cast<long long>(clock.delay_ns),
+              static_cast<unsigned long long>(clock.samples),
+              clock.known && std::llabs(clock.offset_ns) <= clock.delay_ns / 2 + 1000
+                  ? " (within half the delay of 0)"
+                  : "");
   std::fflush(stdout);
   std::cout << "worker " << s.worker_rank() << ": " << steps << " steps of "
             << static_cast<double>(work.count()) / 1000 << " ms; flight recorder written to "

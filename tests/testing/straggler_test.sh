@@ -96,6 +96,16 @@ PY
   check_clocks moved "$moved"
 fi
 
+# The membership heartbeats' clock offsets (strategy::chief_clock_offset): the chief's is 0, each
+# worker's is known after its round trips and within half a round trip's delay of the truth, 0 on
+# one host.
+grep -qE "^\[worker:0\] worker 0: chief clock offset: known, 0 ns, delay 0 ns" <<<"$live" ||
+  fail "even: the chief's own clock offset is not known as 0"
+for w in 1 2; do
+  grep -qE "^\[worker:$w\] worker $w: chief clock offset: known, -?[0-9]+ ns, delay [0-9]+ ns, [1-9][0-9]* round trips \(within half the delay of 0\)$" <<<"$live" ||
+    fail "even: worker $w's clock offset to the chief is not within half its delay of 0"
+done
+
 if run slow 20 1 10; then
   grep -qE "^straggler: worker:1 arrived last at [0-9]+ of the last 20 steps" <<<"$out" ||
     fail "slow: worker:1 was not named"

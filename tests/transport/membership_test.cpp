@@ -1149,6 +1149,39 @@ TEST(MembershipTest, ASuspendedChiefIsReportedAsRankZeroAfterThePeerTimeout) {
   membership::service_test_access::crash(*c.services[0]); // as above
 }
 
+// Issue 33's clock offsets: each heartbeat of the chief echoes the worker's last one, so every
+// heartbeat completes an NTP-style round trip, and the worker knows the chief's clock within half
+// the round trip's delay.
+TEST(MembershipTest, TheHeartbeatsTellAWorkerHowFarTheChiefsClockIs) {
+  constexpr int64_t behind = 2'500'000'000; // the worker's wall clock, as another host's might be
+  cluster c(
+      2,
+      [](membership::options& o) {
+        if (o.rank == 1)
+          o.wall_clock = [] {
+            return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count() -
+                   behind;
+          };
+      },
+      timing::manual);
+  ASSERT_TRUE(c.form());
+  auto chief = c.services[0]->chief_clock_offset();
+  EXPECT_TRUE(chief.known);
+  EXPECT_EQ(chief.offset_ns, 0);
+  EXPECT_FALSE(c.services[1]->chief_clock_offset().known); // no round trip yet
+  advance_until(
+      c.clock, {c.services[0].get(), c.services[1].get()},
+      [&] { return c.services[1]->chief_clock_offset().samples >= 3; }, 600s);
+  auto o = c.services[1]->chief_clock_offset();
+  ASSERT_TRUE(o.known) << c.logs.all();
+  EXPECT_GE(o.samples, 3u);
+  EXPECT_GE(o.delay_ns, 0);
+  EXPECT_LE(std::llabs(o.offset_ns - behind), o.delay_ns / 2 + 1000)
+      << "offset " << o.offset_ns << " ns, delay " << o.delay_ns << " ns";
+}
+
 TEST(MembershipTest, AMemberThatLeavesIsNotReportedLost) {
   cluster c(4, [](membership::options& o) { o.peer_timeout = 10s; });
   ASSERT_TRUE(c.form());

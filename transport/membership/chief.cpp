@@ -681,6 +681,10 @@ void service::impl::promote() {
   log_line("succeeds the lost chief: leads the re-formation of the group as epoch " +
            std::to_string(notice_epoch_) + " at " + standby_address_);
   chief_ = true;
+  {
+    std::lock_guard lock(mu_);
+    reference_clock_ = true; // the others' offsets are to this clock from now on
+  }
   failing_over_ = false;
   if (chief_conn_) {
     if (!chief_conn_->graceful()) // a lingering one still tells the old chief (lose_chief)

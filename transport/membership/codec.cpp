@@ -105,6 +105,9 @@ struct encoder {
     out.setEpoch(m.epoch);
     out.setRank(m.rank);
     out.setSequence(m.sequence);
+    out.setSentNs(m.sent_ns);
+    out.setEchoSentNs(m.echo_sent_ns);
+    out.setEchoReceivedNs(m.echo_received_ns);
   }
 
   void operator()(const leave& m) {
@@ -288,7 +291,8 @@ std::string read_message(schemas::MembershipMessage::Reader root, budget& b, mes
   }
   case schemas::MembershipMessage::HEARTBEAT: {
     auto in = root.getHeartbeat();
-    out = heartbeat{in.getEpoch(), in.getRank(), in.getSequence()};
+    out = heartbeat{in.getEpoch(),  in.getRank(),       in.getSequence(),
+                    in.getSentNs(), in.getEchoSentNs(), in.getEchoReceivedNs()};
     return {};
   }
   case schemas::MembershipMessage::LEAVE: {

@@ -81,6 +81,9 @@ struct heartbeat {
   uint64_t epoch = 0;
   uint32_t rank = 0;
   uint64_t sequence = 0;
+  int64_t sent_ns = 0;
+  int64_t echo_sent_ns = 0;
+  int64_t echo_received_ns = 0;
 };
 
 /// schemas::Leave.

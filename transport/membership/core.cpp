@@ -226,8 +226,8 @@ void service::impl::tick() {
     next_heartbeat_ = now + opts_.heartbeat_interval;
     ++heartbeat_sequence_;
     for (const auto& c : members)
-      send(c,
-           codec::heartbeat{view_.epoch, static_cast<uint32_t>(opts_.rank), heartbeat_sequence_});
+      send(c, codec::heartbeat{view_.epoch, static_cast<uint32_t>(opts_.rank), heartbeat_sequence_,
+                               wall_ns(), c->peer_sent_ns, c->peer_received_ns});
   }
   for (const auto& c : members) {
     if (c->closed() || c->state != phase::member)
@@ -263,8 +263,56 @@ void service::impl::on_frame(const std::shared_ptr<framed_connection>& fc,
     return failed(c, "malformed message: " + why);
   if (!suspended_ && !c->graceful()) {
     c->last_rx = now();
+    if (const auto* h = std::get_if<codec::heartbeat>(&m))
+      on_heartbeat(c, *h);
     on_message(c, m);
   }
+}
+
+int64_t service::impl::wall_ns() const {
+  if (opts_.wall_clock)
+    return opts_.wall_clock();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void service::impl::on_heartbeat(const conn_ptr& c, const codec::heartbeat& h) {
+  const int64_t t4 = wall_ns();
+  c->peer_sent_ns = h.sent_ns;
+  c->peer_received_ns = t4;
+  // From the chief, echoing one of ours: t1 we sent, t2 it received, t3 it sent, t4 we received.
+  if (chief_ || c->state != phase::member || h.rank != 0 || h.echo_sent_ns == 0 || h.sent_ns == 0)
+    return;
+  const int64_t t1 = h.echo_sent_ns, t2 = h.echo_received_ns, t3 = h.sent_ns;
+  const int64_t delay = (t4 - t1) - (t3 - t2);
+  if (delay < 0)
+    return; // a clock stepped between the two: no sample
+  const int64_t offset = ((t2 - t1) + (t3 - t4)) / 2;
+  std::lock_guard lock(mu_);
+  round_trips_.emplace_back(offset, delay);
+  while (round_trips_.size() > 16)
+    round_trips_.pop_front();
+  ++round_trip_count_;
+}
+
+clock_offset service::impl::chief_clock_offset() const {
+  clock_offset out;
+  std::lock_guard lock(mu_);
+  if (reference_clock_) {
+    out.known = true; // the chief's clock is the reference
+    return out;
+  }
+  if (round_trips_.empty())
+    return out;
+  const auto best =
+      std::min_element(round_trips_.begin(), round_trips_.end(),
+                       [](const auto& a, const auto& b) { return a.second < b.second; });
+  out.known = true;
+  out.offset_ns = best->first;
+  out.delay_ns = best->second;
+  out.samples = round_trip_count_;
+  return out;
 }
 
 void service::impl::on_read_error(const std::shared_ptr<framed_connection>& fc,

@@ -113,6 +113,7 @@ service::impl::impl(options opts)
     : opts_(std::move(opts)), chief_(opts_.rank == 0), acceptor_(io_), standby_(io_),
       former_chief_(io_), tick_timer_(io_), retry_timer_(io_), resolver_(io_) {
   self_ = to_string(opts_.tasks[opts_.rank]) + " (rank " + std::to_string(opts_.rank) + ")";
+  reference_clock_ = chief_;
   first_chief_address_ = opts_.chief_address;
   cluster_ = cluster_check::of(opts_);
   split_address(opts_.chief_address, chief_hp_); // checked by check_options
@@ -360,6 +361,10 @@ service::~service() {
 
 std::string service::listen_address() const {
   return impl_->listen_address();
+}
+
+clock_offset service::chief_clock_offset() const {
+  return impl_->chief_clock_offset();
 }
 
 int service::rank() const noexcept {

@@ -43,6 +43,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -99,6 +100,9 @@ public:
   void crash();
   void shutdown();
 
+  /// service::chief_clock_offset.
+  clock_offset chief_clock_offset() const;
+
 private:
   // -- I/O thread: what the connections report (framed_connection::owner) ----------------------
 
@@ -128,6 +132,8 @@ private:
     std::vector<std::byte> nonce;  // chief: the challenge it sent
     clock::time_point opened_at{}; // accepted, or the attempt started
     clock::time_point last_rx{};   // the last message received
+    int64_t peer_sent_ns = 0;      // the last heartbeat from the peer: its sentNs ...
+    int64_t peer_received_ns = 0;  // ... and when it arrived, on this process's wall clock
   };
   using conn_ptr = std::shared_ptr<connection>;
 
@@ -135,6 +141,9 @@ private:
 
   conn_ptr new_connection();
   void log_line(const std::string& line) const;
+  int64_t wall_ns() const;
+  /// Records a heartbeat's times for the echo, and (from the chief) one round trip.
+  void on_heartbeat(const conn_ptr& c, const codec::heartbeat& h);
   /// The longest reason or cause a Refusal or an Abort carries: it must fit a frame and the
   /// codec's text limit.
   std::size_t text_limit() const;
@@ -247,6 +256,10 @@ private:
   /// When tick() last ran, in real time: a gap of half a peer_timeout means this process was
   /// stopped, and the silence of its peers is not theirs.
   std::chrono::steady_clock::time_point last_tick_real_ = std::chrono::steady_clock::now();
+  /// The last round trips to the chief (offset, delay), newest last; guarded by mu_.
+  std::deque<std::pair<int64_t, int64_t>> round_trips_;
+  uint64_t round_trip_count_ = 0;
+  bool reference_clock_ = false; // this process leads (the chief, or its successor); guarded by mu_
   milliseconds linger_;
 
   // Declared before every Asio object of this class, so that it is destroyed after them.

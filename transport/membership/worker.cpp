@@ -320,6 +320,10 @@ void service::impl::fail_over(const std::string& cause) {
   // Only it: if it is gone too, the group ends (a second candidate could split the group).
   const auto& successor = members[1];
   notice_epoch_ = std::max(notice_epoch_, view_.epoch + 1);
+  {
+    std::lock_guard lock(mu_);
+    round_trips_.clear(); // offsets to the lost chief's clock; the successor's come next
+  }
   report({static_cast<int>(leader)}, cause + "; " + to_string(successor.task) + " succeeds it",
          notice_epoch_);
   if (successor.task == opts_.tasks[opts_.rank])

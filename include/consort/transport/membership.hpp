@@ -30,6 +30,7 @@
 //   loss (EOF, error, silence, stuck write: reported through on_lost, and Abort to every other
 //   member).
 
+#include <consort/clock_offset.hpp>
 #include <consort/cluster.hpp>
 
 #include <caf/expected.hpp>
@@ -193,6 +194,10 @@ struct options {
   /// real time too.
   std::function<std::chrono::steady_clock::time_point()> clock;
 
+  /// The wall clock that `service::chief_clock_offset` compares (ns since the Unix epoch). Empty:
+  /// the system clock. A test may shift it, as another host's clock would be.
+  std::function<int64_t()> wall_clock;
+
   /// Elastic membership (docs/multi_worker.md, "Elastic"). 0, the default: a member lost after
   /// the view ends the group, on every member (`on_lost`). n >= 1: the chief re-forms the group
   /// without the lost member while at least n members remain, and admits a task that joins
@@ -220,6 +225,8 @@ struct options {
 ///
 /// Thread safety: thread-safe, except that the destructor must not run concurrently with another
 /// call. Callbacks (`on_lost`, `options::log`) run on the service's I/O thread.
+using consort::clock_offset;
+
 class service {
 public:
   class impl;
@@ -278,6 +285,10 @@ public:
   /// `collective_timeout` (no later view by `until`), `shutdown` (this service left).
   caf::expected<view> next_view(uint64_t after, const std::string& address,
                                 std::chrono::steady_clock::time_point until);
+
+  /// The chief's wall clock against this process's, refreshed by every heartbeat from the chief
+  /// (`heartbeat_interval`): for timelines of the whole group on the chief's clock.
+  clock_offset chief_clock_offset() const;
 
   /// Leaves the cluster cleanly: sends Leave to the peers and closes; the peers do not report
   /// this member lost. Waits (bounded as the destructor) until the peers closed their side.
