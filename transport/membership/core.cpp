@@ -282,7 +282,8 @@ void service::impl::on_heartbeat(const conn_ptr& c, const codec::heartbeat& h) {
   c->peer_sent_ns = h.sent_ns;
   c->peer_received_ns = t4;
   // From the chief, echoing one of ours: t1 we sent, t2 it received, t3 it sent, t4 we received.
-  if (chief_ || c->state != phase::member || h.rank != 0 || h.echo_sent_ns == 0 || h.sent_ns == 0)
+  if (chief_ || c != chief_conn_ || c->state != phase::member || h.echo_sent_ns == 0 ||
+      h.sent_ns == 0)
     return;
   const int64_t t1 = h.echo_sent_ns, t2 = h.echo_received_ns, t3 = h.sent_ns;
   const int64_t delay = (t4 - t1) - (t3 - t2);
