@@ -56,6 +56,7 @@ recorded_call record_slot(self_ptr self, const slot& s, transport::group_call& c
   rec.h = recorder->collective(s.step, s.seq, replica, flight_signature_of(s.sig), state, {});
   cc.arrivals = recorder->arrivals(rec.h);
   cc.lateness = recorder->lateness(rec.h);
+  cc.clock_offset_ns = recorder->chief_offset_ns();
   return rec;
 }
 

@@ -310,6 +310,7 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
                                  flight_state::waiting, {});
     cc.arrivals = recorder->arrivals(rec.h);
     cc.lateness = recorder->lateness(rec.h);
+    cc.clock_offset_ns = recorder->chief_offset_ns();
   }
   if (!problem.empty()) {
     // The other workers learn the reason in this call's descriptor, as from the actor's path.

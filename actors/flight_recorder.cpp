@@ -631,6 +631,9 @@ std::string flight_recorder::to_json(const std::string& reason) const {
   // Times are microseconds since `epoch_unix_us` (this process's wall clock when the recorder
   // started; the entries are on its steady clock).
   doc["epoch_unix_us"] = epoch_unix_us_;
+  // The chief's wall clock minus this one's, as the membership heartbeats last measured it (0
+  // on the chief, and until a first round trip).
+  doc["chief_clock_offset_us"] = chief_offset_ns() / 1000;
   // The same instant on the steady clock (CLOCK_MONOTONIC, one clock for every process of a boot
   // of a host), with the host and boot it belongs to: tools/consort-diagnose estimates the
   // workers' clock offsets from the collectives alone, and checks the estimate against this clock

@@ -172,6 +172,14 @@ public:
   static constexpr int straggler_steps = 20;
   static constexpr double straggler_share = 0.05;
   void set_straggler_log(std::function<void(const std::string&)> log);
+  /// The chief's clock against this worker's (strategy::chief_clock_offset), which the calls
+  /// between workers add to their entry times; dumps carry it too.
+  void set_chief_offset(int64_t ns) noexcept {
+    chief_offset_ns_.store(ns, std::memory_order_relaxed);
+  }
+  int64_t chief_offset_ns() const noexcept {
+    return chief_offset_ns_.load(std::memory_order_relaxed);
+  }
   /// Per worker, over the last `straggler_steps` steps.
   std::vector<consort::straggler_stat> stragglers() const;
 
@@ -209,6 +217,7 @@ private:
     int64_t length_ns = 0;
   };
   std::map<uint64_t, step_lateness> open_steps_;
+  std::atomic<int64_t> chief_offset_ns_{0};
   step_lateness* current_ = nullptr; // the entry of open_steps_ for current_step_, or null
   uint64_t current_step_ = 0;
   std::deque<step_verdict> verdicts_;

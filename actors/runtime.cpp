@@ -160,6 +160,9 @@ future<per_replica<nest>> runtime::submit(step_function fn) {
   // Launched from this thread: the replicas get the step without a hop through the scheduler,
   // and the last one to finish completes the future.
   auto* recorder = impl_->mw.recorder.get();
+  if (impl_->mw.chief_clock) // refreshed once a step: the heartbeats move it every 100 ms
+    if (const auto offset = impl_->mw.chief_clock(); offset.known)
+      recorder->set_chief_offset(offset.offset_ns);
   const auto launched = flight_recorder::clock::now();
   auto join = impl_->launcher->launch(
       std::make_shared<const step_function>(std::move(fn)), [state, recorder](step_join& join) {

@@ -627,6 +627,42 @@ TEST(CrossWorkerTest, AnOwnDataPhaseSeesEveryWorkersFlagsAndWorkerZerosSharedByt
     c->stop();
 }
 
+// The flight recorder's stragglers: every worker learns from the descriptors who entered a call
+// last and by how much, on the chief's clock (each worker's system clock plus its offset).
+TEST(CrossWorkerTest, EveryWorkerLearnsWhoEnteredACallLastOnTheChiefsClock) {
+  auto group = transport::local::make_group(2);
+  std::vector<std::shared_ptr<transport::communicator>> cross;
+  for (int w = 0; w < 2; ++w)
+    cross.push_back(std::make_shared<transport::communicator>(group[static_cast<size_t>(w)], 1));
+  // Worker 1's clock is 5 s behind the chief's: moved by its offset, it entered 5 s after worker
+  // 0, whatever the order on this host.
+  constexpr int64_t offset = 5'000'000'000;
+  std::vector<transport::call_lateness> late(2);
+  auto run_on = [&](int w) {
+    auto call = own_data_call(0, "all_reduce(SUM) of [T] on NCCL");
+    call.lateness = &late[static_cast<size_t>(w)];
+    call.clock_offset_ns = w == 1 ? offset : 0;
+    call.data_phase = [](const transport::group_call::share_fn&, std::chrono::milliseconds,
+                         uint8_t) -> caf::expected<std::vector<tensor>> {
+      return std::vector<tensor>{};
+    };
+    return cross[static_cast<size_t>(w)]->run(transport::communicator::lane::step, call);
+  };
+  auto other = std::async(std::launch::async, run_on, 1);
+  auto mine = run_on(0);
+  auto theirs = other.get();
+  ASSERT_TRUE(mine) << caf::to_string(mine.error());
+  ASSERT_TRUE(theirs) << caf::to_string(theirs.error());
+  for (const auto& l : late) {
+    EXPECT_EQ(l.last.load(), 1);
+    // 5 s, less however much later worker 0 really entered (well under a second).
+    EXPECT_GT(l.margin_ns.load(), offset - 1'000'000'000);
+    EXPECT_LE(l.margin_ns.load(), offset + 1'000'000'000);
+  }
+  for (auto& c : cross)
+    c->stop();
+}
+
 TEST(CrossWorkerTest, WorkersThatWouldMoveTheDataDifferentlyFailWithAMismatch) {
   auto group = transport::local::make_group(2);
   std::vector<std::shared_ptr<transport::communicator>> cross;

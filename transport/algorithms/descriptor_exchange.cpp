@@ -122,7 +122,8 @@ void descriptor_exchange::describe_mine() {
   if (call_.lateness != nullptr) // the flight recorder's (off: 0, never last)
     mine_.entered_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::system_clock::now().time_since_epoch())
-                           .count();
+                           .count() +
+                       call_.clock_offset_ns;
   if (call_.local_failure) {
     mine_.failed = 1;
     auto err = to_consort_error(call_.local_failure, "");

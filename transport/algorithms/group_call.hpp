@@ -102,6 +102,10 @@ struct group_call {
   /// When set, a descriptor exchange that succeeded stores who entered the call last and by how
   /// much after the one before (the flight recorder's stragglers).
   call_lateness* lateness = nullptr;
+  /// Added to this worker's system clock for `call_descriptor::entered_ns`: the chief's clock
+  /// against this worker's (membership heartbeats), so that the workers of several hosts compare
+  /// their entry times on one clock.
+  int64_t clock_offset_ns = 0;
   /// Broadcasts bytes from worker 0 to every worker over the group (for `data_phase`).
   using share_fn = std::function<caf::error(std::vector<uint8_t>&)>;
   /// When set, replaces the transport's data phase (NCCL for GPU replicas): called once every
@@ -164,8 +168,9 @@ struct call_descriptor {
   uint32_t num_leaves = 0;
   double count = 0;
   uint64_t signature_hash = 0;
-  /// When the sender entered the call (its descriptor exchange began), in ns of the system clock
-  /// since the Unix epoch: who came last, and by how much (call_lateness).
+  /// When the sender entered the call (its descriptor exchange began), in ns since the Unix epoch
+  /// on the chief's clock (its system clock plus group_call::clock_offset_ns): who came last, and
+  /// by how much (call_lateness).
   int64_t entered_ns = 0;
   /// The call's description (ok) or the local error (failed), truncated, NUL-padded.
   char text[text_bytes] = {};
