@@ -587,14 +587,30 @@ transport::group_call own_data_call(uint8_t flags, std::string signature) {
   return call;
 }
 
-} // namespace
-
-TEST(CrossWorkerTest, AnOwnDataPhaseSeesEveryWorkersFlagsAndWorkerZerosSharedBytes) {
+/// Runs the call `make_call(w)` makes on each of two workers of a local group at once (worker 1
+/// on a thread of its own); returns both results, worker 0's first.
+template <class MakeCall>
+auto run_on_two_workers(MakeCall make_call) {
   auto group = transport::local::make_group(2);
   std::vector<std::shared_ptr<transport::communicator>> cross;
   for (int w = 0; w < 2; ++w)
     cross.push_back(std::make_shared<transport::communicator>(group[static_cast<size_t>(w)], 1));
   auto run_on = [&](int w) {
+    auto call = make_call(w);
+    return cross[static_cast<size_t>(w)]->run(transport::communicator::lane::step, call);
+  };
+  auto other = std::async(std::launch::async, run_on, 1);
+  auto mine = run_on(0);
+  auto theirs = other.get();
+  for (auto& c : cross)
+    c->stop();
+  return std::make_pair(std::move(mine), std::move(theirs));
+}
+
+} // namespace
+
+TEST(CrossWorkerTest, AnOwnDataPhaseSeesEveryWorkersFlagsAndWorkerZerosSharedBytes) {
+  auto [mine, theirs] = run_on_two_workers([](int w) {
     auto call = own_data_call(w == 1 ? 1 : 0, "all_reduce(SUM) of [T] on NCCL");
     call.data_phase = [w](const transport::group_call::share_fn& share,
                           std::chrono::milliseconds left,
@@ -608,11 +624,8 @@ TEST(CrossWorkerTest, AnOwnDataPhaseSeesEveryWorkersFlagsAndWorkerZerosSharedByt
         return err;
       return std::vector<tensor>{tensor::from<uint8_t>(bytes), tensor::scalar<int32_t>(all_flags)};
     };
-    return cross[static_cast<size_t>(w)]->run(transport::communicator::lane::step, call);
-  };
-  auto other = std::async(std::launch::async, run_on, 1);
-  auto mine = run_on(0);
-  auto theirs = other.get();
+    return call;
+  });
   ASSERT_TRUE(mine) << caf::to_string(mine.error());
   ASSERT_TRUE(theirs) << caf::to_string(theirs.error());
   std::vector<uint8_t> expected(16);
@@ -623,22 +636,16 @@ TEST(CrossWorkerTest, AnOwnDataPhaseSeesEveryWorkersFlagsAndWorkerZerosSharedByt
     EXPECT_EQ((*out)[0].to_vector<uint8_t>(), expected);
     EXPECT_EQ((*out)[1].item<int32_t>(), 1); // worker 1's flag reached both
   }
-  for (auto& c : cross)
-    c->stop();
 }
 
 // The flight recorder's stragglers: every worker learns from the descriptors who entered a call
 // last and by how much, on the chief's clock (each worker's system clock plus its offset).
 TEST(CrossWorkerTest, EveryWorkerLearnsWhoEnteredACallLastOnTheChiefsClock) {
-  auto group = transport::local::make_group(2);
-  std::vector<std::shared_ptr<transport::communicator>> cross;
-  for (int w = 0; w < 2; ++w)
-    cross.push_back(std::make_shared<transport::communicator>(group[static_cast<size_t>(w)], 1));
   // Worker 1's clock is 5 s behind the chief's: moved by its offset, it entered 5 s after worker
   // 0, whatever the order on this host.
   constexpr int64_t offset = 5'000'000'000;
   std::vector<transport::call_lateness> late(2);
-  auto run_on = [&](int w) {
+  auto [mine, theirs] = run_on_two_workers([&late](int w) {
     auto call = own_data_call(0, "all_reduce(SUM) of [T] on NCCL");
     call.lateness = &late[static_cast<size_t>(w)];
     call.clock_offset_ns = w == 1 ? offset : 0;
@@ -646,11 +653,8 @@ TEST(CrossWorkerTest, EveryWorkerLearnsWhoEnteredACallLastOnTheChiefsClock) {
                          uint8_t) -> caf::expected<std::vector<tensor>> {
       return std::vector<tensor>{};
     };
-    return cross[static_cast<size_t>(w)]->run(transport::communicator::lane::step, call);
-  };
-  auto other = std::async(std::launch::async, run_on, 1);
-  auto mine = run_on(0);
-  auto theirs = other.get();
+    return call;
+  });
   ASSERT_TRUE(mine) << caf::to_string(mine.error());
   ASSERT_TRUE(theirs) << caf::to_string(theirs.error());
   for (const auto& l : late) {
@@ -659,17 +663,11 @@ TEST(CrossWorkerTest, EveryWorkerLearnsWhoEnteredACallLastOnTheChiefsClock) {
     EXPECT_GT(l.margin_ns.load(), offset - 1'000'000'000);
     EXPECT_LE(l.margin_ns.load(), offset + 1'000'000'000);
   }
-  for (auto& c : cross)
-    c->stop();
 }
 
 TEST(CrossWorkerTest, WorkersThatWouldMoveTheDataDifferentlyFailWithAMismatch) {
-  auto group = transport::local::make_group(2);
-  std::vector<std::shared_ptr<transport::communicator>> cross;
-  for (int w = 0; w < 2; ++w)
-    cross.push_back(std::make_shared<transport::communicator>(group[static_cast<size_t>(w)], 1));
   bool phase_ran = false;
-  auto run_on = [&](int w) {
+  auto [mine, theirs] = run_on_two_workers([&phase_ran](int w) {
     // Worker 0's replicas are on GPUs (NCCL), worker 1's are not (TCP): never a hang.
     auto call =
         own_data_call(0, w == 0 ? "all_reduce(SUM) of [T] on NCCL" : "all_reduce(SUM) of [T]");
@@ -679,11 +677,8 @@ TEST(CrossWorkerTest, WorkersThatWouldMoveTheDataDifferentlyFailWithAMismatch) {
         phase_ran = true;
         return std::vector<tensor>{};
       };
-    return cross[static_cast<size_t>(w)]->run(transport::communicator::lane::step, call);
-  };
-  auto other = std::async(std::launch::async, run_on, 1);
-  auto mine = run_on(0);
-  auto theirs = other.get();
+    return call;
+  });
   for (auto* out : {&mine, &theirs}) {
     ASSERT_FALSE(*out);
     auto e = to_consort_error(out->error(), "");
@@ -691,6 +686,4 @@ TEST(CrossWorkerTest, WorkersThatWouldMoveTheDataDifferentlyFailWithAMismatch) {
     EXPECT_NE(std::string{e.what()}.find("on NCCL"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(phase_ran);
-  for (auto& c : cross)
-    c->stop();
 }
