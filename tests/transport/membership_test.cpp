@@ -1339,6 +1339,7 @@ TEST(ElasticMembershipTest, ARestartedWorkerJoinsTheNextEpoch) {
       EXPECT_EQ(e->joining, std::vector<int>{2});
     }
     EXPECT_NE(e->cause.find("worker:2 (rank 2) joins the group"), std::string::npos) << e->cause;
+    EXPECT_TRUE(e->at_boundary); // a join alone: the members may finish their steps first
   }
   auto third = offer_all(c, {0, 1}, 2);
   auto joiner = joined.get();
@@ -1346,6 +1347,59 @@ TEST(ElasticMembershipTest, ARestartedWorkerJoinsTheNextEpoch) {
   EXPECT_EQ(joiner->epoch, 3u);
   ASSERT_EQ(joiner->members.size(), 3u);
   EXPECT_EQ(joiner->members[2].address, "127.0.0.1:21002"); // its Join's address
+  for (auto& v : third) {
+    ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
+    EXPECT_EQ(*v, *joiner);
+  }
+}
+
+// A join waits for the members' next step boundary. Members that reach none within
+// reform_timeout (a loop that does not commit) get the plain notice of the same epoch, which
+// aborts their calls, and the re-formation goes on as after a loss.
+TEST(ElasticMembershipTest, AJoinThatNoStepBoundaryMeetsInTimeBecomesAPlainNotice) {
+  auto tweak = [](membership::options& o) {
+    elastic(2)(o);
+    o.reform_timeout = 1500ms; // the offers after the plain notice must come within it too
+  };
+  cluster c(3, tweak);
+  ASSERT_TRUE(c.form());
+  membership::service_test_access::crash(*c.services[2]);
+  auto second = offer_all(c, {0, 1}, 1);
+  ASSERT_TRUE(second[0] && second[1]) << c.logs.all();
+  auto opts = options_for(3, 2, c.chief_address, &c.logs);
+  tweak(opts);
+  c.services[2] = start_ok(opts);
+  ASSERT_TRUE(c.services[2]);
+  auto joined = std::async(std::launch::async, [&c] { return c.services[2]->rendezvous(); });
+  // Nobody offers: first the notice that waits for a boundary, then, past reform_timeout, the
+  // plain one of the same epoch.
+  for (int r : {0, 1}) {
+    auto& lost = *c.lost[static_cast<std::size_t>(r)];
+    std::vector<membership::lost_event> of_3;
+    const auto deadline = clock_type::now() + consort::test::scaled(10s);
+    while (clock_type::now() < deadline) {
+      of_3.clear();
+      for (const auto& e : lost.events())
+        if (e.next_epoch == 3)
+          of_3.push_back(e);
+      if (of_3.size() >= 2)
+        break;
+      (void)lost.wait_for(-1, 20ms); // no event names rank -1: a bounded wait for the next one
+    }
+    ASSERT_EQ(of_3.size(), 2u) << "rank " << r << ": " << describe(lost.events()) << c.logs.all();
+    EXPECT_TRUE(of_3[0].at_boundary);
+    EXPECT_FALSE(of_3[1].at_boundary);
+    EXPECT_NE(of_3[1].cause.find("worker:2 (rank 2) joins the group"), std::string::npos)
+        << of_3[1].cause;
+  }
+  EXPECT_TRUE(c.logs.wait_for({"not every member reached a step boundary within reform_timeout "
+                               "(1500 ms): the calls of epoch 2 are aborted for epoch 3"}))
+      << c.logs.all();
+  auto third = offer_all(c, {0, 1}, 2);
+  auto joiner = joined.get();
+  ASSERT_TRUE(joiner) << text_of(joiner.error()) << c.logs.all();
+  EXPECT_EQ(joiner->epoch, 3u);
+  EXPECT_EQ(joiner->members.size(), 3u);
   for (auto& v : third) {
     ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
     EXPECT_EQ(*v, *joiner);

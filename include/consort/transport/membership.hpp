@@ -202,8 +202,10 @@ struct options {
   /// the view ends the group, on every member (`on_lost`). n >= 1: the chief re-forms the group
   /// without the lost member while at least n members remain, and admits a task that joins
   /// again after the view (a restarted worker, under its own task); each change is a new epoch
-  /// (`service::next_view`). Every member must be given the same n. The chief leads every
-  /// re-formation: losing it ends the group.
+  /// (`service::next_view`); a join alone waits for the members' next step boundary
+  /// (`lost_event::at_boundary`). Every member must be given the same n. The chief leads every
+  /// re-formation; when it is lost, the first member after it in the view succeeds it, and losing
+  /// both ends the group.
   int elastic_min_members = 0;
 
   /// Elastic: how long the chief waits, once a change began, for every member to offer its part
