@@ -34,20 +34,6 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 survivors=$((workers - 1))
 
-# wait_lines FILE COUNT PATTERN: waits (60 s at most) until COUNT lines of FILE match PATTERN.
-wait_lines() {
-  local fifo="$work/fifo" tail_pid ok
-  mkfifo "$fifo"
-  tail -n +1 -f "$1" >"$fifo" &
-  tail_pid=$!
-  timeout 60 grep -m "$2" -qE "$3" "$fifo"
-  ok=$?
-  kill "$tail_pid" 2>/dev/null
-  wait "$tail_pid" 2>/dev/null
-  rm -f "$fifo"
-  return "$ok"
-}
-
 printf '%-4s %-7s %22s %22s %16s\n' run victim "kill->all resumed ms" "kill->first resumed ms" "rejoin ms"
 all=()
 first=()
@@ -68,7 +54,7 @@ for ((r = 0; r < runs; r++)); do
     mw_start "$i" "$env" "$job" "${args[@]}" >"$work/out.$r.$i" 2>&1
   done
   { wait "${MW_PIDS[$victim]}"; } 2>/dev/null
-  if ! wait_lines "$said" "$survivors" "$workers -> $survivors workers"; then
+  if ! mw_wait_lines "$said" "$survivors" "$workers -> $survivors workers"; then
     echo "run $r: the others did not go on without worker:$victim; its log:" >&2
     cat "$said" "$work"/out."$r".* >&2
     exit 1

@@ -76,17 +76,7 @@ if [ "$restarts" = 1 ]; then
   rc=$?
   [ "$rc" = "$victim_status" ] ||
     { echo "FAIL: worker:2 exited with $rc, expected $victim_status"; exit 1; }
-  # Waits on the file's growth through a FIFO (a process substitution here would not see it
-  # next to the workers' own output substitutions).
-  fifo=$(mktemp -u)
-  mkfifo "$fifo"
-  tail -n +1 -f "$said" >"$fifo" &
-  tail_pid=$!
-  timeout 60 grep -m "$went_on_count" -qE "$went_on_pattern" "$fifo"
-  went_on=$?
-  kill "$tail_pid" 2>/dev/null
-  rm -f "$fifo"
-  [ "$went_on" = 0 ] ||
+  mw_wait_lines "$said" "$went_on_count" "$went_on_pattern" ||
     { echo "FAIL: the others did not go on without worker:2 within 60 s"; cat "$said"; exit 1; }
   echo "worker:2 exited with $rc and the others went on; starting it again"
   mw_start 2 "$env ELASTIC_JOB_RESTARTED=1" "$job" "${args[@]}"

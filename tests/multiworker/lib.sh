@@ -85,3 +85,20 @@ mw_finish() {
   wait 2>/dev/null
   return "$MW_FAILED"
 }
+
+# mw_wait_lines FILE COUNT PATTERN: waits (60 s at most) until COUNT lines of FILE match PATTERN;
+# status 0 when they did. Reads the file's growth through a FIFO (a process substitution would
+# not see it next to the workers' own output substitutions).
+mw_wait_lines() {
+  local fifo tail_pid ok
+  fifo=$(mktemp -u)
+  mkfifo "$fifo"
+  tail -n +1 -f "$1" >"$fifo" &
+  tail_pid=$!
+  timeout 60 grep -m "$2" -qE "$3" "$fifo"
+  ok=$?
+  kill "$tail_pid" 2>/dev/null
+  wait "$tail_pid" 2>/dev/null
+  rm -f "$fifo"
+  return "$ok"
+}

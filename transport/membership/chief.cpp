@@ -654,14 +654,8 @@ void service::impl::serve_former_chief_address() {
       hp.host, hp.port, asio_tcp::resolver::passive | asio_tcp::resolver::numeric_service, ec);
   if (ec || results.empty())
     return;
-  auto ep = results.begin()->endpoint();
-  former_chief_.open(ep.protocol(), ec);
-  if (!ec)
-    former_chief_.set_option(asio_tcp::acceptor::reuse_address(true), ec);
-  if (!ec)
-    former_chief_.bind(ep, ec);
-  if (!ec)
-    former_chief_.listen(asio::socket_base::max_listen_connections, ec);
+  const char* step = "";
+  ec = listen_at(former_chief_, results.begin()->endpoint(), step);
   if (ec) {
     error_code ignored;
     former_chief_.close(ignored);

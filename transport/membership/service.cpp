@@ -163,6 +163,25 @@ void service::impl::shutdown() {
   cv_.notify_all();
 }
 
+/// Opens `acceptor` listening at `ep` (SO_REUSEADDR: a restarted task binds its port again at
+/// once). On failure, `step` names the call that failed.
+error_code service::impl::listen_at(asio_tcp::acceptor& acceptor, const asio_tcp::endpoint& ep,
+                                    const char*& step) {
+  error_code ec;
+  step = "socket";
+  if (acceptor.open(ep.protocol(), ec); ec)
+    return ec;
+  step = "setsockopt(SO_REUSEADDR)";
+  if (acceptor.set_option(asio_tcp::acceptor::reuse_address(true), ec); ec)
+    return ec;
+  step = "bind";
+  if (acceptor.bind(ep, ec); ec)
+    return ec;
+  step = "listen";
+  acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  return ec;
+}
+
 caf::error service::impl::start() {
   if (chief_) {
     auto fail = [&](const std::string& what, const error_code& ec) {
@@ -181,15 +200,9 @@ caf::error service::impl::start() {
       return make_caf_error(errc::invalid_argument, self_ + " cannot serve membership on " +
                                                         opts_.chief_address +
                                                         ": the host has no address");
-    auto ep = results.begin()->endpoint();
-    if (acceptor_.open(ep.protocol(), ec); ec)
-      return fail("socket", ec);
-    if (acceptor_.set_option(asio_tcp::acceptor::reuse_address(true), ec); ec)
-      return fail("setsockopt(SO_REUSEADDR)", ec);
-    if (acceptor_.bind(ep, ec); ec)
-      return fail("bind", ec);
-    if (acceptor_.listen(asio::socket_base::max_listen_connections, ec); ec)
-      return fail("listen", ec);
+    const char* step = "";
+    if (ec = listen_at(acceptor_, results.begin()->endpoint(), step); ec)
+      return fail(step, ec);
     auto local = acceptor_.local_endpoint(ec);
     if (ec)
       return fail("getsockname", ec);
@@ -205,14 +218,8 @@ caf::error service::impl::start() {
     auto results = resolver.resolve(
         own.host, "0", asio_tcp::resolver::passive | asio_tcp::resolver::numeric_service, ec);
     if (!ec && !results.empty()) {
-      auto ep = results.begin()->endpoint();
-      standby_.open(ep.protocol(), ec);
-      if (!ec)
-        standby_.set_option(asio_tcp::acceptor::reuse_address(true), ec);
-      if (!ec)
-        standby_.bind(ep, ec);
-      if (!ec)
-        standby_.listen(asio::socket_base::max_listen_connections, ec);
+      const char* step = "";
+      ec = listen_at(standby_, results.begin()->endpoint(), step);
       if (!ec)
         standby_address_ = endpoint_text(standby_.local_endpoint(ec));
     }

@@ -142,6 +142,8 @@ private:
   conn_ptr new_connection();
   void log_line(const std::string& line) const;
   int64_t wall_ns() const;
+  static error_code listen_at(asio_tcp::acceptor& acceptor, const asio_tcp::endpoint& ep,
+                              const char*& step);
   /// Records a heartbeat's times for the echo, and (from the chief) one round trip.
   void on_heartbeat(const conn_ptr& c, const codec::heartbeat& h);
   /// The longest reason or cause a Refusal or an Abort carries: it must fit a frame and the
