@@ -1406,6 +1406,45 @@ TEST(ElasticMembershipTest, AJoinThatNoStepBoundaryMeetsInTimeBecomesAPlainNotic
   }
 }
 
+// A loss while a join waits for a step boundary aborts at once: the plain notice of the same
+// epoch names the lost member, and the epoch holds the joiner without it.
+TEST(ElasticMembershipTest, ALossWhileAJoinWaitsForABoundaryAbortsAtOnce) {
+  cluster c(4, elastic(2));
+  ASSERT_TRUE(c.form());
+  membership::service_test_access::crash(*c.services[3]);
+  auto second = offer_all(c, {0, 1, 2}, 1);
+  ASSERT_TRUE(second[0] && second[1] && second[2]) << c.logs.all();
+  auto opts = options_for(4, 3, c.chief_address, &c.logs);
+  elastic(2)(opts);
+  c.services[3] = start_ok(opts);
+  ASSERT_TRUE(c.services[3]);
+  auto joined = std::async(std::launch::async, [&c] { return c.services[3]->rendezvous(); });
+  for (int r : {0, 1}) {
+    auto e = wait_for_change(*c.lost[static_cast<std::size_t>(r)], 3);
+    ASSERT_TRUE(e) << "rank " << r << c.logs.all();
+    EXPECT_TRUE(e->at_boundary);
+  }
+  membership::service_test_access::crash(*c.services[2]);
+  for (int r : {0, 1}) {
+    auto& lost = *c.lost[static_cast<std::size_t>(r)];
+    ASSERT_TRUE(lost.wait_for(2)) << "rank " << r << c.logs.all();
+    auto events = lost.events();
+    const auto& e = events.back();
+    EXPECT_EQ(e.next_epoch, 3u) << describe(events);
+    EXPECT_EQ(e.ranks, std::vector<int>{2}) << describe(events);
+    EXPECT_FALSE(e.at_boundary) << describe(events);
+  }
+  auto third = offer_all(c, {0, 1}, 2);
+  auto joiner = joined.get();
+  ASSERT_TRUE(joiner) << text_of(joiner.error()) << c.logs.all();
+  EXPECT_EQ(joiner->epoch, 3u);
+  EXPECT_EQ(member_tasks(*joiner).size(), 3u); // worker:0, worker:1 and the joiner
+  for (auto& v : third) {
+    ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
+    EXPECT_EQ(*v, *joiner);
+  }
+}
+
 // A restart can come before its previous process is seen lost: a new process of a member's task
 // replaces the old one, which is told that the group goes on without it.
 TEST(ElasticMembershipTest, ANewProcessOfAMembersTaskReplacesItsPreviousProcess) {
