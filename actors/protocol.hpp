@@ -53,6 +53,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -282,6 +283,11 @@ using step_actor = caf::typed_actor<
     // running. Sent by the step_launcher when it goes from idle to busy. No reply.
     caf::reacts_to<tick_atom>>;
 
+/// What runs one replica's steps (defined in actors/replica_actor.cpp): the replica actor runs
+/// each step it receives through it; the step launcher may run a lone CPU replica's step through
+/// it on the caller's thread instead (step_launcher::run_here), never while the actor runs one.
+struct replica_runner;
+
 /// Numbers steps and sends them to every replica. The step actor launches the steps of
 /// `run` requests through it, and the public API launches its own directly, which saves the
 /// thread hop into the scheduler on every step. Either way a step's number is
@@ -295,6 +301,24 @@ public:
 
   /// Starts the next step; `done` runs once when its join completes (on the completing thread).
   std::shared_ptr<step_join> launch(step_function_ptr fn, step_join::completion done);
+
+  /// Gives the launcher the runner of its lone replica, whose steps `run_here` may run on the
+  /// caller's thread. Set once, before the first launch; only for one CPU replica.
+  void run_here_through(std::shared_ptr<replica_runner> runner);
+
+  /// Runs the next step on the calling thread, when a runner was given and no earlier step is
+  /// still running on the replica (else returns null, and the caller launches it). `started`
+  /// runs with the step's join before the step does, and `done` when its join completes. The
+  /// step has a deadline as every step has, but the deadline cannot stop this thread: a step
+  /// past it fails with step_timeout when its function returns. Steps launched meanwhile (from
+  /// other threads) wait, in order, and go to the replica's thread once this one ends.
+  std::shared_ptr<step_join> run_here(step_function_ptr fn,
+                                      const std::function<void(step_join&)>& started,
+                                      step_join::completion done);
+
+  /// Refuses `run_here` from now on, and waits for a step running on a caller's thread to end
+  /// (a replica finishes its step before it stops, however it runs). Idempotent.
+  void close();
 
   /// Expires every step past its deadline at `now` (plus the time advanced). Returns whether
   /// steps are still running.
@@ -330,6 +354,15 @@ private:
   step_id next_step_ = 0;
   std::deque<std::pair<caf::actor_clock::time_point, std::weak_ptr<step_join>>> watch_;
   step_actor watchdog_;
+  /// The lone replica's runner (null: run_here always declines), the steps given to it (sent to
+  /// its actor, or run here), and the steps that wait for a step running here to end.
+  std::shared_ptr<replica_runner> here_;
+  uint64_t given_ = 0;
+  bool running_here_ = false;
+  bool closed_ = false;
+  std::vector<step_message> waiting_;
+  /// Signalled when a step run here ends (close waits for it).
+  std::condition_variable here_ended_;
   /// Time advanced by advance_clock, added to the actor clock's now.
   std::atomic<int64_t> advanced_ns_{0};
 };
@@ -374,11 +407,23 @@ struct collective_config {
   std::shared_ptr<detail::collective_board> board;
 };
 
+/// Runs one step on the calling thread and deposits its outcome in `msg.join`, as the replica
+/// actor does with the steps it receives. The runner counts the step as finished before the
+/// deposit, and does not touch the runner after it.
+void run_replica_step(replica_runner& runner, step_message& msg);
+/// Steps the runner has finished, on any thread.
+uint64_t steps_finished(const replica_runner& runner) noexcept;
+/// Whether the runner's steps may run on any thread: a CPU replica's may, a GPU replica's stay on
+/// the thread that keeps its device and stream current.
+bool runs_on_any_thread(const replica_runner& runner) noexcept;
+
 /// Spawns a replica actor. `detached` gives it a thread of its own (always, outside tests: a
 /// step function may block and a GPU replica keeps its device current on that thread).
+/// `runner`, when given, receives the runner the actor runs its steps through.
 /// @throws error(invalid_argument) when `cfg.board` is null.
 replica_actor spawn_replica(caf::actor_system& sys, replica_config cfg, collective_actor coll,
-                            bool detached = true);
+                            bool detached = true,
+                            std::shared_ptr<replica_runner>* runner = nullptr);
 
 /// The state of a collective actor over `cfg`, to share between the actor (collective_config::
 /// board) and its replicas (replica_config::board). `cfg.board` is ignored.

@@ -34,8 +34,10 @@ constexpr std::chrono::microseconds collective_poll{200};
 
 } // namespace
 
-/// State of a replica actor; it is also the engine side of the replica_context its steps see.
-struct replica_state : detail::replica_services {
+/// What runs a replica's steps: the engine side of the replica_context its steps see. The replica
+/// actor runs every step through it on its own thread; a lone CPU replica's step may also run on
+/// the thread that called `strategy.run` (step_launcher::run_here), never both at once.
+struct replica_runner : detail::replica_services {
   replica_config cfg;
   collective_actor coll;
   caf::actor_system* sys = nullptr;
@@ -51,7 +53,8 @@ struct replica_state : detail::replica_services {
   std::unique_ptr<detail::gpu::replica_binding> gpu;
   /// The GPU of cfg.device, or -1 for a CPU replica.
   int gpu_index = -1;
-  static inline const char* name = "consort.replica";
+  /// Steps finished, on any thread (the launcher counts those it gave the runner).
+  std::atomic<uint64_t> finished{0};
 
   nest collective(detail::collective_request request) override {
     auto seq = next_seq++;
@@ -131,6 +134,12 @@ struct replica_state : detail::replica_services {
   }
 };
 
+/// The state of a replica actor: the runner it shares with the step launcher.
+struct replica_state {
+  std::shared_ptr<replica_runner> runner;
+  static inline const char* name = "consort.replica";
+};
+
 namespace {
 
 using self_ptr = replica_actor::stateful_pointer<replica_state>;
@@ -140,8 +149,9 @@ bool is_collective_error(errc code) {
          code == errc::collective_aborted;
 }
 
-void run_step(self_ptr self, step_message& msg) {
-  auto& st = self->state;
+} // namespace
+
+void run_replica_step(replica_runner& st, step_message& msg) {
   st.current_step = msg.step;
   st.next_seq = 0;
   st.next_merge_seq = 0;
@@ -204,9 +214,11 @@ void run_step(self_ptr self, step_message& msg) {
   bool report = msg.join ? msg.join->mark_finished(index, st.next_seq, failure) : true;
   if (report) {
     // On the board, where the calls went, so that it sees them in order.
-    direct_report(*st.cfg.board, self->system(), st.coll,
+    direct_report(*st.cfg.board, *st.sys, st.coll,
                   step_report{msg.step, st.cfg.replica_id, st.next_seq, failure});
   }
+  // Done with the runner: from here on the next step may start on another thread (run_here).
+  st.finished.fetch_add(1, std::memory_order_release);
   if (!msg.join)
     return;
   if (failure)
@@ -215,22 +227,32 @@ void run_step(self_ptr self, step_message& msg) {
     msg.join->deposit(index, std::move(out));
 }
 
-} // namespace
+bool runs_on_any_thread(const replica_runner& runner) noexcept {
+  return runner.gpu_index < 0;
+}
+
+uint64_t steps_finished(const replica_runner& runner) noexcept {
+  return runner.finished.load(std::memory_order_acquire);
+}
 
 replica_actor spawn_replica(caf::actor_system& sys, replica_config cfg, collective_actor coll,
-                            bool detached) {
+                            bool detached, std::shared_ptr<replica_runner>* runner_out) {
   if (!cfg.board)
     throw_error(errc::invalid_argument,
                 "replica " + std::to_string(cfg.replica_id) + " (" + cfg.device +
                     ") has no collective board; expected the one its collective actor shares "
                     "(make_collective_board, collective_config::board)");
-  auto impl = [cfg = std::move(cfg), coll](self_ptr self) -> replica_actor::behavior_type {
-    self->state.cfg = cfg;
-    self->state.coll = coll;
-    self->state.sys = &self->system();
-    self->state.gpu_index = detail::gpu::index_of(cfg.device);
+  auto runner = std::make_shared<replica_runner>();
+  runner->gpu_index = detail::gpu::index_of(cfg.device);
+  runner->cfg = std::move(cfg);
+  runner->coll = std::move(coll);
+  runner->sys = &sys;
+  if (runner_out)
+    *runner_out = runner;
+  auto impl = [runner](self_ptr self) -> replica_actor::behavior_type {
+    self->state.runner = runner;
     return {
-        [self](step_atom, step_message& msg) { run_step(self, msg); },
+        [self](step_atom, step_message& msg) { run_replica_step(*self->state.runner, msg); },
     };
   };
   if (detached)

@@ -119,6 +119,7 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
     detail::prepare_local_nccl(*ccfg.board, d.devices, opts.collective_timeout, &ignored);
   }
   d.coll = spawn_collective(sys, ccfg);
+  std::shared_ptr<replica_runner> here;
   for (int i = 0; i < n; ++i) {
     replica_config rcfg;
     rcfg.replica_id = d.first_id + i;
@@ -129,12 +130,16 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
     rcfg.step_timeout = opts.step_timeout;
     rcfg.board = ccfg.board;
     rcfg.owner = &d.owner;
-    d.replicas.push_back(spawn_replica(sys, rcfg, d.coll));
+    // A lone CPU replica's blocking steps may run on the caller's thread (run_here).
+    const bool lone = n == 1 && opts.run_on_caller_thread;
+    d.replicas.push_back(spawn_replica(sys, rcfg, d.coll, true, lone ? &here : nullptr));
   }
   std::vector<int> ids(d.replicas.size());
   for (size_t i = 0; i < ids.size(); ++i)
     ids[i] = d.first_id + static_cast<int>(i);
   d.launcher = std::make_shared<step_launcher>(sys, d.replicas, ids, opts.step_timeout);
+  if (here)
+    d.launcher->run_here_through(std::move(here));
   d.strat = spawn_step_actor(sys, d.launcher);
 }
 
@@ -154,24 +159,38 @@ future<T> closed_future() {
 } // namespace
 
 future<per_replica<nest>> runtime::submit(step_function fn) {
+  return start(std::move(fn), false);
+}
+
+per_replica<nest> runtime::run(step_function fn) {
+  return start(std::move(fn), true).get();
+}
+
+future<per_replica<nest>> runtime::start(step_function fn, bool may_run_here) {
   auto [state, fut] = make_future<step_results>();
   if (!impl_->track(state))
     return closed_future<step_results>();
-  // Launched from this thread: the replicas get the step without a hop through the scheduler,
-  // and the last one to finish completes the future.
   auto* recorder = impl_->mw.recorder.get();
   if (impl_->mw.chief_clock) // refreshed once a step: the heartbeats move it every 100 ms
     if (const auto offset = impl_->mw.chief_clock(); offset.known)
       recorder->set_chief_offset(offset.offset_ns);
+  auto done = [state, recorder](step_join& join) {
+    recorder->step_ended(join.step(), !join.failure());
+    if (join.failure())
+      state->set_error(std::make_exception_ptr(to_consort_error(join.failure(), "run")));
+    else
+      state->set_value(join.take_results());
+  };
+  auto step = std::make_shared<const step_function>(std::move(fn));
   const auto launched = flight_recorder::clock::now();
-  auto join = impl_->launcher->launch(
-      std::make_shared<const step_function>(std::move(fn)), [state, recorder](step_join& join) {
-        recorder->step_ended(join.step(), !join.failure());
-        if (join.failure())
-          state->set_error(std::make_exception_ptr(to_consort_error(join.failure(), "run")));
-        else
-          state->set_value(join.take_results());
-      });
+  // A lone CPU replica that is idle runs a blocking step here, on the caller's thread.
+  if (may_run_here &&
+      impl_->launcher->run_here(
+          step, [&](step_join& join) { recorder->step_started(join.step(), launched); }, done))
+    return fut;
+  // Launched from this thread: the replicas get the step without a hop through the scheduler,
+  // and the last one to finish completes the future.
+  auto join = impl_->launcher->launch(std::move(step), std::move(done));
   // Its number is known once launched (the step may even have ended): recorded with the time
   // it was launched at.
   if (join)
@@ -219,6 +238,9 @@ void runtime::shutdown() {
   caf::error closed;
   if (d.mw.cross)
     closed = d.mw.cross->stop();
+  // A step running on a caller's thread ends before the actors go (as a replica's would).
+  if (d.launcher)
+    d.launcher->close();
   if (d.mw.on_shutdown)
     d.mw.on_shutdown(closed);
   auto exit = caf::exit_reason::user_shutdown;

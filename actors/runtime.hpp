@@ -75,6 +75,9 @@ public:
 
   /// Runs `fn` as the next step on every replica.
   future<per_replica<nest>> submit(step_function fn);
+  /// `submit(fn).get()`, except that a lone CPU replica that is idle runs the step on the calling
+  /// thread (strategy_options::run_on_caller_thread). @throws consort::error as `get` does.
+  per_replica<nest> run(step_function fn);
 
   /// Strategy.reduce of host values, computed on the collective actor.
   future<nest> reduce(reduce_op op, std::vector<nest> components, std::optional<int64_t> axis);
@@ -116,6 +119,8 @@ public:
   caf::actor_system& system() noexcept;
 
 private:
+  future<per_replica<nest>> start(step_function fn, bool may_run_here);
+
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -178,15 +178,80 @@ std::shared_ptr<step_join> step_launcher::launch(step_function_ptr fn, step_join
     }
     watch_.emplace_back(
         sys_.clock().now() + std::chrono::nanoseconds{advanced_ns_.load()} + step_timeout_, join);
-    // Sent under the lock: every replica must see steps in the same order.
-    for (auto& replica : replicas_)
-      caf::anon_send(replica, step_atom_v, step_message{join->step(), fn, join});
+    // Sent under the lock: every replica must see steps in the same order. A step that comes
+    // while one runs on a caller's thread waits for it to end.
+    if (running_here_) {
+      waiting_.push_back(step_message{join->step(), fn, join});
+    } else {
+      for (auto& replica : replicas_)
+        caf::anon_send(replica, step_atom_v, step_message{join->step(), fn, join});
+      ++given_;
+    }
     if (!armed.exchange(true))
       wake = watchdog_;
   }
   if (wake)
     caf::anon_send(wake, tick_atom_v);
   return join;
+}
+
+void step_launcher::run_here_through(std::shared_ptr<replica_runner> runner) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (replicas_.size() == 1 && runner && runs_on_any_thread(*runner))
+    here_ = std::move(runner);
+}
+
+std::shared_ptr<step_join> step_launcher::run_here(step_function_ptr fn,
+                                                   const std::function<void(step_join&)>& started,
+                                                   step_join::completion done) {
+  step_actor wake;
+  std::shared_ptr<step_join> join;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    // Only on an idle replica: every step given to it before has finished, wherever it ran.
+    if (!here_ || closed_ || running_here_ || steps_finished(*here_) != given_)
+      return nullptr;
+    running_here_ = true;
+    ++given_;
+    join = std::make_shared<step_join>(next_step_++, replica_ids_, std::move(done));
+    while (!watch_.empty()) {
+      auto front = watch_.front().second.lock();
+      if (front && !front->complete())
+        break;
+      watch_.pop_front();
+    }
+    watch_.emplace_back(
+        sys_.clock().now() + std::chrono::nanoseconds{advanced_ns_.load()} + step_timeout_, join);
+    if (!armed.exchange(true))
+      wake = watchdog_;
+  }
+  if (wake)
+    caf::anon_send(wake, tick_atom_v);
+  // Whatever happens to the step, the steps that came meanwhile go on, in order, on the
+  // replica's thread.
+  struct release {
+    step_launcher& self;
+    ~release() {
+      std::lock_guard<std::mutex> guard{self.mtx_};
+      self.running_here_ = false;
+      for (auto& msg : self.waiting_)
+        caf::anon_send(self.replicas_.front(), step_atom_v, std::move(msg));
+      self.given_ += self.waiting_.size();
+      self.waiting_.clear();
+      self.here_ended_.notify_all();
+    }
+  } release_at_end{*this};
+  if (started)
+    started(*join);
+  step_message msg{join->step(), std::move(fn), join};
+  run_replica_step(*here_, msg);
+  return join;
+}
+
+void step_launcher::close() {
+  std::unique_lock<std::mutex> guard{mtx_};
+  closed_ = true;
+  here_ended_.wait(guard, [this] { return !running_here_; });
 }
 
 void step_launcher::advance_clock(std::chrono::nanoseconds by) {

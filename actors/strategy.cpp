@@ -198,7 +198,9 @@ std::vector<int> strategy::local_replica_ids() const {
   return ids;
 }
 
-future<per_replica<nest>> strategy::submit(step_function fn) {
+namespace {
+
+void check_run(const step_function& fn) {
   detail::require_cross_replica_context("strategy.run");
   if (const auto& ctx = detail::current_context(); ctx.kind == detail::context_kind::merge)
     throw_error(errc::invalid_argument,
@@ -208,7 +210,18 @@ future<per_replica<nest>> strategy::submit(step_function fn) {
                     "return from the function and run the next step after this one");
   if (!fn)
     throw_error(errc::invalid_argument, "run needs a step function; got an empty one");
+}
+
+} // namespace
+
+future<per_replica<nest>> strategy::submit(step_function fn) {
+  check_run(fn);
   return rt_->submit(std::move(fn));
+}
+
+per_replica<nest> strategy::run_step(step_function fn) {
+  check_run(fn);
+  return rt_->run(std::move(fn));
 }
 
 void strategy::check_local_results() const {

@@ -93,6 +93,8 @@ for path in sorted(glob.glob(os.path.join(out, "*.json"))):
     for r in doc.get("results", []):
         if name.startswith("user_"):
             add((name, r["size"], "call p50 us"), side, r["p50_us"])
+            if "run_p50_us" in r:
+                add((name, r["size"], "run p50 us"), side, r["run_p50_us"])
             if "allocs_per_call" in r:
                 add((name, r["size"], "allocs/call"), side, r["allocs_per_call"])
         else:

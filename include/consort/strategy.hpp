@@ -35,6 +35,14 @@ struct strategy_options {
   /// Collectives the flight recorder keeps (docs/debugging.md): -1 takes
   /// CONSORT_FLIGHT_RECORDER_ENTRIES when set, else 2000; 0 turns it off.
   int64_t flight_recorder_entries = -1;
+  /// With one CPU replica on this worker, a blocking `run` runs the step on the calling thread
+  /// when no earlier step is still running (as TF's OneDeviceStrategy calls the function), which
+  /// saves the hand-over to the replica's thread and back. Everything else is the same: the
+  /// step's number, its order among steps from other threads, its collectives and their
+  /// deadlines, its errors. One difference: the step deadline cannot stop the calling thread, so
+  /// a step past it fails with step_timeout when its function returns, not at the deadline.
+  /// false: every step runs on the replica's thread (`run_async` always does).
+  bool run_on_caller_thread = true;
 };
 
 /// The step a replica runs: its local index is `ctx.local_replica_index()`.
@@ -137,32 +145,35 @@ public:
   /// every replica. `fn` returns a tensor or a nest; the result has one component per replica.
   /// @throws error(invalid_argument) when a per_replica argument has the wrong number of
   ///         components; error(step_failed | collective_* | step_timeout) when the step fails.
+  /// With one CPU replica, the step may run on the calling thread
+  /// (strategy_options::run_on_caller_thread).
   template <class F, class... Args>
   auto run(F&& fn, Args&&... args) {
-    return run_async(std::forward<F>(fn), std::forward<Args>(args)...).get();
+    (check_arg(args), ...);
+    auto result = run_step(make_step(std::forward<F>(fn), std::forward<Args>(args)...));
+    if constexpr (std::is_same_v<run_result_t<F, Args...>, tensor>)
+      return detail::leaves_of(std::move(result));
+    else
+      return result;
   }
 
   /// Like `run`, without blocking the caller.
   template <class F, class... Args>
   auto run_async(F&& fn, Args&&... args) {
-    using R =
-        std::decay_t<std::invoke_result_t<F&, replica_context&, detail::unwrapped_t<Args>...>>;
     (check_arg(args), ...);
-    auto step = [f = std::forward<F>(fn), ... a = std::decay_t<Args>(std::forward<Args>(args))](
-                    replica_context& ctx) mutable {
-      [[maybe_unused]] auto i = static_cast<size_t>(ctx.local_replica_index());
-      return detail::to_nest(
-          f(ctx, detail::replica_arg(detail::unwrap_arg(a, i), ctx.device())...));
-    };
-    auto result = submit(step_function(std::move(step)));
-    if constexpr (std::is_same_v<R, tensor>)
+    auto result = submit(make_step(std::forward<F>(fn), std::forward<Args>(args)...));
+    if constexpr (std::is_same_v<run_result_t<F, Args...>, tensor>)
       return result.then([](per_replica<nest> v) { return detail::leaves_of(std::move(v)); });
     else
       return result;
   }
 
-  /// Runs an already type-erased step. Every overload of `run` ends here.
+  /// Runs an already type-erased step on the replicas' threads. Every `run_async` ends here.
   future<per_replica<nest>> submit(step_function fn);
+  /// Runs an already type-erased step and waits for it: `submit(fn).get()`, except that a lone
+  /// CPU replica may run it on this thread (strategy_options::run_on_caller_thread). Every `run`
+  /// ends here.
+  per_replica<nest> run_step(step_function fn);
 
   /// Builds a per_replica value from `fn(replica_id_in_sync_group)`, one call per local replica
   /// (tf.distribute's `experimental_distribute_values_from_function`).
@@ -319,6 +330,22 @@ protected:
   void replace_runtime(std::unique_ptr<detail::runtime> rt);
 
 private:
+  template <class F, class... Args>
+  using run_result_t =
+      std::decay_t<std::invoke_result_t<F&, replica_context&, detail::unwrapped_t<Args>...>>;
+
+  /// The type-erased step of `fn(ctx, args...)`: each replica gets its component of a
+  /// per_replica argument, on its device.
+  template <class F, class... Args>
+  static step_function make_step(F&& fn, Args&&... args) {
+    return [f = std::forward<F>(fn),
+            ... a = std::decay_t<Args>(std::forward<Args>(args))](replica_context& ctx) mutable {
+      [[maybe_unused]] auto i = static_cast<size_t>(ctx.local_replica_index());
+      return detail::to_nest(
+          f(ctx, detail::replica_arg(detail::unwrap_arg(a, i), ctx.device())...));
+    };
+  }
+
   template <class T>
   void check_arg(const T& arg) const {
     if constexpr (is_per_replica_v<T>)

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <deque>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -574,6 +575,180 @@ TEST_F(StepActorTest, SilentReplicaFailsTheStepAtTheStepDeadline) {
   }
   EXPECT_GE(rounds, 8) << "the step failed before its deadline";
   EXPECT_TRUE(failed);
+}
+
+// -- a lone CPU replica's step on the caller's thread ---------------------------------------------
+
+/// One CPU replica whose runner the launcher was given (run_here), as the runtime builds a
+/// one-replica strategy; the replica actor only runs when the test calls `run()`.
+class RunHereTest : public test::test_coordinator_fixture {
+protected:
+  RunHereTest() {
+    collective_config ccfg;
+    ccfg.replica_ids = {0};
+    ccfg.board = make_collective_board(ccfg);
+    coll_ = spawn_collective(sys(), ccfg, false);
+    replica_config rcfg;
+    rcfg.device = "CPU:0";
+    rcfg.board = ccfg.board;
+    std::shared_ptr<replica_runner> runner;
+    replica_ = spawn_replica(sys(), rcfg, coll_, false, &runner);
+    launcher_ = std::make_shared<step_launcher>(sys(), std::vector<replica_actor>{replica_},
+                                                std::vector<int>{0}, 1000ms);
+    launcher_->run_here_through(runner);
+    watchdog_ = spawn_step_actor(sys(), launcher_);
+  }
+
+  ~RunHereTest() override {
+    caf::anon_send_exit(watchdog_, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(replica_, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(coll_, caf::exit_reason::user_shutdown);
+    run();
+  }
+
+  /// A step that appends its number to `order_` and returns it.
+  step_function_ptr numbered() {
+    return std::make_shared<const step_function>([this](replica_context& ctx) {
+      order_.push_back(ctx.step());
+      return nest(tensor::scalar<int64_t>(static_cast<int64_t>(ctx.step())));
+    });
+  }
+
+  static step_function_ptr step(std::function<nest(replica_context&)> fn) {
+    return std::make_shared<const step_function>(std::move(fn));
+  }
+
+  collective_actor coll_;
+  replica_actor replica_;
+  std::shared_ptr<step_launcher> launcher_;
+  step_actor watchdog_;
+  std::vector<step_id> order_;
+};
+
+TEST_F(RunHereTest, AnIdleReplicasStepRunsOnTheCallersThreadAndIsDoneWhenRunHereReturns) {
+  std::thread::id ran_on;
+  bool started = false;
+  auto join = launcher_->run_here(
+      step([&](replica_context& ctx) {
+        ran_on = std::this_thread::get_id();
+        return nest(ctx.all_reduce("SUM", tensor::scalar<float>(2)));
+      }),
+      [&](step_join& j) {
+        started = true;
+        EXPECT_FALSE(j.complete()) << "`started` runs before the step";
+      },
+      nullptr);
+  ASSERT_TRUE(join);
+  EXPECT_TRUE(started);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  // Done without the scheduler running any actor: nothing went to the replica's thread.
+  ASSERT_TRUE(join->complete());
+  ASSERT_FALSE(join->failure()) << to_consort_error(join->failure(), "").what();
+  EXPECT_FLOAT_EQ(join->take_results()[0].as_tensor().item<float>(), 2);
+}
+
+TEST_F(RunHereTest, StepsLaunchedWhileOneRunsHereWaitForItAndFollowInOrder) {
+  std::shared_ptr<step_join> second;
+  std::shared_ptr<step_join> third;
+  auto first = launcher_->run_here(step([&](replica_context& ctx) {
+                                     order_.push_back(ctx.step());
+                                     // Launched meanwhile (as from another thread): the replica
+                                     // actor must not get them while this step runs, however long
+                                     // the scheduler runs.
+                                     second = launcher_->launch(numbered(), nullptr);
+                                     third = launcher_->launch(numbered(), nullptr);
+                                     EXPECT_FALSE(launcher_->run_here(numbered(), nullptr, nullptr))
+                                         << "a second step ran here while the first did";
+                                     run();
+                                     EXPECT_EQ(order_, std::vector<step_id>({0}))
+                                         << "a step ran during step 0";
+                                     return nest(tensor::scalar<int64_t>(0));
+                                   }),
+                                   nullptr, nullptr);
+  ASSERT_TRUE(first && second && third);
+  EXPECT_TRUE(first->complete());
+  EXPECT_FALSE(second->complete());
+  run(); // now they go to the replica's thread, in order
+  EXPECT_EQ(order_, std::vector<step_id>({0, 1, 2}));
+  ASSERT_TRUE(second->complete() && third->complete());
+  EXPECT_EQ(third->take_results()[0].as_tensor().item<int64_t>(), 2);
+}
+
+TEST_F(RunHereTest, AStepStillOnTheReplicasThreadKeepsTheNextOneOffTheCallersThread) {
+  auto queued = launcher_->launch(numbered(), nullptr);
+  EXPECT_FALSE(launcher_->run_here(numbered(), nullptr, nullptr))
+      << "a step ran here while step 0 had not run on the replica";
+  run();
+  ASSERT_TRUE(queued->complete());
+  auto here = launcher_->run_here(numbered(), nullptr, nullptr);
+  ASSERT_TRUE(here) << "the replica is idle again";
+  EXPECT_EQ(order_, std::vector<step_id>({0, 1}));
+}
+
+TEST_F(RunHereTest, AStepPastItsDeadlineFailsWithStepTimeoutWhenItsFunctionReturns) {
+  std::string error_at_return;
+  auto join = launcher_->run_here(
+      step([&](replica_context&) {
+        // The deadline passes while the function runs: the join fails at once, and the
+        // function goes on (nothing can stop this thread).
+        launcher_->advance_clock(1001ms);
+        return nest(tensor::scalar<float>(1));
+      }),
+      nullptr, [&](step_join& j) { error_at_return = to_consort_error(j.failure(), "").what(); });
+  ASSERT_TRUE(join && join->complete());
+  EXPECT_EQ(to_consort_error(join->failure(), "").code(), errc::step_timeout);
+  EXPECT_NE(error_at_return.find("step 0 did not finish within the step deadline of 1000 ms on "
+                                 "replica(s) 0"),
+            std::string::npos)
+      << error_at_return;
+  // The replica is free again: the next step runs here and succeeds.
+  auto next = launcher_->run_here(numbered(), nullptr, nullptr);
+  ASSERT_TRUE(next && next->complete());
+  EXPECT_FALSE(next->failure());
+}
+
+TEST_F(RunHereTest, AThrowingStepFailsAsOnTheReplicasThreadAndFreesTheReplica) {
+  auto join = launcher_->run_here(
+      step([](replica_context&) -> nest { throw std::runtime_error("bad batch"); }), nullptr,
+      nullptr);
+  ASSERT_TRUE(join && join->complete());
+  auto e = to_consort_error(join->failure(), "");
+  EXPECT_EQ(e.code(), errc::step_failed);
+  EXPECT_STREQ(e.what(), "replica 0 (CPU:0) failed step 0: bad batch");
+  EXPECT_TRUE(launcher_->run_here(numbered(), nullptr, nullptr));
+}
+
+TEST_F(RunHereTest, AClosedLauncherRunsNothingHere) {
+  launcher_->close();
+  EXPECT_FALSE(launcher_->run_here(numbered(), nullptr, nullptr));
+  EXPECT_TRUE(order_.empty());
+}
+
+TEST_F(RunHereTest, ALauncherOfSeveralReplicasOrOfNoRunnerNeverRunsHere) {
+  step_launcher none(sys(), {replica_}, {0}, 1000ms);
+  EXPECT_FALSE(none.run_here(numbered(), nullptr, nullptr));
+  collective_config ccfg;
+  ccfg.replica_ids = {0, 1};
+  ccfg.board = make_collective_board(ccfg);
+  auto coll = spawn_collective(sys(), ccfg, false);
+  std::vector<replica_actor> two;
+  std::shared_ptr<replica_runner> runner;
+  for (int i = 0; i < 2; ++i) {
+    replica_config rcfg;
+    rcfg.replica_id = i;
+    rcfg.num_replicas = 2;
+    rcfg.local_index = i;
+    rcfg.device = "CPU:" + std::to_string(i);
+    rcfg.board = ccfg.board;
+    two.push_back(spawn_replica(sys(), rcfg, coll, false, i == 0 ? &runner : nullptr));
+  }
+  step_launcher pair(sys(), two, {0, 1}, 1000ms);
+  pair.run_here_through(runner);
+  EXPECT_FALSE(pair.run_here(numbered(), nullptr, nullptr));
+  EXPECT_TRUE(order_.empty());
+  for (auto& r : two)
+    caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(coll, caf::exit_reason::user_shutdown);
 }
 
 } // namespace

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace consort {
@@ -199,6 +200,72 @@ TEST(StrategyTest, StepThatNeverFinishesFailsAtTheStepDeadline) {
   ASSERT_TRUE(fut.wait_for(30s)) << "the step deadline did not fire";
   release = true; // let the replica go so that shutdown can finish
   expect_error(errc::step_timeout, "on replica(s) 1", [&] { fut.get(); });
+}
+
+TEST(StrategyTest, ALoneCpuReplicasRunRunsOnTheCallersThreadUnlessTurnedOff) {
+  auto thread_of_step = [](strategy& s) {
+    std::thread::id ran_on;
+    s.run([&ran_on](replica_context& ctx) {
+      ran_on = std::this_thread::get_id();
+      return ctx.all_reduce("SUM", tensor::scalar<float>(1));
+    });
+    return ran_on;
+  };
+  const auto here = std::this_thread::get_id();
+  one_device_strategy lone("CPU:0");
+  EXPECT_EQ(thread_of_step(lone), here);
+  // run_async never blocks the caller, so its step runs on the replica's thread.
+  std::thread::id async_on;
+  lone.run_async([&async_on](replica_context&) {
+        async_on = std::this_thread::get_id();
+        return tensor::scalar<float>(1);
+      })
+      .get();
+  EXPECT_NE(async_on, here);
+  strategy_options off;
+  off.run_on_caller_thread = false;
+  one_device_strategy turned_off("CPU:0", off);
+  EXPECT_NE(thread_of_step(turned_off), here);
+  mirrored_strategy two(cpus(2));
+  EXPECT_NE(thread_of_step(two), here);
+}
+
+TEST(StrategyTest, StepsOnTheCallersThreadAreNumberedAndFailAsOnTheReplicasThread) {
+  one_device_strategy lone("CPU:0");
+  auto step_of = [](replica_context& ctx) {
+    return tensor::scalar<int64_t>(static_cast<int64_t>(ctx.step()));
+  };
+  auto async = lone.run_async(step_of);
+  auto blocking = lone.run(step_of);
+  EXPECT_EQ(async.get()[0].item<int64_t>(), 0);
+  EXPECT_EQ(blocking[0].item<int64_t>(), 1);
+  expect_error(errc::step_failed, "replica 0 (CPU:0) failed step 2: bad batch", [&] {
+    lone.run([](replica_context&) -> tensor { throw std::runtime_error("bad batch"); });
+  });
+  expect_error(errc::invalid_argument, "inside a step", [&] {
+    lone.run([&lone](replica_context&) {
+      lone.run([](replica_context&) { return tensor::scalar<float>(1); });
+      return tensor::scalar<float>(1);
+    });
+  });
+  EXPECT_EQ(lone.run(step_of)[0].item<int64_t>(), 4);
+}
+
+TEST(StrategyTest, AStepOnTheCallersThreadPastItsDeadlineFailsWhenItReturns) {
+  strategy_options opts;
+  opts.step_timeout = 10ms;
+  one_device_strategy lone("CPU:0", opts);
+  const auto start = std::chrono::steady_clock::now();
+  expect_error(errc::step_timeout, "step 0 did not finish within the step deadline of 10 ms", [&] {
+    lone.run([start](replica_context&) {
+      while (std::chrono::steady_clock::now() < start + 1s)
+        std::this_thread::yield(); // stands in for a step's long computation
+      return tensor::scalar<float>(1);
+    });
+  });
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 1s) << "the caller's thread ran the step";
+  EXPECT_FLOAT_EQ(
+      lone.run([](replica_context&) { return tensor::scalar<float>(2); })[0].item<float>(), 2);
 }
 
 TEST(StrategyTest, InvalidDevicesAreClearErrors) {
