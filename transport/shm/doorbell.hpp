@@ -38,6 +38,15 @@ inline long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const tim
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
 }
 
+/// CLOCK_MONOTONIC_COARSE in nanoseconds: a tenth of a steady_clock read's cost, to a few
+/// milliseconds (the tick). For what needs no more: when an operation was posted (named in its
+/// timeout), and when the last waiter left (against a grace of milliseconds).
+inline int64_t coarse_now_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
 /// `d` as a futex timeout.
 inline timespec to_timespec(std::chrono::nanoseconds d) {
   timespec ts{};
@@ -75,12 +84,12 @@ struct waiter_count {
   /// Sends that are queued (did not fit into the ring when posted): the progress thread writes
   /// them when no one waits.
   std::atomic<uint32_t> backlog{0};
-  /// When the last waiter left (steady clock, nanoseconds since its epoch).
+  /// When the last waiter left (coarse_now_ns).
   std::atomic<int64_t> last_leave{0};
 
   void enter() { n.fetch_add(1, std::memory_order_seq_cst); }
   void leave() {
-    last_leave.store(clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    last_leave.store(coarse_now_ns(), std::memory_order_relaxed);
     if (n.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
         backlog.load(std::memory_order_seq_cst) > 0)
       futex(&n, FUTEX_WAKE_PRIVATE, 1, nullptr);
@@ -88,13 +97,13 @@ struct waiter_count {
 
   /// Whether waiters make the progress now: one waits, or one left less than `grace` ago and no
   /// send is queued.
-  bool active(clock::time_point now) const {
+  bool active() const {
     if (n.load(std::memory_order_seq_cst) > 0)
       return true;
     if (backlog.load(std::memory_order_seq_cst) > 0)
       return false;
-    return now - clock::time_point{clock::duration{last_leave.load(std::memory_order_relaxed)}} <
-           grace;
+    return coarse_now_ns() - last_leave.load(std::memory_order_relaxed) <
+           std::chrono::nanoseconds{grace}.count();
   }
 };
 

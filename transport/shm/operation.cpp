@@ -18,29 +18,42 @@ std::string shm_op::describe() const {
   return out.str();
 }
 
-inline bool shm_op::spin_until_done(deadline spin_until) {
+inline bool shm_op::spin_until_done(deadline until) {
+  // Held while spinning (the sleep below holds it only for each pass): looking for work is then
+  // a few loads, and a pass runs only when a peer wrote, a send is queued, or a peer's state
+  // changed (and every 256 turns regardless).
+  auto ctx = ctx_.lock();
+  if (!ctx)
+    return done();
+  // The spin's end is read off the clock at the first look, 16 or 256 turns in: most waits end
+  // before it, and read no clock at all.
+  deadline spin_until{};
+  auto spun_out = [&] {
+    const auto now = clock::now();
+    if (spin_until == deadline{})
+      spin_until = std::min(until, now + spin_);
+    return now >= spin_until;
+  };
   if (yield_) {
     // Oversubscribed: every poll hands the core to whoever else is runnable on it (the peer that
     // must answer), and comes back at once when no one is.
     for (uint32_t i = 1;; ++i) {
-      if (auto ctx = ctx_.lock())
+      if (ctx->may_move() || (i & 15) == 0)
         ctx->poll();
       if (done())
         return true;
-      if ((i & 15) == 0 && clock::now() >= spin_until)
+      if ((i & 15) == 0 && spun_out())
         return false;
       sched_yield();
     }
   }
   for (uint32_t i = 1;; ++i) {
-    if ((i & 15) == 0) {
-      if (auto ctx = ctx_.lock())
-        ctx->poll();
-    }
+    if (ctx->may_move() || (i & 255) == 0)
+      ctx->poll();
     if (done())
       return true;
     if ((i & 255) == 0) {
-      if (clock::now() >= spin_until)
+      if (spun_out())
         return false;
       std::this_thread::yield();
     } else {
@@ -63,10 +76,10 @@ inline caf::error shm_op::sleep_until_done(deadline until) {
       return result();
     auto now = clock::now();
     if (now >= until) {
-      auto ms = std::chrono::duration<double, std::milli>(now - posted).count();
+      const auto ms = (coarse_now_ns() - posted_ns) / 1'000'000;
       return make_caf_error(errc::collective_timeout,
                             describe() + " did not complete before its deadline (posted " +
-                                std::to_string(static_cast<int64_t>(ms)) + " ms ago)");
+                                std::to_string(ms) + " ms ago)");
     }
     sleep_on_bell(bell, seen, std::min<clock::duration>(until - now, nap_));
   }
@@ -80,7 +93,7 @@ caf::error shm_op::wait(deadline until) {
     waiter_count& w;
     ~leaving() { w.leave(); }
   } leave{*waiters_};
-  if (spin_until_done(std::min(until, clock::now() + spin_)))
+  if (spin_until_done(until))
     return result();
   return sleep_until_done(until);
 }

@@ -74,10 +74,13 @@ void shm_context::check_liveness() {
 
 bool shm_context::pass() {
   bool moved = false;
+  // Sends are queued only while the backlog counts them (a send written whole when posted never
+  // is): without one, no link's queue needs its lock.
+  const bool queued = waiters_->backlog.load(std::memory_order_seq_cst) > 0;
   for (auto& l : links_) {
     if (l.rank < 0)
       continue;
-    {
+    if (queued) {
       std::lock_guard<std::mutex> guard{l.out_mtx};
       if (!l.out_queue.empty() && write_queued(l)) {
         moved = true;
@@ -110,8 +113,8 @@ inline void shm_context::run_progress() {
   auto next_check = clock::now() + opts_.liveness_interval;
   while (!stop_.load()) {
     const uint32_t w = waiters_->n.load(std::memory_order_seq_cst);
-    if (auto now = clock::now(); waiters_->active(now)) {
-      nap_while_waiters_work(now, w, next_check);
+    if (waiters_->active()) {
+      nap_while_waiters_work(clock::now(), w, next_check);
       continue;
     }
     const uint32_t seen = me.bell.load(std::memory_order_seq_cst);

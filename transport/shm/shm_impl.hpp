@@ -49,7 +49,7 @@ public:
   shm_op(std::weak_ptr<shm_context> ctx, segment_ptr seg, waiter_count_ptr waiters, bool is_send,
          int self, int peer, uint64_t tag, std::chrono::microseconds spin,
          std::chrono::milliseconds nap, bool yield)
-      : is_send(is_send), self(self), peer(peer), tag(tag), posted(clock::now()),
+      : is_send(is_send), self(self), peer(peer), tag(tag), posted_ns(coarse_now_ns()),
         ctx_(std::move(ctx)), seg_(std::move(seg)), waiters_(std::move(waiters)), spin_(spin),
         nap_(nap), yield_(yield) {}
 
@@ -101,7 +101,8 @@ public:
   const int self;
   const int peer;
   const uint64_t tag;
-  const clock::time_point posted;
+  /// When it was posted (coarse_now_ns: named in its timeout, to the clock's tick).
+  const int64_t posted_ns;
   /// A send: its frame header and its parts, streamed in this order.
   frame_header header{};
   std::vector<const_bytes> parts;
@@ -120,9 +121,9 @@ private:
   }
 
   // The phases of wait (operation.cpp, which alone uses them: inline there).
-  /// The first phase of wait: spins until `spin_until`, polling the context now and then;
-  /// whether the operation is done.
-  inline bool spin_until_done(deadline spin_until);
+  /// The first phase of wait: spins for the context's spin time (at most until `until`),
+  /// polling the context when a peer may have moved; whether the operation is done.
+  inline bool spin_until_done(deadline until);
   /// The second phase of wait: sleeps on this rank's doorbell, making progress on each wake-up,
   /// until the operation is done or `until` passes.
   inline caf::error sleep_until_done(deadline until);
@@ -253,6 +254,24 @@ public:
   void pass_blocking() {
     std::lock_guard<std::mutex> lock{progress_mtx_};
     pass();
+  }
+
+  /// Whether a pass may have anything to do: a peer wrote into its ring to this rank, a send is
+  /// queued, or a peer is no longer live. Reads a few words, takes no lock: a spinning waiter
+  /// looks on every turn and polls only when it is true.
+  bool may_move() const noexcept {
+    if (waiters_->backlog.load(std::memory_order_relaxed) > 0)
+      return true;
+    for (const auto& l : links_) {
+      if (l.rank < 0 || l.failed.load(std::memory_order_relaxed))
+        continue;
+      const auto& c = *l.in.control;
+      if (c.head.load(std::memory_order_relaxed) != c.tail.load(std::memory_order_relaxed))
+        return true;
+      if (seg_->block(l.rank).state.load(std::memory_order_relaxed) != live)
+        return true;
+    }
+    return false;
   }
 
   /// One pass over every peer if no other thread is making progress; whether anything moved.
