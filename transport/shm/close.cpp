@@ -30,6 +30,10 @@ void shm_context::queue_goodbyes(const std::string& reason) {
     op->header = {0, op->owned.size(), goodbye_frame, 0};
     std::lock_guard<std::mutex> guard{l.out_mtx};
     l.out_queue.push_back(op);
+    // Queued as any send that did not fit: the passes write it (pass() looks at the queues only
+    // while the backlog counts a send).
+    op->in_backlog = true;
+    waiters_->backlog.fetch_add(1, std::memory_order_seq_cst);
   }
 }
 
