@@ -205,7 +205,7 @@ caf::error descriptor_exchange::exchange_direct() {
   // Sized once: every peer's send takes a copy of it but the last, which takes it.
   std::vector<const_bytes> parts;
   parts.reserve(1 + (gather_extents_ ? 1 : 0) + (mine_.fused ? call_.leaves.size() : 0));
-  parts.push_back({reinterpret_cast<const std::byte*>(&mine_), sizeof(call_descriptor)});
+  parts.push_back({reinterpret_cast<const std::byte*>(&mine_), mine_.wire_bytes()});
   if (gather_extents_)
     parts.push_back({reinterpret_cast<const std::byte*>(my_extents_.data()),
                      my_extents_.size() * sizeof(int64_t)});
@@ -230,16 +230,17 @@ caf::error descriptor_exchange::exchange_direct() {
     const int p = detail::ring_add(rank_, -k, size_);
     auto& op = recvs[static_cast<size_t>(p)];
     caf::error err = op->wait(clock_.until());
-    if (!err && op->message_bytes() < sizeof(call_descriptor))
-      err = make_caf_error(errc::invalid_argument,
-                           "its descriptor has " + std::to_string(op->message_bytes()) +
-                               " bytes, fewer than " + std::to_string(sizeof(call_descriptor)));
+    if (!err && op->message_bytes() < call_descriptor::header_bytes)
+      err =
+          make_caf_error(errc::invalid_argument,
+                         "its descriptor has " + std::to_string(op->message_bytes()) +
+                             " bytes, fewer than " + std::to_string(call_descriptor::header_bytes));
     if (err) {
       // The descriptors that did arrive say who reached the call (the flight recorder's view).
       for (int q = 0; q < size_ && call_.arrivals != nullptr; ++q) {
         const auto& other = recvs[static_cast<size_t>(q)];
         if (q != rank_ && q != p && other && other->done() &&
-            other->message_bytes() >= sizeof(call_descriptor))
+            other->message_bytes() >= call_descriptor::header_bytes)
           call_.arrivals->fetch_or(uint64_t{1} << q, std::memory_order_relaxed);
       }
       return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",
@@ -248,7 +249,13 @@ caf::error descriptor_exchange::exchange_direct() {
     if (call_.arrivals != nullptr)
       call_.arrivals->fetch_or(uint64_t{1} << p, std::memory_order_relaxed);
     got_[static_cast<size_t>(p)] = op->message_bytes();
-    std::memcpy(&all_[p], slot(p), sizeof(call_descriptor));
+    std::memcpy(static_cast<void*>(&all_[p]), slot(p), call_descriptor::header_bytes);
+    if (all_[p].failed) { // its error's text follows
+      const auto text = std::min(op->message_bytes() - call_descriptor::header_bytes,
+                                 call_descriptor::text_bytes - 1);
+      std::memcpy(all_[p].text, payload(p), text);
+      all_[p].text[text] = '\0';
+    }
   }
   reading.release();
   for (int p = 0; p < size_; ++p)

@@ -153,10 +153,13 @@ private:
   clock::time_point until_;
 };
 
-/// The descriptor every worker sends every other at the start of a call (fixed size; a fused
-/// call's data follows it in the same message).
+/// The descriptor every worker sends every other at the start of a call: its first
+/// `header_bytes` (one cache line), then either a fused call's data or, from a worker whose call
+/// failed, the text of its error.
 struct call_descriptor {
-  static constexpr size_t text_bytes = 190;
+  /// What every worker sends; a fused call's data (or a failed call's text) follows.
+  static constexpr size_t header_bytes = 64;
+  static constexpr size_t text_bytes = 192;
   uint8_t failed = 0;
   uint8_t kind = 0;
   uint8_t op = 0;
@@ -172,15 +175,20 @@ struct call_descriptor {
   /// on the chief's clock (its system clock plus group_call::clock_offset_ns): who came last, and
   /// by how much (call_lateness).
   int64_t entered_ns = 0;
-  /// The call's description (ok) or the local error (failed), truncated, NUL-padded.
-  char text[text_bytes] = {};
   /// group_call::flags of the sender (OR-ed over every worker into all_flags).
   uint8_t flags = 0;
   /// 1: the sender's data follows this descriptor in its message (a fused all-reduce or
   /// all-gather, or the root's worker of a fused broadcast).
   uint8_t fused = 0;
+  uint8_t reserved[6] = {};
+  /// The local error (failed only), truncated, NUL-padded; sent only when failed.
+  char text[text_bytes] = {};
+
+  /// The bytes of this descriptor that its message carries.
+  size_t wire_bytes() const noexcept { return failed ? sizeof(call_descriptor) : header_bytes; }
 };
-static_assert(sizeof(call_descriptor) == 248);
+static_assert(offsetof(call_descriptor, text) == call_descriptor::header_bytes);
+static_assert(sizeof(call_descriptor) == 256);
 
 /// Part 1 of a group call: every worker's descriptor to every other, a small call's data with it.
 /// `run()` fails with the call's error (the same on every worker) when a worker's call failed
@@ -217,7 +225,7 @@ public:
     return p < direct_max_workers ? got_[static_cast<size_t>(p)] : 0;
   }
   /// What came after worker `p`'s descriptor in its message (direct exchange only).
-  const std::byte* payload(int p) const noexcept { return slot(p) + sizeof(call_descriptor); }
+  const std::byte* payload(int p) const noexcept { return slot(p) + call_descriptor::header_bytes; }
   /// Whether the all-gather extents travelled with the descriptors.
   bool extents_sent() const noexcept { return gather_extents_; }
   /// Bytes of this worker's data.

@@ -51,13 +51,13 @@ fused_all_reduce::fused_all_reduce(const descriptor_exchange& exchange, const co
 
 caf::expected<std::vector<tensor>> fused_all_reduce::run() {
   // Every descriptor agreed, so every peer sent this many bytes of data; check it anyway.
-  const auto expected_bytes = sizeof(call_descriptor) + exchange_.data_bytes();
+  const auto expected_bytes = call_descriptor::header_bytes + exchange_.data_bytes();
   for (int p = 0; p < size_; ++p)
     if (p != rank_ && exchange_.received(p) != expected_bytes)
       return make_caf_error(
           errc::collective_mismatch,
           "collective mismatch between workers at " + call_.name() + ": " + worker_name(p) +
-              " sent " + std::to_string(exchange_.received(p) - sizeof(call_descriptor)) +
+              " sent " + std::to_string(exchange_.received(p) - call_descriptor::header_bytes) +
               " bytes of data where this worker has " + std::to_string(exchange_.data_bytes()));
   const auto wire_op = wire_op_of(call_.op);
   std::vector<tensor> out;
@@ -127,7 +127,7 @@ group_all_gather::group_all_gather(const context_ptr& ctx, const descriptor_exch
     : ctx_(ctx), exchange_(exchange), call_(call), clock_(clock), rank_(ctx->rank()),
       size_(ctx->size()), leaves_(call.leaves.size()),
       extents_(leaves_ * static_cast<size_t>(size_)), units_(leaves_),
-      data_at_(static_cast<size_t>(size_), sizeof(call_descriptor) + leaves_ * 8) {
+      data_at_(static_cast<size_t>(size_), call_descriptor::header_bytes + leaves_ * 8) {
   auto* mine = extents_.data() + static_cast<size_t>(rank_) * leaves_;
   const auto axis = static_cast<size_t>(call_.axis);
   for (size_t i = 0; i < leaves_; ++i) {
@@ -160,12 +160,12 @@ caf::error group_all_gather::gather_extents() {
       continue;
     const auto at = static_cast<size_t>(p);
     const auto got = exchange_.received(p);
-    if (got < sizeof(call_descriptor) + leaves_ * 8)
+    if (got < call_descriptor::header_bytes + leaves_ * 8)
       return make_caf_error(errc::collective_mismatch,
                             call_.name() + ": " + worker_name(p) + " sent " + std::to_string(got) +
                                 " bytes with its descriptor, fewer than its extents take");
     std::memcpy(extents_.data() + at * leaves_, exchange_.payload(p), leaves_ * 8);
-    size_t expect = sizeof(call_descriptor) + leaves_ * 8;
+    size_t expect = call_descriptor::header_bytes + leaves_ * 8;
     if (exchange_.fused(p))
       for (size_t i = 0; i < leaves_; ++i)
         expect += static_cast<size_t>(extents_[at * leaves_ + i]) * units_[i];
@@ -205,8 +205,9 @@ caf::expected<tensor> group_all_gather::gather_leaf(size_t i) {
     auto* into = static_cast<std::byte*>(gathered.raw_mutable_data());
     for (int w = 0; w < size_; ++w) {
       const auto at = static_cast<size_t>(w);
-      const auto* from = w == rank_ ? static_cast<const std::byte*>(leaf.raw_data())
-                                    : exchange_.payload(w) - sizeof(call_descriptor) + data_at_[at];
+      const auto* from = w == rank_
+                             ? static_cast<const std::byte*>(leaf.raw_data())
+                             : exchange_.payload(w) - call_descriptor::header_bytes + data_at_[at];
       if (sizes[at] > 0)
         std::memcpy(into, from, sizes[at]);
       into += sizes[at];
@@ -265,11 +266,11 @@ caf::expected<std::vector<tensor>> group_broadcast::from_descriptor() {
     return out;
   }
   const auto sent = exchange_.received(root);
-  if (sent != sizeof(call_descriptor) + exchange_.data_bytes())
+  if (sent != call_descriptor::header_bytes + exchange_.data_bytes())
     return make_caf_error(
         errc::collective_mismatch,
         "collective mismatch between workers at " + call_.name() + ": " + worker_name(root) +
-            " (the root) sent " + std::to_string(sent - sizeof(call_descriptor)) +
+            " (the root) sent " + std::to_string(sent - call_descriptor::header_bytes) +
             " bytes of data where this worker expects " + std::to_string(exchange_.data_bytes()));
   const std::byte* from = exchange_.payload(root);
   for (auto& leaf : call_.leaves) {
