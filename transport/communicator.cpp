@@ -29,7 +29,7 @@ caf::expected<std::vector<tensor>> communicator::run(lane l, group_call& call) {
   // Held for the whole call: a lane's calls never overlap, whether they come from its thread or
   // straight from a replica's (run_or_post).
   std::lock_guard<std::mutex> running{ls.run_mtx};
-  if (!lost_cause().empty())
+  if (broken_.load(std::memory_order_acquire) && !lost_cause().empty())
     return call.local_failure ? call.local_failure : lost_error(call.name());
   call_clock clock{ls.next_tag, static_cast<uint64_t>(l), lane_count, clock::now() + call.timeout};
   descriptor_exchange exchange{ctx_, call, devices_per_worker_, ls.scratch, clock};
@@ -189,6 +189,7 @@ void communicator::abort(const std::string& cause, errc code) {
       return;
     lost_ = cause;
     lost_code_ = code;
+    broken_.store(true, std::memory_order_release);
   }
   lost_cv_.notify_all();
   ctx_->abort(cause, code);

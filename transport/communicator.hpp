@@ -163,8 +163,10 @@ private:
   std::chrono::milliseconds close_timeout_;
   std::atomic<int64_t> change_grace_ns_{0};
   mutable std::mutex lost_mtx_;
-  std::condition_variable lost_cv_;  // notified when lost_ is set
-  std::string lost_;                 // guarded by lost_mtx_
+  std::condition_variable lost_cv_; // notified when lost_ is set
+  std::string lost_;                // guarded by lost_mtx_
+  /// Set (under lost_mtx_) once lost_ is: a call looks here without the lock.
+  std::atomic<bool> broken_{false};
   errc lost_code_ = errc::peer_lost; // guarded by lost_mtx_
   bool stopped_ = false;             // guarded by lost_mtx_
   lane_state lanes_[2];

@@ -60,6 +60,7 @@ caf::error shm_context::close(const std::string& reason, deadline until) {
     if (closed_ || aborted_)
       return {};
     closed_ = true;
+    refusing_.store(true, std::memory_order_release);
   }
   // Pending receives end; posted sends go on, followed by the goodbye.
   queue_goodbyes(reason);

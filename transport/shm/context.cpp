@@ -171,6 +171,8 @@ op_ptr shm_context::new_op(bool is_send, int peer, uint64_t tag) {
 }
 
 bool shm_context::refused(errc& code, std::string& cause) {
+  if (!refusing_.load(std::memory_order_acquire))
+    return false;
   std::lock_guard<std::mutex> guard{state_mtx_};
   if (aborted_) {
     code = abort_code_;
@@ -200,6 +202,7 @@ void shm_context::abort(const std::string& why, errc code) {
     if (aborted_)
       return;
     aborted_ = true;
+    refusing_.store(true, std::memory_order_release);
     abort_code_ = code;
     abort_why_ = why;
     auto& me = seg_->block(rank_);

@@ -348,6 +348,9 @@ private:
   std::mutex state_mtx_;
   bool aborted_ = false;
   bool closed_ = false;
+  /// Set (under state_mtx_) once aborted_ or closed_ is: a new operation looks here without the
+  /// lock.
+  std::atomic<bool> refusing_{false};
   errc abort_code_ = errc::peer_lost;
   std::string abort_why_;
 };
