@@ -634,6 +634,9 @@ std::string flight_recorder::to_json(const std::string& reason) const {
   // The chief's wall clock minus this one's, as the membership heartbeats last measured it (0
   // on the chief, and until a first round trip).
   doc["chief_clock_offset_us"] = chief_offset_ns() / 1000;
+  // The round trip it comes from (it is within half of it), once one is known.
+  if (const auto delay = chief_delay_ns_.load(std::memory_order_relaxed); delay >= 0)
+    doc["chief_clock_offset_delay_us"] = delay / 1000;
   // The same instant on the steady clock (CLOCK_MONOTONIC, one clock for every process of a boot
   // of a host), with the host and boot it belongs to: tools/consort-diagnose estimates the
   // workers' clock offsets from the collectives alone, and checks the estimate against this clock

@@ -173,9 +173,11 @@ public:
   static constexpr double straggler_share = 0.05;
   void set_straggler_log(std::function<void(const std::string&)> log);
   /// The chief's clock against this worker's (strategy::chief_clock_offset), which the calls
-  /// between workers add to their entry times; dumps carry it too.
-  void set_chief_offset(int64_t ns) noexcept {
+  /// between workers add to their entry times; dumps carry it too, with `delay_ns`, the round
+  /// trip it comes from (the offset is within half of it; 0 on the chief).
+  void set_chief_offset(int64_t ns, int64_t delay_ns) noexcept {
     chief_offset_ns_.store(ns, std::memory_order_relaxed);
+    chief_delay_ns_.store(delay_ns, std::memory_order_relaxed);
   }
   int64_t chief_offset_ns() const noexcept {
     return chief_offset_ns_.load(std::memory_order_relaxed);
@@ -218,6 +220,8 @@ private:
   };
   std::map<uint64_t, step_lateness> open_steps_;
   std::atomic<int64_t> chief_offset_ns_{0};
+  /// -1: no offset known yet.
+  std::atomic<int64_t> chief_delay_ns_{-1};
   step_lateness* current_ = nullptr; // the entry of open_steps_ for current_step_, or null
   uint64_t current_step_ = 0;
   std::deque<step_verdict> verdicts_;

@@ -86,6 +86,9 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
         flight_recorder::entries_for(opts.flight_recorder_entries), d.mw.worker_rank,
         std::move(names));
   }
+  // The chief (and a lone worker) knows its own clock's offset from the chief's: none.
+  if (!d.mw.chief_clock)
+    d.mw.recorder->set_chief_offset(0, 0);
   d.first_id = d.mw.worker_rank * static_cast<int>(d.devices.size());
   d.in_sync = d.mw.num_workers * static_cast<int>(d.devices.size());
   configure_actor_system(d.cfg);
@@ -173,7 +176,7 @@ future<per_replica<nest>> runtime::start(step_function fn, bool may_run_here) {
   auto* recorder = impl_->mw.recorder.get();
   if (impl_->mw.chief_clock) // refreshed once a step: the heartbeats move it every 100 ms
     if (const auto offset = impl_->mw.chief_clock(); offset.known)
-      recorder->set_chief_offset(offset.offset_ns);
+      recorder->set_chief_offset(offset.offset_ns, offset.delay_ns);
   auto done = [state, recorder](step_join& join) {
     recorder->step_ended(join.step(), !join.failure());
     if (join.failure())

@@ -61,6 +61,9 @@ if dump_at_end=1 run even 30 -1 0; then
   grep -qE "straggler metric: .*, named$" <<<"$live" && fail "even: a worker's metric names a straggler"
   [ "$(grep -c "straggler metric: " <<<"$live")" -eq 9 ] || fail "even: expected 3 workers' metrics of 3 workers"
   check_clocks even "$out"
+  # The dumps carry the heartbeats' offsets, and the estimate names them beside its own.
+  [ "$(grep -c "the heartbeats said" <<<"$out")" -eq 2 ] ||
+    fail "even: expected both workers' heartbeat offsets named beside the estimate"
   # The trace: one file, a process per worker, every name escaped by the JSON writer.
   python3 - "$dir/even.trace.json" <<'PY' || fail "even: the trace"
 import json, sys
@@ -81,7 +84,9 @@ PY
 import glob, json, os, sys
 for path in glob.glob(os.path.join(sys.argv[1], "consort-flight-*.json")):
     d = json.load(open(path))
-    d["epoch_unix_us"] += {0: 0, 1: 2_500_000, 2: -37_000}[d["rank"]]
+    move = {0: 0, 1: 2_500_000, 2: -37_000}[d["rank"]]
+    d["epoch_unix_us"] += move
+    d["chief_clock_offset_us"] -= move  # what the heartbeats would have measured there
     json.dump(d, open(os.path.join(sys.argv[2], os.path.basename(path)), "w"))
 PY
   moved=$("$root/tools/consort-diagnose" --clocks "$dir/moved" 2>&1)
@@ -94,6 +99,7 @@ PY
       fail "moved: worker:$1's wall clock is not $2 us from the chief's ($v)"
   done
   check_clocks moved "$moved"
+  grep -q "rule out" <<<"$moved" && fail "moved: the collectives ruled out heartbeats that moved with the clocks"
 fi
 
 # The membership heartbeats' clock offsets (strategy::chief_clock_offset): the chief's is 0, each

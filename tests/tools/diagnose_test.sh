@@ -71,10 +71,16 @@ fi
 # clocks are 2.5 s and -37 ms off the chief's and whose recorders started at different times, 40
 # steps of 10 ms with one all-reduce each. In "late", worker 1 arrives 1 ms (10 %) after the
 # others at every step; in "even", the arrivals differ by up to 50 us at random.
+# Optional: "beats" adds what the membership heartbeats measured to each dump (the chief's wall
+# clock minus the worker's, off the truth by 40 and -30 us, from round trips of 200 us), and
+# "apart" numbers worker 2's collectives so that none is in common with the chief's.
 made_up() {
-  python3 - "$dir/$1" "$2" <<'PY'
+  python3 - "$dir/$1" "$2" "${3:-}" "${4:-}" <<'PY'
 import json, os, random, sys
 out, late = sys.argv[1], float(sys.argv[2])
+beats, apart = sys.argv[3].startswith("beats"), sys.argv[4] == "apart"
+# "beats_tight": worker 1's heartbeats are 300 us off (-200 us with late steps), claiming +-10 us.
+tight = sys.argv[3] == "beats_tight"
 os.makedirs(out, exist_ok=True)
 rng = random.Random(33)
 wall = {0: 0, 1: 2_500_000, 2: -37_000}     # each wall clock's offset from true time, us
@@ -88,7 +94,8 @@ for step in range(40):
     for w in wall:
         local = lambda t: round(t - began[w])
         entries[w].append({"type": "step_start", "step": step, "time_us": local(t0)})
-        entries[w].append({"type": "collective", "number": step + 1, "step": step, "seq": 0,
+        number = step + 1 + (1000 if apart and w == 2 else 0)
+        entries[w].append({"type": "collective", "number": number, "step": step, "seq": 0,
                            "replica": 0, "op": "all_reduce(SUM)", "signature": "float32[2]",
                            "state": "done", "enqueue_us": local(arrive[w]),
                            "start_us": local(arrive[w]),
@@ -101,6 +108,10 @@ for w in wall:
            "epoch_unix_us": 1_700_000_000_000_000 + began[w] + wall[w],
            "clock": {"steady_epoch_ns": (boot + began[w]) * 1000, "host": "h", "boot_id": "b"},
            "entries": entries[w]}
+    if beats:
+        err = {0: 0, 1: (-200 if late else 300) if tight else 40, 2: -30}[w]
+        doc["chief_clock_offset_us"] = wall[0] - wall[w] + err
+        doc["chief_clock_offset_delay_us"] = 0 if w == 0 else 20 if tight and w == 1 else 200
     json.dump(doc, open(os.path.join(out, f"consort-flight-worker-{w}-{100 + w}.json"), "w"))
 PY
 }
@@ -111,6 +122,33 @@ expect "named within 20 steps" "named from step 10" --stragglers "$dir/late"
 expect "the straggler's metric" "worker:1 last_steps=20/20 late_ms=0.9" --stragglers "$dir/late"
 expect "no straggler" "stragglers: none" --stragglers "$dir/even"
 for sub in late even; do
+  got=$("$diagnose" --clocks "$dir/$sub" 2>&1)
+  while read -r off; do
+    if ! awk -v v="$off" 'BEGIN { exit !(v <= 100) }'; then
+      echo "FAIL clocks of $sub: an estimate is off by $off us (> 100): $got"
+      failures=$((failures + 1))
+    fi
+  done < <(grep -oP 'the estimate is off by \K[0-9.]+' <<<"$got")
+  if [ "$(grep -c 'the estimate is off by' <<<"$got")" -ne 2 ]; then
+    echo "FAIL clocks of $sub: the estimates were not checked against the shared clock: $got"
+    failures=$((failures + 1))
+  fi
+done
+# The heartbeats' offsets in the dumps: beside a tighter estimate from the collectives they are
+# only named; where a worker has no collective in common with the chief, they place it.
+made_up beats 0 beats
+made_up apart 0 beats apart
+made_up apart_blind 0 "" apart
+made_up late_beats 1000 beats
+made_up tight 0 beats_tight
+made_up loose 1000 beats_tight
+expect "the heartbeats named" "the heartbeats said +2499960.0 us, within +-100.0 us" --clocks "$dir/beats"
+expect "the heartbeats place a worker" "clock: worker:2's clock is -36970.0 us from worker:0's (the membership heartbeats' estimate, within +-100.0 us; no collective in common)" --clocks "$dir/apart"
+expect "nothing places a worker" "clock: worker:2: no collective in common with worker:0, and no heartbeat offset in its dump; its wall clock is taken as it is" --clocks "$dir/apart_blind"
+expect "loose bounds within the heartbeats'" "the heartbeats said +2499960.0 us, within +-100.0 us)" --clocks "$dir/late_beats"
+expect "heartbeats the collectives rule out" "clock: worker:1's clock is +2499999.5 us from worker:0's (estimated from 40 collectives in 1 windows, each within +-5.5 us; the heartbeats said +2499700.0 us, within +-10.0 us, which the collectives rule out in 1 of the windows)" --clocks "$dir/tight"
+expect "an estimate moved into the heartbeats' bound" "clock: worker:1's clock is +2500190.0 us from worker:0's (estimated from 40 collectives in 1 windows, each within +-487.0 us; the heartbeats said +2500200.0 us, within +-10.0 us, and 1 of the windows' estimates were moved into that bound)" --clocks "$dir/loose"
+for sub in beats apart late_beats; do
   got=$("$diagnose" --clocks "$dir/$sub" 2>&1)
   while read -r off; do
     if ! awk -v v="$off" 'BEGIN { exit !(v <= 100) }'; then
