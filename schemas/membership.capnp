@@ -71,6 +71,10 @@ struct Join {
   standbyAddress @9 :Text;
   # Elastic groups: "host:port" where this worker would lead the group's re-formations if the chief
   # were lost and it were the first member after it (its successor); empty otherwise.
+
+  sentNs @10 :Int64;
+  # The worker's wall clock when it sent this Join (ns since the Unix epoch; 0: not given). The
+  # chief echoes it in its View, so that the worker learns the chief's clock with its view.
 }
 
 # The chief refuses a Join (wrong version, failed proof, another cluster, a task it does not
@@ -119,6 +123,13 @@ struct View {
   # nonces of the receiving worker's connection (Challenge.nonce, Join.nonce), its task, the epoch
   # and the group id (service.cpp `view_proof`): the chief proves it knows the secret too. Empty
   # without a secret.
+
+  sentNs @6 :Int64;
+  joinSentNs @7 :Int64;
+  joinReceivedNs @8 :Int64;
+  # The chief's wall clock when it sent this View, and the receiving worker's Join: its sentNs and
+  # when the chief received it (0: none). As a Heartbeat's echo: one NTP-style round trip, whose
+  # delay leaves out the time the chief held the Join (the rendezvous).
 }
 
 # A member's liveness signal, sent periodically to the chief (and by the chief to members).

@@ -328,6 +328,7 @@ TEST(MembershipCodecTest, EveryMessageRoundTripsThroughItsEncoding) {
   j.pid = 4242;
   j.cluster_digest = 0x0123456789abcdefull;
   j.cluster = "[worker:0=10.0.0.1:7000, worker:3=10.0.0.4:7000]";
+  j.sent_ns = 1'700'000'000'123'456'789;
   auto out = std::get<codec::join>(round_trip(j));
   EXPECT_EQ(out.task, j.task);
   EXPECT_EQ(out.address, j.address);
@@ -338,6 +339,7 @@ TEST(MembershipCodecTest, EveryMessageRoundTripsThroughItsEncoding) {
   EXPECT_EQ(out.pid, 4242u);
   EXPECT_EQ(out.cluster_digest, j.cluster_digest);
   EXPECT_EQ(out.cluster, j.cluster);
+  EXPECT_EQ(out.sent_ns, j.sent_ns);
 
   codec::view_message v;
   v.view.epoch = 3;
@@ -352,9 +354,15 @@ TEST(MembershipCodecTest, EveryMessageRoundTripsThroughItsEncoding) {
   }
   v.view.nccl_unique_id = pattern(128, 4);
   v.auth_proof = pattern(32, 5);
+  v.sent_ns = 30;
+  v.join_sent_ns = 10;
+  v.join_received_ns = -20; // another host's clock may be behind
   auto vout = std::get<codec::view_message>(round_trip(v));
   EXPECT_EQ(vout.view, v.view);
   EXPECT_EQ(vout.auth_proof, v.auth_proof);
+  EXPECT_EQ(vout.sent_ns, 30);
+  EXPECT_EQ(vout.join_sent_ns, 10);
+  EXPECT_EQ(vout.join_received_ns, -20);
 
   auto a = std::get<codec::abort>(round_trip(codec::abort{2, "lost", {1, 3}}));
   EXPECT_EQ(a.epoch, 2u);
@@ -1170,7 +1178,6 @@ TEST(MembershipTest, TheHeartbeatsTellAWorkerHowFarTheChiefsClockIs) {
   auto chief = c.services[0]->chief_clock_offset();
   EXPECT_TRUE(chief.known);
   EXPECT_EQ(chief.offset_ns, 0);
-  EXPECT_FALSE(c.services[1]->chief_clock_offset().known); // no round trip yet
   advance_until(
       c.clock, {c.services[0].get(), c.services[1].get()},
       [&] { return c.services[1]->chief_clock_offset().samples >= 3; }, 600s);
@@ -1180,6 +1187,37 @@ TEST(MembershipTest, TheHeartbeatsTellAWorkerHowFarTheChiefsClockIs) {
   EXPECT_GE(o.delay_ns, 0);
   EXPECT_LE(std::llabs(o.offset_ns - behind), o.delay_ns / 2 + 1000)
       << "offset " << o.offset_ns << " ns, delay " << o.delay_ns << " ns";
+}
+
+// A worker's first round trip comes with the view, not a heartbeat interval later: the view
+// echoes its Join (when it was sent, when the chief received it) with the time the chief sent it.
+// The rendezvous (the chief holding the Join) is not part of the delay.
+TEST(MembershipTest, AWorkerKnowsTheChiefsClockFromTheView) {
+  constexpr int64_t behind = 2'500'000'000;
+  cluster c(
+      3,
+      [](membership::options& o) {
+        o.heartbeat_interval = 60s; // no heartbeat within the test
+        o.peer_timeout = 480s;
+        if (o.rank == 2)
+          o.wall_clock = [] {
+            return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count() -
+                   behind;
+          };
+      },
+      timing::manual);
+  ASSERT_TRUE(c.form());
+  for (int r : {1, 2}) {
+    auto o = c.services[static_cast<size_t>(r)]->chief_clock_offset();
+    ASSERT_TRUE(o.known) << "rank " << r << "\n" << c.logs.all();
+    EXPECT_EQ(o.samples, 1u) << "rank " << r << ": the view's round trip, no heartbeat";
+    EXPECT_GE(o.delay_ns, 0);
+    const int64_t truth = r == 2 ? behind : 0;
+    EXPECT_LE(std::llabs(o.offset_ns - truth), o.delay_ns / 2 + 1000)
+        << "rank " << r << ": offset " << o.offset_ns << " ns, delay " << o.delay_ns << " ns";
+  }
 }
 
 TEST(MembershipTest, AMemberThatLeavesIsNotReportedLost) {

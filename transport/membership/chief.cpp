@@ -244,6 +244,7 @@ void service::impl::on_join(const conn_ptr& c, codec::join& j) {
   c->state = phase::joined;
   c->rank = rank;
   c->join = std::move(j);
+  c->join_received_ns = wall_ns();
   by_rank_[rank] = c;
   log_line(name_of(rank) + " joined from " + c->remote() + " (collective address " +
            c->join.address + ", " + std::to_string(c->join.devices.size()) + " devices, pid " +
@@ -361,6 +362,10 @@ void service::impl::send_view(const conn_ptr& c, const view& v, clock::time_poin
   c->state = phase::member;
   c->last_rx = now;
   codec::view_message m{v, {}};
+  // Echoes the member's Join: with the view, it learns the chief's clock (record_round_trip).
+  m.sent_ns = wall_ns();
+  m.join_sent_ns = c->join.sent_ns;
+  m.join_received_ns = c->join_received_ns;
   if (!opts_.secret.empty())
     m.auth_proof = proofs::view_proof(opts_.secret, c->nonce, c->join.nonce, c->join.task, v.epoch,
                                       v.group_id);
@@ -530,6 +535,8 @@ void service::impl::on_rejoin(const conn_ptr& c, codec::join& j) {
                          ": its collective address: " + why);
   c->join.address = std::move(j.address);
   c->join.nonce = std::move(j.nonce);
+  c->join.sent_ns = j.sent_ns;
+  c->join_received_ns = wall_ns();
   rejoined_.insert(c->rank);
   maybe_form_next_view();
 }

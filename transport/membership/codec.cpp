@@ -74,6 +74,7 @@ struct encoder {
     out.setClusterDigest(m.cluster_digest);
     out.setCluster(m.cluster);
     out.setStandbyAddress(m.standby_address);
+    out.setSentNs(m.sent_ns);
   }
 
   void operator()(const refusal& m) {
@@ -98,6 +99,9 @@ struct encoder {
     }
     out.setNcclUniqueId(bytes_of(m.view.nccl_unique_id));
     out.setAuthProof(bytes_of(m.auth_proof));
+    out.setSentNs(m.sent_ns);
+    out.setJoinSentNs(m.join_sent_ns);
+    out.setJoinReceivedNs(m.join_received_ns);
   }
 
   void operator()(const heartbeat& m) {
@@ -234,6 +238,7 @@ std::string read_message(schemas::MembershipMessage::Reader root, budget& b, mes
     if (why = copy_text(in.getStandbyAddress(), "standby address", b, m.standby_address);
         !why.empty())
       return why;
+    m.sent_ns = in.getSentNs();
     out = std::move(m);
     return {};
   }
@@ -286,6 +291,9 @@ std::string read_message(schemas::MembershipMessage::Reader root, budget& b, mes
       return why;
     if (why = copy_data(in.getAuthProof(), "authentication proof", b, m.auth_proof); !why.empty())
       return why;
+    m.sent_ns = in.getSentNs();
+    m.join_sent_ns = in.getJoinSentNs();
+    m.join_received_ns = in.getJoinReceivedNs();
     out = std::move(m);
     return {};
   }

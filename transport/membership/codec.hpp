@@ -62,6 +62,8 @@ struct join {
   std::string cluster;
   /// Elastic: where this worker would lead re-formations as the chief's successor; "" otherwise.
   std::string standby_address;
+  /// The worker's wall clock when it sent the Join (ns; 0: not given).
+  int64_t sent_ns = 0;
 };
 
 /// schemas::Refusal.
@@ -74,6 +76,11 @@ struct refusal {
 struct view_message {
   membership::view view;
   std::vector<std::byte> auth_proof;
+  /// The chief's wall clock when it sent the view, and the receiving worker's Join: when it was
+  /// sent and when the chief received it (ns; 0: none).
+  int64_t sent_ns = 0;
+  int64_t join_sent_ns = 0;
+  int64_t join_received_ns = 0;
 };
 
 /// schemas::Heartbeat.

@@ -285,7 +285,10 @@ void service::impl::on_heartbeat(const conn_ptr& c, const codec::heartbeat& h) {
   if (chief_ || c != chief_conn_ || c->state != phase::member || h.echo_sent_ns == 0 ||
       h.sent_ns == 0)
     return;
-  const int64_t t1 = h.echo_sent_ns, t2 = h.echo_received_ns, t3 = h.sent_ns;
+  record_round_trip(h.echo_sent_ns, h.echo_received_ns, h.sent_ns, t4);
+}
+
+void service::impl::record_round_trip(int64_t t1, int64_t t2, int64_t t3, int64_t t4) {
   const int64_t delay = (t4 - t1) - (t3 - t2);
   if (delay < 0)
     return; // a clock stepped between the two: no sample

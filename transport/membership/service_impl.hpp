@@ -129,6 +129,7 @@ private:
     phase state = phase::handshake;
     int rank = -1;                 // the peer's rank once known
     codec::join join;              // chief: the accepted Join
+    int64_t join_received_ns = 0;  // chief: when it received that Join (wall clock)
     std::vector<std::byte> nonce;  // chief: the challenge it sent
     clock::time_point opened_at{}; // accepted, or the attempt started
     clock::time_point last_rx{};   // the last message received
@@ -146,6 +147,9 @@ private:
                               const char*& step);
   /// Records a heartbeat's times for the echo, and (from the chief) one round trip.
   void on_heartbeat(const conn_ptr& c, const codec::heartbeat& h);
+  /// One NTP-style round trip with the chief: t1 this worker sent, t2 the chief received, t3 the
+  /// chief sent, t4 this worker received (wall clocks, ns); kept among the last 16.
+  void record_round_trip(int64_t t1, int64_t t2, int64_t t3, int64_t t4);
   /// The longest reason or cause a Refusal or an Abort carries: it must fit a frame and the
   /// codec's text limit.
   std::size_t text_limit() const;

@@ -37,6 +37,7 @@ codec::join service::impl::join_for(const std::string& address) {
     j.auth_proof = proofs::join_proof(opts_.secret, chief_nonce_, my_nonce_, j.task, j.address);
   j.pid = static_cast<uint32_t>(::getpid());
   j.cluster_digest = cluster_.digest;
+  j.sent_ns = wall_ns(); // sent right away: the chief echoes it in its view
   return j;
 }
 
@@ -211,6 +212,7 @@ void service::impl::worker_failed(const conn_ptr& c, const std::string& what) {
 }
 
 void service::impl::on_view(const conn_ptr& c, codec::view_message& m) {
+  const int64_t received_ns = wall_ns();
   auto& v = m.view;
   auto why = proofs::check_view(opts_.secret, chief_nonce_, my_nonce_, opts_.tasks[opts_.rank], m);
   if (why.empty() && elastic())
@@ -253,6 +255,9 @@ void service::impl::on_view(const conn_ptr& c, codec::view_message& m) {
   auto now = this->now();
   c->last_rx = now;
   next_heartbeat_ = now + opts_.heartbeat_interval;
+  // The view echoes this worker's Join: the first sample of the chief's clock, with the view.
+  if (m.join_sent_ns != 0 && m.join_received_ns != 0 && m.sent_ns != 0)
+    record_round_trip(m.join_sent_ns, m.join_received_ns, m.sent_ns, received_ns);
   log_line("received the view of epoch " + std::to_string(v.epoch) + " from the chief at " +
            c->remote() + ": " + std::to_string(v.members.size()) + " members, group " +
            std::to_string(v.group_id));
