@@ -5,6 +5,7 @@
 #include <consort/ops.hpp>
 
 #include <charconv>
+#include <optional>
 #include <sstream>
 #include <string_view>
 
@@ -66,9 +67,12 @@ std::string describe_slot(const call_signature& sig, step_id step, uint32_t seq)
 std::string check_against(const call_signature& sig, const collective_call& call, int first_replica,
                           const std::vector<tensor>& leaves) {
   const auto& req = call.request;
-  std::ostringstream out;
-  auto prefix = [&] {
-    out << "collective mismatch at step " << call.step << ", call #" << call.seq << ": ";
+  // The stream only on the way to an error: a call that passes formats nothing.
+  std::optional<std::ostringstream> stream;
+  auto prefix = [&]() -> std::ostringstream& {
+    stream.emplace();
+    *stream << "collective mismatch at step " << call.step << ", call #" << call.seq << ": ";
+    return *stream;
   };
   call_signature mine;
   mine.kind = req.kind;
@@ -78,7 +82,7 @@ std::string check_against(const call_signature& sig, const collective_call& call
   if (mine.kind != sig.kind || (sig.kind == collective_kind::all_reduce && mine.op != sig.op) ||
       (sig.kind == collective_kind::all_gather && mine.axis != sig.axis) ||
       (sig.kind == collective_kind::broadcast && mine.root != sig.root)) {
-    prefix();
+    auto& out = prefix();
     out << "replica " << call.replica << " called " << describe_call(mine) << " but replica "
         << first_replica << " called " << describe_call(sig)
         << "; every replica must make the same collective calls in the same order";
@@ -86,7 +90,7 @@ std::string check_against(const call_signature& sig, const collective_call& call
   }
   auto structure = req.value.structure_string();
   if (structure != sig.structure) {
-    prefix();
+    auto& out = prefix();
     out << "replica " << call.replica << " passed structure " << structure << " but replica "
         << first_replica << " passed " << sig.structure;
     return out.str();
@@ -94,7 +98,7 @@ std::string check_against(const call_signature& sig, const collective_call& call
   for (size_t i = 0; i < leaves.size(); ++i) {
     const auto& t = leaves[i];
     if (t.dtype() != sig.dtypes[i]) {
-      prefix();
+      auto& out = prefix();
       out << "leaf " << i << ": replica " << call.replica << " passed " << to_string(t.dtype())
           << " but replica " << first_replica << " passed " << to_string(sig.dtypes[i]);
       return out.str();
@@ -106,7 +110,7 @@ std::string check_against(const call_signature& sig, const collective_call& call
       for (size_t d = 0; ok && d < a.size(); ++d)
         ok = static_cast<int64_t>(d) == sig.axis || a[d] == b[d];
       if (!ok) {
-        prefix();
+        auto& out = prefix();
         out << "leaf " << i << ": replica " << call.replica << " passed shape "
             << to_string(t.shape()) << " but replica " << first_replica << " passed "
             << to_string(b) << "; all_gather along axis " << sig.axis
@@ -114,7 +118,7 @@ std::string check_against(const call_signature& sig, const collective_call& call
         return out.str();
       }
     } else if (t.shape() != sig.shapes[i]) {
-      prefix();
+      auto& out = prefix();
       out << "leaf " << i << ": replica " << call.replica << " passed shape "
           << to_string(t.shape()) << " but replica " << first_replica << " passed "
           << to_string(sig.shapes[i]) << "; " << to_string(sig.kind) << " needs equal shapes";
@@ -127,40 +131,39 @@ std::string check_against(const call_signature& sig, const collective_call& call
 std::string check_arguments(const collective_call& call, const std::vector<tensor>& leaves,
                             int num_replicas, int64_t* normalized_axis) {
   const auto& req = call.request;
-  std::ostringstream out;
-  if (req.kind == collective_kind::broadcast && (req.root < 0 || req.root >= num_replicas)) {
-    out << "broadcast at step " << call.step << ", call #" << call.seq << ": root replica "
-        << req.root << " is out of range; expected 0 <= root < " << num_replicas;
+  // The stream only on the way to an error: a call that passes formats nothing.
+  auto say = [](auto&&... parts) {
+    std::ostringstream out;
+    (out << ... << parts);
     return out.str();
+  };
+  if (req.kind == collective_kind::broadcast && (req.root < 0 || req.root >= num_replicas)) {
+    return say("broadcast at step ", call.step, ", call #", call.seq, ": root replica ", req.root,
+               " is out of range; expected 0 <= root < ", num_replicas);
   }
   if (req.kind == collective_kind::all_gather) {
     if (leaves.empty()) {
-      out << "all_gather at step " << call.step << ", call #" << call.seq
-          << ": the value has no tensors";
-      return out.str();
+      return say("all_gather at step ", call.step, ", call #", call.seq,
+                 ": the value has no tensors");
     }
     for (size_t i = 0; i < leaves.size(); ++i) {
       auto rank = leaves[i].rank();
       if (rank == 0) {
-        out << "all_gather at step " << call.step << ", call #" << call.seq << ": leaf " << i
-            << " is a scalar (rank 0); all_gather needs rank >= 1, reshape it to [1]";
-        return out.str();
+        return say("all_gather at step ", call.step, ", call #", call.seq, ": leaf ", i,
+                   " is a scalar (rank 0); all_gather needs rank >= 1, reshape it to [1]");
       }
       if (req.axis < -rank || req.axis >= rank) {
-        out << "all_gather at step " << call.step << ", call #" << call.seq << ": axis " << req.axis
-            << " is out of range for leaf " << i << " of rank " << rank << "; expected -" << rank
-            << " <= axis < " << rank;
-        return out.str();
+        return say("all_gather at step ", call.step, ", call #", call.seq, ": axis ", req.axis,
+                   " is out of range for leaf ", i, " of rank ", rank, "; expected -", rank,
+                   " <= axis < ", rank);
       }
       auto axis = req.axis < 0 ? req.axis + rank : req.axis;
       if (i == 0)
         *normalized_axis = axis;
       else if (axis != *normalized_axis) {
-        out << "all_gather at step " << call.step << ", call #" << call.seq << ": axis " << req.axis
-            << " means axis " << axis << " for leaf " << i << " but axis " << *normalized_axis
-            << " for leaf 0; use a non-negative axis with leaves of "
-            << "different ranks";
-        return out.str();
+        return say("all_gather at step ", call.step, ", call #", call.seq, ": axis ", req.axis,
+                   " means axis ", axis, " for leaf ", i, " but axis ", *normalized_axis,
+                   " for leaf 0; use a non-negative axis with leaves of different ranks");
       }
     }
   }
