@@ -9,8 +9,8 @@ namespace consort {
 
 /// The chief's wall clock against this process's, from the membership's round trips (the view
 /// echoes the worker's Join, and every heartbeat of the chief echoes the worker's last one; NTP's
-/// rule: of the last 16 round trips, the one of the least delay). Add `offset_ns` to a time of this process's system clock
-/// to put it on the chief's.
+/// rule: of the last 16 round trips, the one of the least delay). Add `offset_ns` to a time of this
+/// process's system clock to put it on the chief's.
 struct clock_offset {
   /// Whether a round trip completed yet (the chief, and a lone worker, know theirs: 0).
   bool known = false;

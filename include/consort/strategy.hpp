@@ -313,8 +313,9 @@ public:
   std::vector<straggler_stat> stragglers() const;
 
   /// How far the chief's wall clock is from this worker's, known from the view on and refreshed
-  /// by every membership heartbeat (`clock_offset`): add `offset_ns` to this worker's system-clock times to put them
-  /// on the chief's clock, as `consort-train --trace` does. The chief and one worker: known, 0.
+  /// by every membership heartbeat (`clock_offset`): add `offset_ns` to this worker's system-clock
+  /// times to put them on the chief's clock, as `consort-train --trace` does. The chief and one
+  /// worker: known, 0.
   clock_offset chief_clock_offset() const;
 
 protected:
