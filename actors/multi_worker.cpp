@@ -350,6 +350,9 @@ struct detail::elastic_group {
   bool formed_any = false;
   /// Set when the runtime of the current epoch is retired: its shutdown must not leave.
   std::shared_ptr<std::atomic<bool>> retired;
+  /// Set when the chief left this worker out of the group (membership::lost_event::left_out):
+  /// `reform` then joins the group again as a new member of this task.
+  std::shared_ptr<std::atomic<bool>> left_out = std::make_shared<std::atomic<bool>>(false);
   bool elastic() const noexcept { return mw.elastic_min_workers > 0; }
 
   /// The communicator of `v`'s epoch (two workers or more) over `ctx`, which listens for it:
@@ -743,31 +746,41 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
       std::make_shared<detail::flight_recorder>(recorder_entries, rank, std::move(names));
   group->first_recorder = recorder;
   const bool elastic = group->elastic();
-  group->service->on_lost(
-      [target = group->target, log, recorder, elastic](const membership::lost_event& event) {
-        if (elastic && event.next_epoch > 0 && event.at_boundary) {
-          auto cause = "the group of workers grows: " + event.cause + "; it re-forms as epoch " +
-                       std::to_string(event.next_epoch) + " at the workers' next step boundary";
-          log(cause);
-          recorder->note(cause);
-          target->at_boundary(event.next_epoch, cause);
-          return;
-        }
-        if (elastic && event.next_epoch > 0) {
-          auto cause = "the group of workers changed: " + event.cause + "; it re-forms as epoch " +
-                       std::to_string(event.next_epoch);
-          log(cause);
-          recorder->note(cause);
-          target->end(event.next_epoch, cause, errc::membership_changed);
-          return;
-        }
-        // A loss, or (elastic, no rank named) the end of the group.
-        const auto cause = (event.ranks.empty() ? "" : "lost ") + event.cause;
-        log(cause);
-        recorder->note(cause);
-        recorder->dump_on_failure(cause);
-        target->end(0, cause, errc::peer_lost);
-      });
+  group->service->on_lost([target = group->target, log, recorder, elastic,
+                           left_out = group->left_out](const membership::lost_event& event) {
+    if (elastic && event.left_out) {
+      // The others went on without this worker: its calls fail as at any change of the
+      // group, and `reform` joins it again (as a restarted process of its task would).
+      const auto cause = event.cause + "; reform() joins the group again";
+      log(cause);
+      recorder->note(cause);
+      left_out->store(true);
+      target->end(0, cause, errc::membership_changed);
+      return;
+    }
+    if (elastic && event.next_epoch > 0 && event.at_boundary) {
+      auto cause = "the group of workers grows: " + event.cause + "; it re-forms as epoch " +
+                   std::to_string(event.next_epoch) + " at the workers' next step boundary";
+      log(cause);
+      recorder->note(cause);
+      target->at_boundary(event.next_epoch, cause);
+      return;
+    }
+    if (elastic && event.next_epoch > 0) {
+      auto cause = "the group of workers changed: " + event.cause + "; it re-forms as epoch " +
+                   std::to_string(event.next_epoch);
+      log(cause);
+      recorder->note(cause);
+      target->end(event.next_epoch, cause, errc::membership_changed);
+      return;
+    }
+    // A loss, or (elastic, no rank named) the end of the group.
+    const auto cause = (event.ranks.empty() ? "" : "lost ") + event.cause;
+    log(cause);
+    recorder->note(cause);
+    recorder->dump_on_failure(cause);
+    target->end(0, cause, errc::peer_lost);
+  });
   group->target->begin(1);
   if (ctx)
     group->target->add(ctx);
@@ -839,8 +852,32 @@ multi_worker_mirrored_strategy::membership_change multi_worker_mirrored_strategy
                 "reform: this group is not elastic (multi_worker_options::elastic_min_workers is "
                 "0, or there is one worker); a lost worker ends its run");
   const auto before = group_->view;
-  auto [next, reserved] = group_->next_view(before.epoch);
-  auto rt = group_->form(std::move(next), nullptr, std::move(reserved));
+  std::unique_ptr<detail::runtime> rt;
+  bool rejoined = false;
+  if (!group_->left_out->load()) {
+    try {
+      auto [next, reserved] = group_->next_view(before.epoch);
+      rt = group_->form(std::move(next), nullptr, std::move(reserved));
+    } catch (const error&) {
+      // Left out while it waited for the next epoch (it offered its part too late): it joins
+      // again below. Any other failure is the caller's.
+      if (!group_->left_out->load())
+        throw;
+    }
+  }
+  if (!rt) {
+    // The others went on without this worker: it joins them again as a new member of its task,
+    // with a new membership service, as a restarted process would (at their next step boundary).
+    multi_worker_options mw = group_->mw;
+    mw.resolver = resolver_;
+    auto joined = join_cluster(group_->opts, std::move(mw));
+    if (!joined->group)
+      throw_error(errc::peer_lost, "reform: this worker was left out, and joining again found "
+                                   "no elastic group");
+    rt = std::move(joined->rt);
+    group_ = std::move(joined->group); // the previous service, and its ended group, go
+    rejoined = true;
+  }
   membership_change change;
   change.epoch_before = before.epoch;
   change.workers_before = static_cast<int>(before.members.size());
@@ -854,7 +891,7 @@ multi_worker_mirrored_strategy::membership_change multi_worker_mirrored_strategy
     if (!has(group_->view, m.task))
       change.lost.push_back(to_string(m.task));
   for (const auto& m : group_->view.members)
-    if (!has(before, m.task))
+    if (!has(before, m.task) || (rejoined && m.task == group_->me))
       change.joined.push_back(to_string(m.task));
   // The previous epoch's engine goes without leaving the cluster (form retired it).
   replace_runtime(std::move(rt));

@@ -513,10 +513,16 @@ public:
   /// training loop then rolls back to its last commit (`elastic_state::sync`). A change announced
   /// while it connects is followed at once. Call it from the thread that drives the strategy,
   /// with no call in flight.
+  /// A worker that the others left out (it was stopped or cut off past `peer_timeout`; its calls
+  /// failed with error(membership_changed) saying so) joins the group again here, as a new member
+  /// of its task, at the others' next step boundary, as a restarted process would: its
+  /// `membership_change` has the view it had before and the group it joined after, and `joined`
+  /// names it. Its flight recorder starts again.
   /// @throws error(invalid_argument) when the group is not elastic; error(peer_lost) when the
-  ///         group ended (fewer workers than the minimum remain, the chief was lost, or this
-  ///         worker was left out); error(collective_timeout) when no next epoch formed in
-  ///         `rendezvous_timeout` (the group did not change: the failure had another cause).
+  ///         group ended (fewer workers than the minimum remain, or the chief was lost);
+  ///         error(collective_timeout) when no next epoch formed in `rendezvous_timeout` (the
+  ///         group did not change: the failure had another cause), or when a worker left out
+  ///         found no group to join within it.
   membership_change reform();
 
   /// Elastic groups only (a no-op otherwise): a step boundary, where a task that waits to join

@@ -14,9 +14,14 @@
 //   --stop TASK:STEP:MS   worker TASK stops (SIGSTOP, every thread, as a debugger or a frozen
 //                         host would) inside step STEP for MS ms, then goes on; not in a
 //                         restarted process. Longer than the peer timeout, the others leave it
-//                         out and it fails with peer_lost (exit 1); shorter, nothing changes.
+//                         out; its call fails with membership_changed, and its reform joins them
+//                         again in this process. Shorter, nothing changes.
 //   --regrow N:STEP       at step STEP, while the group has fewer than N workers, every worker
 //                         waits in `reform` for the group to grow (a restarted worker joining)
+//   --late-reform TASK:MS worker TASK waits MS ms after its first membership change before it
+//                         calls reform (a loop slow to react): past reform_timeout, the chief
+//                         leaves it out of the epoch, and its reform joins the group again
+//   --reform-timeout MS   multi_worker_options::reform_timeout (default: the library's, 10 s)
 //   --commits N:STEP      at step STEP, while the group has fewer than N workers, every worker
 //                         commits again and again without stepping: a joining worker comes in at
 //                         one of these step boundaries (elastic_state::commit), with nothing to
@@ -39,6 +44,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -142,8 +148,9 @@ int main(int argc, char** argv) {
   // The library's peer_timeout and heartbeats (800 ms, 100 ms): the tests hold it to them.
   int die_step = -1, regrow_workers = 0, regrow_step = -1, stop_step = -1, stop_ms = 0;
   int commits_workers = 0, commits_step = -1;
-  std::vector<std::pair<int, int>> deaths;      // (task, step)
-  std::vector<std::tuple<int, int, int>> stops; // (task, step, ms)
+  std::vector<std::pair<int, int>> deaths;       // (task, step)
+  std::vector<std::tuple<int, int, int>> stops;  // (task, step, ms)
+  std::vector<std::pair<int, int>> late_reforms; // (task, ms)
   for (int i = 4; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--die") {
@@ -159,6 +166,10 @@ int main(int argc, char** argv) {
       std::tie(regrow_workers, regrow_step) = pair_of(argv[i + 1]);
     else if (flag == "--commits")
       std::tie(commits_workers, commits_step) = pair_of(argv[i + 1]);
+    else if (flag == "--late-reform")
+      late_reforms.push_back(pair_of(argv[i + 1]));
+    else if (flag == "--reform-timeout")
+      mw.reform_timeout = std::chrono::milliseconds{std::stoi(argv[i + 1])};
     else {
       std::cerr << "elastic_job: unknown option " << flag << "\n";
       return 2;
@@ -178,6 +189,10 @@ int main(int argc, char** argv) {
   for (auto [t, at, ms] : stops)
     if (t == task && !restarted())
       std::tie(stop_step, stop_ms) = std::tuple{at, ms};
+  int late_reform_ms = 0;
+  for (auto [t, ms] : late_reforms)
+    if (t == task)
+      late_reform_ms = ms;
   std::cout << me << ": epoch " << s.membership_epoch() << ", rank " << s.worker_rank() << " of "
             << s.num_workers() << std::endl;
 
@@ -207,7 +222,9 @@ int main(int argc, char** argv) {
         synced = true;
         if (changed_at >= 0)
           say(me + ": went on from the commit of step " + std::to_string(step) + " at step " +
-              std::to_string(at) + " (" + std::to_string(at - step) + " steps redone)");
+              std::to_string(at) +
+              (at >= step ? " (" + std::to_string(at - step) + " steps redone)"
+                          : " (joined the group " + std::to_string(step - at) + " steps ahead)"));
         changed_at = -1;
         continue;
       }
@@ -265,8 +282,13 @@ int main(int argc, char** argv) {
         return failed(e);
       lost_at = clock_type::now();
       std::cout << me << ": step " << step << ": " << e.what() << std::endl;
+      if (late_reform_ms > 0) { // the fault: a loop slow to react, once
+        say(me + ": reforms " + std::to_string(late_reform_ms) + " ms late");
+        std::this_thread::sleep_for(std::chrono::milliseconds{late_reform_ms});
+        late_reform_ms = 0;
+      }
       try {
-        auto c = s.reform(); // peer_lost when this worker was left out, or too few remain
+        auto c = s.reform(); // peer_lost when too few remain; a worker left out joins again
         changed(c, step);
         changed_at = step;
       } catch (const error& e2) {

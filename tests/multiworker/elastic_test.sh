@@ -21,14 +21,20 @@
 #   elastic_test.sh ELASTIC_JOB hang TRANSPORT     worker:2 stops (SIGSTOP) inside step 5 for 3 s,
 #                                                  past the default peer timeout (800 ms): the
 #                                                  others leave it out and go on; continued, it
-#                                                  learns it was left out (peer_lost, exit 1), and
-#                                                  started again it joins them
+#                                                  learns it was left out (membership_changed),
+#                                                  and its reform joins them again in the same
+#                                                  process (no restart)
 #   elastic_test.sh ELASTIC_JOB chief-hang TRANSPORT  the chief stops for 3 s: worker:1 succeeds
 #                                                  it and the two go on; continued, the chief
 #                                                  learns that they did (peer_lost, exit 1) and
 #                                                  leads no group of its own
 #   elastic_test.sh ELASTIC_JOB pause TRANSPORT    worker:2 stops inside step 5 for 300 ms, within
 #                                                  the peer timeout: it is not lost, nothing changes
+#   elastic_test.sh ELASTIC_JOB late-reform TRANSPORT  worker:1 dies in step 5, and worker:2 calls
+#                                                  reform 2.5 s late, past a reform_timeout of 1 s:
+#                                                  the chief goes on alone (3 -> 1), leaves worker:2
+#                                                  out, and worker:2's reform joins it again in its
+#                                                  own process (1 -> 2)
 # A collective in flight when the worker dies may have completed on some of the others (step 5)
 # and not on the rest (step 4); every worker that finishes checks that its variable saw every step exactly once (exit 0).
 set -u
@@ -48,6 +54,7 @@ case "$scenario" in
   hang) args=(40 4 2 --stop 2:5:3000 --regrow 3:12) ;;
   pause) args=(40 4 2 --stop 2:5:300) ;;
   chief-hang) args=(40 4 2 --stop 0:5:3000) ;;
+  late-reform) args=(40 4 1 --die 1:5 --late-reform 2:2500 --reform-timeout 1000 --regrow 2:12) ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 for i in 0 1 2; do
@@ -57,9 +64,11 @@ survivors=0
 [ "$scenario" = below-min ] && survivors=1
 victim=2
 [ "$scenario" = chief-loss ] || [ "$scenario" = chief-hang ] && victim=0
+[ "$scenario" = late-reform ] && victim=1
 for i in 0 1 2; do mw_expect "$i" "$survivors"; done
 victim_status=137
-[ "$scenario" = hang ] || [ "$scenario" = chief-hang ] && victim_status=1
+[ "$scenario" = chief-hang ] && victim_status=1
+[ "$scenario" = hang ] && victim_status=0
 [ "$scenario" = pause ] || mw_expect "$victim" "$victim_status"
 [ "$scenario" = chief-then-rejoin ] && mw_expect 0 137
 went_on_pattern='3 -> 2 workers'
@@ -68,7 +77,7 @@ if [ "$scenario" = chief-then-rejoin ]; then
   went_on_pattern='2 -> 1 workers'
   went_on_count=1
 fi
-case "$scenario" in rejoin | chief-then-rejoin | hang | join-at-boundary) restarts=1 ;; *) restarts=0 ;; esac
+case "$scenario" in rejoin | chief-then-rejoin | join-at-boundary) restarts=1 ;; *) restarts=0 ;; esac
 if [ "$restarts" = 1 ]; then
   # Once worker:2's process is gone and the others went on without it, it starts again under
   # its own task and joins.
@@ -116,13 +125,24 @@ case "$scenario" in
   hang)
     expect 1 '^worker:2: stopped at [0-9]+ for 3000 ms$'
     expect 2 '^worker:[01]: membership: 3 -> 2 workers at step [4-6]; training resumed [0-9]+ ms'
-    expect 1 '^worker:2: step [56] failed \(peer_lost\): .*the chief left this worker out of the group: worker:2 \(rank 2\) sent no heartbeat for 800 ms; the others went on without it'
+    # It rejoins in its own process: it saw its old view before and the group of 3 after.
+    expect 1 '^worker:2: membership: 3 -> 3 workers at step [56]; training resumed [0-9]+ ms'
+    expect 0 '^worker:2: started at'
+    expect 0 'failed \('
     expect 2 '^worker:[01]: membership: 2 -> 3 workers at step [0-9]+; training resumed [0-9]+ ms'
     expect 3 '^worker:[012]: final step 40: .*\(ok\)$' ;;
   chief-hang)
     expect 2 '^worker:[12]: membership: 3 -> 2 workers at step [4-6]; training resumed [0-9]+ ms'
     expect 1 '^worker:0: step [56] failed \(peer_lost\): .*the others went on without this chief, under its successor: worker:[12] \(rank [12]\) lost this chief: worker:0 \(rank 0\) sent no heartbeat for 800 ms'
     expect 2 '^worker:[12]: final step 40: .*\(ok\)$' ;;
+  late-reform)
+    expect 1 '^worker:2: reforms 2500 ms late$'
+    expect 1 '^worker:0: membership: 3 -> 1 workers at step [45]; training resumed [0-9]+ ms'
+    # Left out, it joins again in its process: its old view before, the group it joined after.
+    expect 1 '^worker:2: membership: 3 -> 2 workers at step [45]; training resumed [0-9]+ ms'
+    expect 1 '^worker:0: membership: 1 -> 2 workers at step [0-9]+; training resumed [0-9]+ ms'
+    expect 0 'failed \('
+    expect 2 '^worker:[02]: final step 40: .*\(ok\)$' ;;
   pause)
     expect 1 '^worker:2: stopped at [0-9]+ for 300 ms$'
     expect 1 '^worker:2: continued$'

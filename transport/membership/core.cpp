@@ -64,7 +64,7 @@ bool service::impl::decided() {
 }
 
 void service::impl::report(std::vector<int> ranks, const std::string& cause, uint64_t next_epoch,
-                           std::vector<int> joining, bool at_boundary) {
+                           std::vector<int> joining, bool at_boundary, bool left_out) {
   if (suspended_ || crashed_ || leaving_ || stopped_)
     return;
   auto had_ranks = !ranks.empty();
@@ -82,7 +82,7 @@ void service::impl::report(std::vector<int> ranks, const std::string& cause, uin
     fn = on_lost_;
   }
   if (fn)
-    fn(lost_event{std::move(ranks), cause, next_epoch, std::move(joining), at_boundary});
+    fn(lost_event{std::move(ranks), cause, next_epoch, std::move(joining), at_boundary, left_out});
 }
 
 void service::impl::publish_view(const view& v) {

@@ -163,7 +163,7 @@ private:
   void close_gracefully(const conn_ptr& c);
   void failed(const conn_ptr& c, const std::string& what);
   void report(std::vector<int> ranks, const std::string& cause, uint64_t next_epoch = 0,
-              std::vector<int> joining = {}, bool at_boundary = false);
+              std::vector<int> joining = {}, bool at_boundary = false, bool left_out = false);
   bool elastic() const noexcept { return opts_.elastic_min_members > 0; }
   /// The view `v` is this service's newest (the first one, or an elastic group's next).
   void publish_view(const view& v);

@@ -181,10 +181,12 @@ void service::impl::on_worker_message(const conn_ptr& c, codec::message& m) {
                                  "joins them)"
                                : "");
         log_line(what);
+        // Reported before the group ends, so that a caller woken by the end (in next_view)
+        // already knows it was left out.
+        report({}, what, 0, {}, false, elastic());
         end_group(make_caf_error(errc::peer_lost, self_ + ": " + what));
         c->state = phase::lost;
-        close_gracefully(c);
-        return report({}, what);
+        return close_gracefully(c);
       }
       log_line("the chief aborted epoch " + std::to_string(a->epoch) + ": " + a->cause);
       if (elastic())

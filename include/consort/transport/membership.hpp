@@ -122,6 +122,12 @@ struct lost_event {
   /// without it follows when they must abort after all (a loss meanwhile, or no re-formation
   /// begun within `reform_timeout`).
   bool at_boundary = false;
+
+  /// Elastic: the chief left this worker out of the group (it was silent past `peer_timeout`, or
+  /// did not offer its part in time) and the others went on without it. The group has ended for
+  /// this service; the process may join the group again as a new member of its task, with a new
+  /// service.
+  bool left_out = false;
 };
 
 /// How a membership service joins its cluster and watches its peers.
