@@ -21,7 +21,7 @@
 #            1M-element all-reduce sweeps and the sweeps over shared memory (`large_sweeps`), and
 #            multiworker.collectives_* (mw_job under tools/consort-launch, 2-4 workers x 1-2
 #            replicas) and multiworker.elastic_{loss,rejoin,chief-loss,chief-then-rejoin,
-#            join-at-boundary,hang,chief-hang}_* (elastic_job: a worker killed, then restarted,
+#            join-at-boundary,hang,chief-hang,late-reform}_* (elastic_job: a worker killed, then restarted,
 #            the chief killed, a worker or the chief stopped; over TCP and shared memory).
 #   thread:  consort_core_tests and consort_transport_tests (without any 1M-element sweep or 64 MiB
 #            all-reduce or two-way transfer: `tsan_slow`), consort_testing_tests' SimTransport
@@ -122,7 +122,7 @@ run_tests() {
     # Elastic groups: loss, rejoin, the chief's succession, a join at a step boundary, a hung
     # worker left out and a hung chief replaced, over TCP and shared memory.
     "${asan_env[@]}" "${ctest[@]}" 14 "${args[@]}" \
-      -R '^multiworker\.elastic_(loss|rejoin|chief-loss|chief-then-rejoin|join-at-boundary|hang|chief-hang)_' ||
+      -R '^multiworker\.elastic_(loss|rejoin|chief-loss|chief-then-rejoin|join-at-boundary|hang|chief-hang|late-reform)_' ||
       failed=1
   else
     "${ctest[@]}" 678 "${args[@]}" -L '^consort_(core|transport)_tests$' -E "$large_sweeps|$tsan_slow" || failed=1
