@@ -346,6 +346,10 @@ public:
   std::atomic<bool> armed{false};
 
 private:
+  /// Numbers the next step and watches its deadline; `wake` receives the watchdog when it must
+  /// be re-armed. @pre mtx_ is held.
+  std::shared_ptr<step_join> next_watched_locked(step_join::completion done, step_actor& wake);
+
   caf::actor_system& sys_;
   std::vector<replica_actor> replicas_;
   std::vector<int> replica_ids_;

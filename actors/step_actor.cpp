@@ -163,21 +163,29 @@ std::chrono::milliseconds step_launcher::tick_interval() const noexcept {
                     std::chrono::milliseconds(1000));
 }
 
+std::shared_ptr<step_join> step_launcher::next_watched_locked(step_join::completion done,
+                                                              step_actor& wake) {
+  auto join = std::make_shared<step_join>(next_step_++, replica_ids_, std::move(done));
+  // Drop completed steps from the front, so the list stays as long as the steps in flight.
+  while (!watch_.empty()) {
+    auto front = watch_.front().second.lock();
+    if (front && !front->complete())
+      break;
+    watch_.pop_front();
+  }
+  watch_.emplace_back(
+      sys_.clock().now() + std::chrono::nanoseconds{advanced_ns_.load()} + step_timeout_, join);
+  if (!armed.exchange(true))
+    wake = watchdog_;
+  return join;
+}
+
 std::shared_ptr<step_join> step_launcher::launch(step_function_ptr fn, step_join::completion done) {
   step_actor wake;
   std::shared_ptr<step_join> join;
   {
     std::lock_guard<std::mutex> guard{mtx_};
-    join = std::make_shared<step_join>(next_step_++, replica_ids_, std::move(done));
-    // Drop completed steps from the front, so the list stays as long as the steps in flight.
-    while (!watch_.empty()) {
-      auto front = watch_.front().second.lock();
-      if (front && !front->complete())
-        break;
-      watch_.pop_front();
-    }
-    watch_.emplace_back(
-        sys_.clock().now() + std::chrono::nanoseconds{advanced_ns_.load()} + step_timeout_, join);
+    join = next_watched_locked(std::move(done), wake);
     // Sent under the lock: every replica must see steps in the same order. A step that comes
     // while one runs on a caller's thread waits for it to end.
     if (running_here_) {
@@ -187,8 +195,6 @@ std::shared_ptr<step_join> step_launcher::launch(step_function_ptr fn, step_join
         caf::anon_send(replica, step_atom_v, step_message{join->step(), fn, join});
       ++given_;
     }
-    if (!armed.exchange(true))
-      wake = watchdog_;
   }
   if (wake)
     caf::anon_send(wake, tick_atom_v);
@@ -213,17 +219,7 @@ std::shared_ptr<step_join> step_launcher::run_here(step_function_ptr fn,
       return nullptr;
     running_here_ = true;
     ++given_;
-    join = std::make_shared<step_join>(next_step_++, replica_ids_, std::move(done));
-    while (!watch_.empty()) {
-      auto front = watch_.front().second.lock();
-      if (front && !front->complete())
-        break;
-      watch_.pop_front();
-    }
-    watch_.emplace_back(
-        sys_.clock().now() + std::chrono::nanoseconds{advanced_ns_.load()} + step_timeout_, join);
-    if (!armed.exchange(true))
-      wake = watchdog_;
+    join = next_watched_locked(std::move(done), wake);
   }
   if (wake)
     caf::anon_send(wake, tick_atom_v);

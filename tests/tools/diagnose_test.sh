@@ -121,19 +121,25 @@ expect "a straggler" "straggler: worker:1 arrived last at 20 of the last 20 step
 expect "named within 20 steps" "named from step 10" --stragglers "$dir/late"
 expect "the straggler's metric" "worker:1 last_steps=20/20 late_ms=0.9" --stragglers "$dir/late"
 expect "no straggler" "stragglers: none" --stragglers "$dir/even"
-for sub in late even; do
-  got=$("$diagnose" --clocks "$dir/$sub" 2>&1)
-  while read -r off; do
-    if ! awk -v v="$off" 'BEGIN { exit !(v <= 100) }'; then
-      echo "FAIL clocks of $sub: an estimate is off by $off us (> 100): $got"
+# clocks_within SUB...: each worker's estimate of each made-up job is checked against the shared
+# clock, and is within 100 us of it.
+clocks_within() {
+  local sub got off
+  for sub in "$@"; do
+    got=$("$diagnose" --clocks "$dir/$sub" 2>&1)
+    while read -r off; do
+      if ! awk -v v="$off" 'BEGIN { exit !(v <= 100) }'; then
+        echo "FAIL clocks of $sub: an estimate is off by $off us (> 100): $got"
+        failures=$((failures + 1))
+      fi
+    done < <(grep -oP 'the estimate is off by \K[0-9.]+' <<<"$got")
+    if [ "$(grep -c 'the estimate is off by' <<<"$got")" -ne 2 ]; then
+      echo "FAIL clocks of $sub: the estimates were not checked against the shared clock: $got"
       failures=$((failures + 1))
     fi
-  done < <(grep -oP 'the estimate is off by \K[0-9.]+' <<<"$got")
-  if [ "$(grep -c 'the estimate is off by' <<<"$got")" -ne 2 ]; then
-    echo "FAIL clocks of $sub: the estimates were not checked against the shared clock: $got"
-    failures=$((failures + 1))
-  fi
-done
+  done
+}
+clocks_within late even
 # The heartbeats' offsets in the dumps: beside a tighter estimate from the collectives they are
 # only named; where a worker has no collective in common with the chief, they place it.
 made_up beats 0 beats
@@ -148,19 +154,7 @@ expect "nothing places a worker" "clock: worker:2: no collective in common with 
 expect "loose bounds within the heartbeats'" "the heartbeats said +2499960.0 us, within +-100.0 us)" --clocks "$dir/late_beats"
 expect "heartbeats the collectives rule out" "clock: worker:1's clock is +2499999.5 us from worker:0's (estimated from 40 collectives in 1 windows, each within +-5.5 us; the heartbeats said +2499700.0 us, within +-10.0 us, which the collectives rule out in 1 of the windows)" --clocks "$dir/tight"
 expect "an estimate moved into the heartbeats' bound" "clock: worker:1's clock is +2500190.0 us from worker:0's (estimated from 40 collectives in 1 windows, each within +-487.0 us; the heartbeats said +2500200.0 us, within +-10.0 us, and 1 of the windows' estimates were moved into that bound)" --clocks "$dir/loose"
-for sub in beats apart late_beats; do
-  got=$("$diagnose" --clocks "$dir/$sub" 2>&1)
-  while read -r off; do
-    if ! awk -v v="$off" 'BEGIN { exit !(v <= 100) }'; then
-      echo "FAIL clocks of $sub: an estimate is off by $off us (> 100): $got"
-      failures=$((failures + 1))
-    fi
-  done < <(grep -oP 'the estimate is off by \K[0-9.]+' <<<"$got")
-  if [ "$(grep -c 'the estimate is off by' <<<"$got")" -ne 2 ]; then
-    echo "FAIL clocks of $sub: the estimates were not checked against the shared clock: $got"
-    failures=$((failures + 1))
-  fi
-done
+clocks_within beats apart late_beats
 expect "a trace" "trace: " --trace "$dir/late.json" "$dir/late"
 if ! python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert any(e.get("ph") == "C" and e["args"]["ms"] > 0.9 for e in d["traceEvents"])' "$dir/late.json"; then
   echo "FAIL the trace has no lateness counter for the straggler"

@@ -1160,18 +1160,23 @@ TEST(MembershipTest, ASuspendedChiefIsReportedAsRankZeroAfterThePeerTimeout) {
 // Issue 33's clock offsets: each heartbeat of the chief echoes the worker's last one, so every
 // heartbeat completes an NTP-style round trip, and the worker knows the chief's clock within half
 // the round trip's delay.
+/// A wall clock `ns` behind this host's, as another host's might be (options::wall_clock).
+std::function<int64_t()> behind_by(int64_t ns) {
+  return [ns] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+               .count() -
+           ns;
+  };
+}
+
 TEST(MembershipTest, TheHeartbeatsTellAWorkerHowFarTheChiefsClockIs) {
   constexpr int64_t behind = 2'500'000'000; // the worker's wall clock, as another host's might be
   cluster c(
       2,
       [](membership::options& o) {
         if (o.rank == 1)
-          o.wall_clock = [] {
-            return std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       std::chrono::system_clock::now().time_since_epoch())
-                       .count() -
-                   behind;
-          };
+          o.wall_clock = behind_by(behind);
       },
       timing::manual);
   ASSERT_TRUE(c.form());
@@ -1200,12 +1205,7 @@ TEST(MembershipTest, AWorkerKnowsTheChiefsClockFromTheView) {
         o.heartbeat_interval = 60s; // no heartbeat within the test
         o.peer_timeout = 480s;
         if (o.rank == 2)
-          o.wall_clock = [] {
-            return std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       std::chrono::system_clock::now().time_since_epoch())
-                       .count() -
-                   behind;
-          };
+          o.wall_clock = behind_by(behind);
       },
       timing::manual);
   ASSERT_TRUE(c.form());
