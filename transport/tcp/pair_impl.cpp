@@ -45,6 +45,19 @@ std::string n_bytes(uint64_t n) {
   return std::to_string(n) + (n == 1 ? " byte" : " bytes");
 }
 
+/// Removes and returns the oldest entry of `pending` (posted receives or early messages, each with
+/// its tag) with `tag`, or null.
+template <class Ptr>
+Ptr take_oldest(std::vector<std::pair<uint64_t, Ptr>>& pending, uint64_t tag) {
+  auto it = std::find_if(pending.begin(), pending.end(),
+                         [tag](const auto& entry) { return entry.first == tag; });
+  if (it == pending.end())
+    return nullptr;
+  Ptr found = std::move(it->second);
+  pending.erase(it);
+  return found;
+}
+
 } // namespace
 
 // -- pair_env ------------------------------------------------------------------------------------
@@ -296,11 +309,8 @@ operation_ptr pair_impl::post_recv(std::shared_ptr<recv_op> op) {
       failed = true;
       why = failure_;
       code = failure_code_;
-    } else if (auto it = stash_.find(tag); it != stash_.end()) {
-      early = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty())
-        stash_.erase(it);
+    } else if (auto found = take_oldest(stash_, tag)) {
+      early = std::move(found);
       // A message still being read is handed to this receive when it is complete (the reader
       // holds the other reference); one of the wrong size is dropped when it is complete.
       ready = early->complete;
@@ -309,7 +319,7 @@ operation_ptr pair_impl::post_recv(std::shared_ptr<recv_op> op) {
     } else if (peer_left_.load(std::memory_order_relaxed)) {
       left = true; // the peer sent everything it will send before its goodbye: no match comes
     } else {
-      posted_[tag].push_back(op);
+      posted_.emplace_back(tag, op);
     }
   }
   if (failed) {
@@ -400,9 +410,8 @@ void pair_impl::fail(const std::string& why_in, log_mode log, errc code) {
       busy = busy || !txq_.empty();
       log = busy ? log_mode::always : log_mode::never;
     }
-    for (auto& [tag, ops] : posted_)
-      for (auto& op : ops)
-        posted.push_back(std::move(op));
+    for (auto& [tag, op] : posted_)
+      posted.push_back(std::move(op));
     posted_.clear();
     // Complete early messages are released here; one being read is the reader's to abandon.
     stash_.clear();
@@ -713,11 +722,7 @@ bool pair_impl::begin_message(const wire::header& h) {
     std::lock_guard lock(match_mu_);
     if (failed_.load(std::memory_order_relaxed))
       return false;
-    if (auto it = posted_.find(h.tag); it != posted_.end()) {
-      auto op = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty())
-        posted_.erase(it);
+    if (auto op = take_oldest(posted_, h.tag)) {
       if (op->fits(h.payload_bytes)) {
         in_sink_ = sink::op;
         in_dst_ = op->into().data();
@@ -733,7 +738,7 @@ bool pair_impl::begin_message(const wire::header& h) {
         over = true;
       } else {
         auto entry = std::make_shared<stash_entry>(env_, h.payload_bytes);
-        stash_[h.tag].push_back(entry);
+        stash_.emplace_back(h.tag, entry);
         in_sink_ = sink::stash;
         in_dst_ = entry->data.data();
         in_stash_ = std::move(entry);
@@ -829,9 +834,8 @@ void pair_impl::on_goodbye(const std::string& reason) {
     peer_left_.store(true, std::memory_order_release);
     // Every message the peer sent came before its goodbye: a receive still posted has none.
     // Early messages stay in the stash for the receives that will claim them.
-    for (auto& [tag, ops] : posted_)
-      for (auto& op : ops)
-        posted.push_back(std::move(op));
+    for (auto& [tag, op] : posted_)
+      posted.push_back(std::move(op));
     posted_.clear();
   }
   if (!posted.empty())
@@ -913,9 +917,8 @@ std::shared_ptr<send_op> pair_impl::begin_close(const std::string& why) {
   {
     std::lock_guard lock(match_mu_);
     closing_.store(true, std::memory_order_release);
-    for (auto& [tag, ops] : posted_)
-      for (auto& op : ops)
-        posted.push_back(std::move(op));
+    for (auto& [tag, op] : posted_)
+      posted.push_back(std::move(op));
     posted_.clear();
   }
   for (auto& op : posted)

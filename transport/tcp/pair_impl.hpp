@@ -60,7 +60,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace consort::transport::tcp {
@@ -408,10 +407,13 @@ private:
   std::array<std::byte, wire::max_control_bytes> control_{}; // guarded by rx_mu_
 
   mutable std::mutex match_mu_;
-  /// Posted receives without a message yet, oldest first, per tag.
-  std::unordered_map<uint64_t, std::deque<std::shared_ptr<recv_op>>> posted_; // match_mu_
-  /// Messages (complete or being read) without a receive yet, oldest first, per tag.
-  std::unordered_map<uint64_t, std::deque<std::shared_ptr<stash_entry>>> stash_; // match_mu_
+  /// Posted receives without a message yet, and messages (complete or being read) without a
+  /// receive yet, each with its tag, oldest first: a message takes the oldest receive of its tag
+  /// and a receive the oldest message. Flat vectors rather than a map of queues per tag: few are
+  /// pending at a time, and a vector keeps its capacity, so that a call with a new tag allocates
+  /// no node, queue or block (as the shm transport's matching).
+  std::vector<std::pair<uint64_t, std::shared_ptr<recv_op>>> posted_;    // match_mu_
+  std::vector<std::pair<uint64_t, std::shared_ptr<stash_entry>>> stash_; // match_mu_
 
   // -- send ---------------------------------------------------------------------------------
   std::mutex tx_mu_; // the writing pump; try-locked
