@@ -16,8 +16,9 @@
 #   nothing restarts, so the last column is empty.
 #   VICTIM hang: the victim is stopped (SIGSTOP, every thread) for 2 s instead of killed: the
 #   others find it by its silence (peer_timeout, 800 ms by default) and go on; continued, it
-#   learns it was left out and exits, and is started again to rejoin. The first columns then
-#   measure SIGSTOP -> step.
+#   learns it was left out and its reform joins them again in the same process (no restart). The
+#   first columns then measure SIGSTOP -> step, and the last one the victim's own rejoin: from
+#   learning it was left out to its first step in the group.
 set -uo pipefail
 build=${1:-build}
 runs=${2:-20}
@@ -53,13 +54,16 @@ for ((r = 0; r < runs; r++)); do
   for ((i = 0; i < workers; i++)); do
     mw_start "$i" "$env" "$job" "${args[@]}" >"$work/out.$r.$i" 2>&1
   done
-  { wait "${MW_PIDS[$victim]}"; } 2>/dev/null
+  # A killed victim's process ends; a stopped one goes on and rejoins in its process.
+  [ "$victim_kind" = hang ] || { wait "${MW_PIDS[$victim]}"; } 2>/dev/null
   if ! mw_wait_lines "$said" "$survivors" "$workers -> $survivors workers"; then
     echo "run $r: the others did not go on without worker:$victim; its log:" >&2
     cat "$said" "$work"/out."$r".* >&2
     exit 1
   fi
-  if [ "$victim_kind" != chief ]; then
+  if [ "$victim_kind" = hang ]; then
+    mw_expect "$victim" 0
+  elif [ "$victim_kind" != chief ]; then
     mw_start "$victim" "$env ELASTIC_JOB_RESTARTED=1" "$job" "${args[@]}" >"$work/out.$r.$victim.2" 2>&1
     mw_expect "$victim" 0
   else
@@ -76,6 +80,8 @@ for ((r = 0; r < runs; r++)); do
                         END {printf "%.3f %.3f\n", (max - k) / 1e6, (min - k) / 1e6}')
   back=$(sed -n 's/.*: started at \([0-9]*\), first step in the group at \([0-9]*\)$/\1 \2/p' "$said" |
     awk '{printf "%.3f\n", ($2 - $1) / 1e6}')
+  [ "$victim_kind" = hang ] &&
+    back=$(sed -n "s/^worker:$victim: membership: $workers -> $workers workers.*training resumed \([0-9]*\) ms after.*/\1/p" "$said")
   printf '%-4s %-7s %22s %22s %16s\n' "$r" "worker:$victim" "$worst" "$best" "$back"
   all+=("$worst")
   first+=("$best")
@@ -95,6 +101,9 @@ signal=SIGKILL
 [ "$victim_kind" = hang ] && signal=SIGSTOP
 printf '%-34s %10s %10s %10s\n' "$signal -> every survivor's step" "$(percentile 50 "${all[@]}")" "$(percentile 99 "${all[@]}")" "$(percentile 100 "${all[@]}")"
 printf '%-34s %10s %10s %10s\n' "$signal -> first survivor's step" "$(percentile 50 "${first[@]}")" "$(percentile 99 "${first[@]}")" "$(percentile 100 "${first[@]}")"
-[ "${#rejoin[@]}" -gt 0 ] &&
-  printf '%-34s %10s %10s %10s\n' "restart -> its first step in group" "$(percentile 50 "${rejoin[@]}")" "$(percentile 99 "${rejoin[@]}")" "$(percentile 100 "${rejoin[@]}")"
+if [ "${#rejoin[@]}" -gt 0 ]; then
+  rejoin_label="restart -> its first step in group"
+  [ "$victim_kind" = hang ] && rejoin_label="left out -> its first step in group"
+  printf '%-34s %10s %10s %10s\n' "$rejoin_label" "$(percentile 50 "${rejoin[@]}")" "$(percentile 99 "${rejoin[@]}")" "$(percentile 100 "${rejoin[@]}")"
+fi
 echo "(milliseconds; target: p99 of the first row <= 1000 ms)"
