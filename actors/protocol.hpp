@@ -311,10 +311,11 @@ public:
   /// runs with the step's join before the step does, and `done` when its join completes. The
   /// step has a deadline as every step has, but the deadline cannot stop this thread: a step
   /// past it fails with step_timeout when its function returns. Steps launched meanwhile (from
-  /// other threads) wait, in order, and go to the replica's thread once this one ends.
+  /// other threads) wait, in order, and go to the replica's thread once this one ends. `done`
+  /// is taken only when the step runs here: a declined one keeps it for `launch`.
   std::shared_ptr<step_join> run_here(step_function_ptr fn,
                                       const std::function<void(step_join&)>& started,
-                                      step_join::completion done);
+                                      step_join::completion&& done);
 
   /// Refuses `run_here` from now on, and waits for a step running on a caller's thread to end
   /// (a replica finishes its step before it stops, however it runs). Idempotent.

@@ -177,7 +177,8 @@ future<per_replica<nest>> runtime::start(step_function fn, bool may_run_here) {
   if (impl_->mw.chief_clock) // refreshed once a step: the heartbeats move it every 100 ms
     if (const auto offset = impl_->mw.chief_clock(); offset.known)
       recorder->set_chief_offset(offset.offset_ns, offset.delay_ns);
-  auto done = [state, recorder](step_join& join) {
+  // One completion, made once: a step that does not run here takes it to launch.
+  step_join::completion done = [state, recorder](step_join& join) {
     recorder->step_ended(join.step(), !join.failure());
     if (join.failure())
       state->set_error(std::make_exception_ptr(to_consort_error(join.failure(), "run")));
@@ -189,7 +190,8 @@ future<per_replica<nest>> runtime::start(step_function fn, bool may_run_here) {
   // A lone CPU replica that is idle runs a blocking step here, on the caller's thread.
   if (may_run_here &&
       impl_->launcher->run_here(
-          step, [&](step_join& join) { recorder->step_started(join.step(), launched); }, done))
+          step, [&](step_join& join) { recorder->step_started(join.step(), launched); },
+          std::move(done)))
     return fut;
   // Launched from this thread: the replicas get the step without a hop through the scheduler,
   // and the last one to finish completes the future.

@@ -209,7 +209,7 @@ void step_launcher::run_here_through(std::shared_ptr<replica_runner> runner) {
 
 std::shared_ptr<step_join> step_launcher::run_here(step_function_ptr fn,
                                                    const std::function<void(step_join&)>& started,
-                                                   step_join::completion done) {
+                                                   step_join::completion&& done) {
   step_actor wake;
   std::shared_ptr<step_join> join;
   {

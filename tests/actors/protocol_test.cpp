@@ -676,13 +676,22 @@ TEST_F(RunHereTest, StepsLaunchedWhileOneRunsHereWaitForItAndFollowInOrder) {
 
 TEST_F(RunHereTest, AStepStillOnTheReplicasThreadKeepsTheNextOneOffTheCallersThread) {
   auto queued = launcher_->launch(numbered(), nullptr);
-  EXPECT_FALSE(launcher_->run_here(numbered(), nullptr, nullptr))
+  bool completed = false;
+  step_join::completion done = [&completed](step_join&) {
+    completed = true;
+  };
+  EXPECT_FALSE(launcher_->run_here(numbered(), nullptr, std::move(done)))
       << "a step ran here while step 0 had not run on the replica";
+  // A declined step keeps its completion, for the launch that follows.
+  ASSERT_TRUE(done) << "run_here took the completion of a step it did not run";
+  auto launched = launcher_->launch(numbered(), std::move(done));
   run();
   ASSERT_TRUE(queued->complete());
+  ASSERT_TRUE(launched->complete());
+  EXPECT_TRUE(completed);
   auto here = launcher_->run_here(numbered(), nullptr, nullptr);
   ASSERT_TRUE(here) << "the replica is idle again";
-  EXPECT_EQ(order_, std::vector<step_id>({0, 1}));
+  EXPECT_EQ(order_, std::vector<step_id>({0, 1, 2}));
 }
 
 TEST_F(RunHereTest, AStepPastItsDeadlineFailsWithStepTimeoutWhenItsFunctionReturns) {
