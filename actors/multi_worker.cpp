@@ -858,11 +858,13 @@ multi_worker_mirrored_strategy::membership_change multi_worker_mirrored_strategy
     try {
       auto [next, reserved] = group_->next_view(before.epoch);
       rt = group_->form(std::move(next), nullptr, std::move(reserved));
-    } catch (const error&) {
+    } catch (const error& e) {
       // Left out while it waited for the next epoch (it offered its part too late): it joins
       // again below. Any other failure is the caller's.
       if (!group_->left_out->load())
         throw;
+      group_->log(to_string(group_->me) + ": left out of the next epoch (" + e.what() +
+                  "); joining the group again");
     }
   }
   if (!rt) {
