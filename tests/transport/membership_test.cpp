@@ -1308,6 +1308,15 @@ std::vector<caf::expected<membership::view>> offer_all(cluster& c, const std::ve
   return out;
 }
 
+/// Every view in `views` formed and is `expected` (the epoch every member and the joiner share).
+void expect_all_are(const std::vector<caf::expected<membership::view>>& views,
+                    const membership::view& expected, cluster& c) {
+  for (const auto& v : views) {
+    ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
+    EXPECT_EQ(*v, expected);
+  }
+}
+
 std::vector<std::string> member_tasks(const membership::view& v) {
   std::vector<std::string> out;
   for (const auto& m : v.members)
@@ -1385,10 +1394,7 @@ TEST(ElasticMembershipTest, ARestartedWorkerJoinsTheNextEpoch) {
   EXPECT_EQ(joiner->epoch, 3u);
   ASSERT_EQ(joiner->members.size(), 3u);
   EXPECT_EQ(joiner->members[2].address, "127.0.0.1:21002"); // its Join's address
-  for (auto& v : third) {
-    ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
-    EXPECT_EQ(*v, *joiner);
-  }
+  expect_all_are(third, *joiner, c);
 }
 
 // A join waits for the members' next step boundary. Members that reach none within
@@ -1438,10 +1444,7 @@ TEST(ElasticMembershipTest, AJoinThatNoStepBoundaryMeetsInTimeBecomesAPlainNotic
   ASSERT_TRUE(joiner) << text_of(joiner.error()) << c.logs.all();
   EXPECT_EQ(joiner->epoch, 3u);
   EXPECT_EQ(joiner->members.size(), 3u);
-  for (auto& v : third) {
-    ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
-    EXPECT_EQ(*v, *joiner);
-  }
+  expect_all_are(third, *joiner, c);
 }
 
 // A loss while a join waits for a step boundary aborts at once: the plain notice of the same
@@ -1477,10 +1480,7 @@ TEST(ElasticMembershipTest, ALossWhileAJoinWaitsForABoundaryAbortsAtOnce) {
   ASSERT_TRUE(joiner) << text_of(joiner.error()) << c.logs.all();
   EXPECT_EQ(joiner->epoch, 3u);
   EXPECT_EQ(member_tasks(*joiner).size(), 3u); // worker:0, worker:1 and the joiner
-  for (auto& v : third) {
-    ASSERT_TRUE(v) << text_of(v.error()) << c.logs.all();
-    EXPECT_EQ(*v, *joiner);
-  }
+  expect_all_are(third, *joiner, c);
 }
 
 // A restart can come before its previous process is seen lost: a new process of a member's task
