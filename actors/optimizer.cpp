@@ -47,36 +47,53 @@ void check_pair(replica_context& ctx, const tensor& grad, const variable& v, siz
 
 } // namespace
 
+std::vector<std::pair<size_t, size_t>> plan_gradient_buckets(const std::vector<size_t>& sizes,
+                                                             size_t bucket_bytes) {
+  std::vector<std::pair<size_t, size_t>> buckets;
+  size_t i = 0;
+  while (i < sizes.size()) {
+    size_t j = i;
+    size_t bytes = 0;
+    do {
+      bytes += sizes[j];
+      ++j;
+    } while (j < sizes.size() && bucket_bytes > 0 && bytes + sizes[j] <= bucket_bytes);
+    buckets.emplace_back(i, j);
+    i = j;
+  }
+  return buckets;
+}
+
 void sgd::apply_gradients(replica_context& ctx,
-                          const std::vector<std::pair<tensor, variable>>& grads_and_vars) {
+                          const std::vector<std::pair<tensor, variable>>& grads_and_vars,
+                          const apply_options& apply) {
   if (grads_and_vars.empty())
     throw_error(errc::invalid_argument,
                 "apply_gradients needs at least one (gradient, variable) pair; got none");
   for (size_t i = 0; i < grads_and_vars.size(); ++i)
     check_pair(ctx, grads_and_vars[i].first, grads_and_vars[i].second, i);
 
-  // 1. All-reduce the gradients, bucket by bucket, in the order given.
+  // 1. All-reduce the gradients, bucket by bucket, in the order given (unless the caller did).
   std::vector<tensor> reduced;
   reduced.reserve(grads_and_vars.size());
-  nest::list_type bucket;
-  size_t bucket_bytes = 0;
-  auto flush = [&] {
-    if (bucket.empty())
-      return;
-    for (auto& t : flatten(ctx.all_reduce(options_.gradient_reduction, nest::list(bucket))))
-      reduced.push_back(std::move(t));
-    bucket.clear();
-    bucket_bytes = 0;
-  };
-  for (const auto& [grad, v] : grads_and_vars) {
-    if (!bucket.empty() && bucket_bytes + grad.num_bytes() > options_.bucket_bytes)
-      flush();
-    bucket.emplace_back(grad);
-    bucket_bytes += grad.num_bytes();
+  if (apply.skip_gradients_aggregation) {
+    for (const auto& pair : grads_and_vars)
+      reduced.push_back(pair.first);
+  } else {
+    std::vector<size_t> sizes;
+    sizes.reserve(grads_and_vars.size());
+    for (const auto& pair : grads_and_vars)
+      sizes.push_back(pair.first.num_bytes());
+    for (auto [begin, end] : plan_gradient_buckets(sizes, options_.bucket_bytes)) {
+      nest::list_type bucket;
+      for (size_t k = begin; k < end; ++k)
+        bucket.emplace_back(grads_and_vars[k].first);
+      for (auto& t : flatten(ctx.all_reduce(options_.gradient_reduction, nest::list(bucket))))
+        reduced.push_back(std::move(t));
+    }
   }
-  flush();
 
-  // 2. Every replica holds the same reduced gradients: each updates its own copies.
+  // 2. Every replica holds the same reduced gradients: each updates its own copies, in place.
   const auto index = static_cast<size_t>(ctx.local_replica_index());
   const double lr = options_.learning_rate;
   const double m = options_.momentum;
@@ -85,7 +102,7 @@ void sgd::apply_gradients(replica_context& ctx,
     const auto& g = reduced[i];
     auto& state = detail::variable_state::of(v);
     if (m == 0) {
-      state.update(index, [&](const tensor& w) { return detail::scaled_sum(w, 1.0, g, -lr); });
+      state.modify(index, [&](tensor& w) { detail::add_scaled_in_place(w, g, -lr); });
       continue;
     }
     auto slot = detail::zeros_slot(v, v.name() + "/momentum");
@@ -99,7 +116,7 @@ void sgd::apply_gradients(replica_context& ctx,
         return detail::scaled_sum(detail::scaled_sum(w, 1.0, velocity, m), 1.0, g, -lr);
       });
     else
-      state.update(index, [&](const tensor& w) { return detail::add_host(w, velocity, 1); });
+      state.modify(index, [&](tensor& w) { detail::add_scaled_in_place(w, velocity, 1.0); });
   }
 }
 

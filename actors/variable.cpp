@@ -179,6 +179,49 @@ tensor scaled_sum(const tensor& a, double alpha, const tensor& b, double beta) {
   });
 }
 
+namespace {
+
+template <class T>
+void add_scaled_typed(tensor& a, const tensor& b, double beta) {
+  using A = typename host_accumulator<T>::type;
+  const A factor = static_cast<A>(beta);
+  const T* pb = b.data<T>();
+  T* pa = a.mutable_data<T>();
+  const int64_t n = a.num_elements();
+  for (int64_t i = 0; i < n; ++i)
+    pa[i] = static_cast<T>(static_cast<A>(pa[i]) + factor * static_cast<A>(pb[i]));
+}
+
+} // namespace
+
+void add_scaled_in_place(tensor& a, const tensor& b_in, double beta) {
+  if (a.on_gpu()) {
+    a = placed_on(scaled_sum(a, 1.0, b_in, beta), a.device());
+    return;
+  }
+  const tensor b = b_in.on_gpu() ? b_in.to("CPU:0") : b_in;
+  switch (a.dtype()) {
+  case dtype::float32:
+    return add_scaled_typed<float>(a, b, beta);
+  case dtype::float64:
+    return add_scaled_typed<double>(a, b, beta);
+  case dtype::int32:
+    return add_scaled_typed<int32_t>(a, b, beta);
+  case dtype::int64:
+    return add_scaled_typed<int64_t>(a, b, beta);
+  case dtype::uint8:
+    return add_scaled_typed<uint8_t>(a, b, beta);
+  case dtype::float16:
+    return add_scaled_typed<float16_t>(a, b, beta);
+  case dtype::bfloat16:
+    return add_scaled_typed<bfloat16_t>(a, b, beta);
+  case dtype::boolean:
+    break;
+  }
+  throw_error(errc::dtype_mismatch,
+              "arithmetic on a bool variable is not defined; cast it to int32 first");
+}
+
 void check_update_value(const variable_state& v, const tensor& x, const char* call) {
   if (!x.valid())
     throw_error(errc::invalid_argument,

@@ -66,6 +66,15 @@ struct variable_state {
     std::lock_guard<std::mutex> guard(copy.mu);
     copy.value = placed_on(fn(copy.value), devices[index]);
   }
+  /// Hands local copy `index` to `fn(tensor&)`, which may change it in place through
+  /// `mutable_data` (copy-on-write: a tensor someone else holds is copied first, so that holder
+  /// keeps its values). `fn` must leave it on the copy's device, with its shape and dtype.
+  template <class F>
+  void modify(size_t index, F&& fn) {
+    auto& copy = *copies[index];
+    std::lock_guard<std::mutex> guard(copy.mu);
+    fn(copy.value);
+  }
   /// The variable's handle.
   static variable handle(std::shared_ptr<variable_state> state) {
     return variable(std::move(state));
@@ -97,6 +106,11 @@ tensor add_host(const tensor& a, const tensor& b, int sign);
 /// converted to it first; float16 and bfloat16 computed in float32).
 /// @throws error(dtype_mismatch) for bool.
 tensor scaled_sum(const tensor& a, double alpha, const tensor& b, double beta);
+
+/// `a += beta * b` element-wise, in place on the host when `a` is a host tensor (copied first
+/// only when someone else holds it), with `scaled_sum`'s arithmetic; otherwise `a` becomes
+/// `scaled_sum(a, 1, b, beta)` on `a`'s device. @throws error(dtype_mismatch) for bool.
+void add_scaled_in_place(tensor& a, const tensor& b, double beta);
 
 /// Checks that `x` can update `v`: its shape and dtype. `call` names the operation.
 /// @throws error(shape_mismatch | dtype_mismatch) naming the variable, and both shapes or dtypes.

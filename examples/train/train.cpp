@@ -487,7 +487,7 @@ void arrange_checkpoints(options& o, std::optional<checkpoint_manager>& manager,
 }
 
 /// Trains; with --elastic, goes on through changes of the group (docs/train.md, "Elastic
-/// training"): every --commit-every steps each worker commits the step and the parameters in
+/// training"): every --commit-every steps each worker commits the step and the model's variables in
 /// memory; a change fails the step in flight with membership_changed, the workers take part in
 /// the group's next epoch (reform), every one takes worker 0's commit (sync), and training goes
 /// on from there on the new group, its dataset split over the new replicas. A worker that joins
@@ -510,12 +510,16 @@ train::outcome train_through_changes(multi_worker_mirrored_strategy& strategy, c
   using steady = std::chrono::steady_clock;
   train::mlp_shape shape{static_cast<int>(data.x.shape()[1]), o.hidden, train::classes_of(o, data),
                          o.layers};
+  // The model's variables first: the commits keep them (a worker that joins a running group
+  // makes its own, which its first sync replaces with the group's).
+  const auto model = train::model_on(
+      strategy, shape,
+      o.initial_params.is_dict() ? o.initial_params : train::init_params(shape, o.seed));
   elastic_state state{strategy};
-  auto commit = [&state](int64_t step, const nest& params) {
-    state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}, {"params", params}}));
+  auto commit = [&state](int64_t step, const nest&) {
+    state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}}));
   };
-  commit(o.start_step,
-         o.initial_params.is_dict() ? o.initial_params : train::init_params(shape, o.seed));
+  commit(o.start_step, nest{});
   // Worker 0's commit, everywhere (a worker that joined a running group takes the group's); a
   // change during a sync re-forms again.
   auto synced = [&] {
@@ -555,7 +559,7 @@ train::outcome train_through_changes(multi_worker_mirrored_strategy& strategy, c
   };
   for (;;) {
     run.start_step = extra["step"].as_tensor().item<int64_t>();
-    run.initial_params = extra["params"];
+    run.initial_params = model.params_on_host(); // worker 0's, as the sync left them
     try {
       auto result = train::train_on(strategy, run, data, trace, strategy.worker_rank(), progress());
       if (!result.snapshot.is_dict())
@@ -659,6 +663,13 @@ int main(int argc, char** argv) {
                   "in collectives (summed over local replicas)\n",
                   static_cast<long long>(result.steps), result.curve.loss.back(),
                   result.curve.accuracy.back(), result.examples_per_s, result.collective_s);
+      if (const auto& ends = result.curve.epoch_end; !ends.empty()) {
+        const int64_t first = result.curve.epoch_first.back();
+        std::printf("metrics (sync-on-read, every replica of every worker): steps %lld-%lld, "
+                    "loss %.4f, accuracy %.3f\n",
+                    static_cast<long long>(first), static_cast<long long>(ends.back()),
+                    result.curve.epoch_loss.back(), result.curve.epoch_accuracy.back());
+      }
       if (o.target_loss > 0) {
         if (result.reached_target)
           std::printf("target loss %.4f reached at step %lld after %.3f s\n", o.target_loss,

@@ -146,25 +146,6 @@ size_t tracer::size() const {
   return events_.size();
 }
 
-// -- bucketed all-reduce -------------------------------------------------------------------------
-
-std::vector<std::pair<size_t, size_t>> plan_buckets(const std::vector<size_t>& sizes,
-                                                    size_t bucket_bytes) {
-  std::vector<std::pair<size_t, size_t>> buckets;
-  size_t i = 0;
-  while (i < sizes.size()) {
-    size_t j = i;
-    size_t bytes = 0;
-    do {
-      bytes += sizes[j];
-      ++j;
-    } while (j < sizes.size() && bucket_bytes > 0 && bytes + sizes[j] <= bucket_bytes);
-    buckets.emplace_back(i, j);
-    i = j;
-  }
-  return buckets;
-}
-
 // -- training ------------------------------------------------------------------------------------
 
 namespace {
@@ -274,12 +255,63 @@ bool gpu_replicas(const strategy& strategy) {
 
 } // namespace
 
+nest model_state::params_on_host() const {
+  nest::dict_type out;
+  for (const auto& v : params) {
+    tensor t = v.value();
+    out.emplace(v.name(), t.on_gpu() ? t.to("CPU:0") : std::move(t));
+  }
+  return nest::dict(std::move(out));
+}
+
+void model_state::assign(const nest& p) const {
+  for (const auto& v : params) {
+    variable copy = v;
+    copy.assign(p[v.name()].as_tensor());
+  }
+}
+
+model_state model_on(strategy& strategy, const mlp_shape& shape, const nest& initial) {
+  std::map<std::string, variable> existing;
+  for (const auto& v : strategy.variables())
+    existing.emplace(v.name(), v);
+  // Finds the variable `name` of `value`'s shape and dtype, or creates it from `value`.
+  auto found_or_made = [&](const std::string& name, const tensor& value, variable_options options) {
+    auto it = existing.find(name);
+    if (it == existing.end())
+      return strategy.create_variable(name, value, options);
+    if (it->second.shape() != value.shape() || it->second.dtype() != value.dtype())
+      throw_error(errc::invalid_argument,
+                  "train_on: this strategy holds the model's variable \"" + name + "\" as " +
+                      to_string(it->second.dtype()) + to_string(it->second.shape()) +
+                      ", and this model needs " + to_string(value.dtype()) +
+                      to_string(value.shape()) +
+                      "; train a model of another shape on a strategy of its own");
+    variable v = it->second;
+    v.assign(value);
+    return v;
+  };
+  model_state model;
+  for (const auto& key : production_order(shape.layers))
+    model.params.push_back(found_or_made(key, initial[key].as_tensor(), {}));
+  const variable_options metric{variable_synchronization::on_read, variable_aggregation::sum};
+  const tensor zero = tensor::scalar<float>(0.0f);
+  model.loss_sum = found_or_made("metrics/loss_sum", zero, metric);
+  model.correct = found_or_made("metrics/correct", zero, metric);
+  model.rows = found_or_made("metrics/rows", zero, metric);
+  return model;
+}
+
 outcome train_on(strategy& strategy, const train_options& o, const dataset_tensors& data,
                  tracer& trace, int worker, const progress_fn& progress) {
   check(o);
   mlp_shape shape{static_cast<int>(data.x.shape()[1]), o.hidden, classes_of(o, data), o.layers};
+  const bool on_gpus = gpu_replicas(strategy);
   outcome result;
-  result.params = o.initial_params.is_dict() ? o.initial_params : init_params(shape, o.seed);
+  const model_state model = model_on(
+      strategy, shape, o.initial_params.is_dict() ? o.initial_params : init_params(shape, o.seed));
+  // What the GPU form starts from (each replica copies it to its GPU on its first step).
+  const nest start_params = on_gpus ? model.params_on_host() : nest{};
   result.steps = o.start_step;
   auto ds =
       dataset::from_tensor_slices(nest::dict({{"x", data.x}, {"y", data.y}})).batch(o.global_batch);
@@ -289,14 +321,13 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   // predictions, rows, replicas asked to stop), which travel in the last bucket.
   std::vector<size_t> sizes;
   std::vector<shape_t> shapes;
-  for (const auto& key : keys) {
-    const tensor& p = result.params[key].as_tensor();
-    sizes.push_back(p.num_bytes());
-    shapes.push_back(p.shape());
+  for (const auto& v : model.params) {
+    sizes.push_back(static_cast<size_t>(num_elements(v.shape())) * sizeof(float));
+    shapes.push_back(v.shape());
   }
   sizes.push_back(4 * sizeof(float));
   shapes.push_back({4});
-  const auto buckets = plan_buckets(sizes, o.bucket_bytes);
+  const auto buckets = plan_gradient_buckets(sizes, o.bucket_bytes);
   // Where each tensor lives: its bucket and its offset (in floats) in the bucket's flat buffer.
   // The backward pass writes each gradient there (gradient_slots_fn), so a bucket needs no copy
   // before its all-reduce, and the results are views of the reduced buffer. Each tensor starts
@@ -327,12 +358,11 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   // without the cost of the helper thread's start and join, which shows on a small model
   // (bench/README.md, "The small model: where buckets matter").
   const bool overlap = o.overlap && buckets.size() > 1;
-  // GPU replicas (docs/train.md, "On GPUs"): each keeps its own copy of the parameters in its GPU's
-  // memory, computes with the kernels of forward_backward_gpu on its stream, all-reduces the
+  // GPU replicas (docs/train.md, "On GPUs"): each works on its own copy of the parameters in its
+  // GPU's memory, computes with the kernels of forward_backward_gpu on its stream, all-reduces the
   // buckets there (NCCL) and applies the update itself, so a step moves no parameter or gradient
-  // through the host; only the three totals come back. The parameters come to the host when a
-  // snapshot or the result needs them (fetch_params).
-  const bool on_gpus = gpu_replicas(strategy);
+  // through the host; only the totals come back. The parameters come to the host when a
+  // snapshot, a commit, a checkpoint or the result needs them (fetch_params).
   std::vector<nest> replica_params(replica_buckets.size());
   auto fetch_params = [&] {
     auto copies = strategy.run([&](replica_context& ctx) {
@@ -340,6 +370,14 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
       return map_structure(mine, [](const tensor& t) { return t.to("CPU:0"); });
     });
     return copies[0];
+  };
+  // The parameters on the host, and (GPU form) in the variables too.
+  auto host_params = [&] {
+    if (!on_gpus)
+      return model.params_on_host();
+    nest host = fetch_params();
+    model.assign(host);
+    return host;
   };
   std::mutex collective_mtx;
   double collective_s = 0;
@@ -352,7 +390,7 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
     const int replica = ctx.replica_id_in_sync_group();
     nest& params = replica_params.at(static_cast<size_t>(replica));
     if (!params.is_dict())
-      params = map_structure(result.params, [&](const tensor& t) { return t.to(ctx.device()); });
+      params = map_structure(start_params, [&](const tensor& t) { return t.to(ctx.device()); });
     forward_backward_gpu(params, part["x"].as_tensor(), part["y"].as_tensor(), slot_of(keys.size()),
                          [&](int layer) {
                            // keys: w{L+1}, b{L+1}, ..., w1, b1.
@@ -388,15 +426,30 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
     trace.add("step", worker, replica, begin, steady::now());
     return nest::dict({{"totals", totals}});
   };
+  // The epoch's loss and accuracy from the sync-on-read metrics (a collective: every worker
+  // reads them after the same steps), then a fresh start for the next epoch.
+  const tensor zero = tensor::scalar<float>(0.0f);
+  int64_t epoch_steps = 0;
+  auto close_epoch = [&](int64_t last_step) {
+    if (on_gpus || epoch_steps == 0)
+      return;
+    const double rows = std::max<double>(model.rows.value().item<float>(), 1.0);
+    result.curve.epoch_loss.push_back(model.loss_sum.value().item<float>() / rows);
+    result.curve.epoch_accuracy.push_back(model.correct.value().item<float>() / rows);
+    result.curve.epoch_first.push_back(last_step - epoch_steps + 1);
+    result.curve.epoch_end.push_back(last_step);
+    for (variable v : {model.loss_sum, model.correct, model.rows})
+      v.assign(zero);
+    epoch_steps = 0;
+  };
+  for (variable v : {model.loss_sum, model.correct, model.rows})
+    v.assign(zero);
   int64_t seen = 0;
   auto start = steady::now();
   for (int64_t step = o.start_step; step < o.steps; ++step) {
     current_step = step;
     auto batch = dist.get(step % dist.cardinality());
     auto step_begin = steady::now();
-    // The step reads result.params by reference: run returns only after every replica's step has
-    // ended, and nothing else holds the tensors, so sgd_update updates them in place (a copy
-    // captured here would make every update copy the whole model first).
     auto outputs = strategy.run(
         [&](replica_context& ctx, const nest& part) {
           const int replica = ctx.replica_id_in_sync_group();
@@ -418,6 +471,11 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
           };
           if (on_gpus)
             return gpu_step(ctx, part, flats, slot_of, begin);
+          // This replica's own copy of the parameters.
+          nest::dict_type mine;
+          for (const auto& v : model.params)
+            mine.emplace(v.name(), ctx.read(v));
+          nest params = nest::dict(std::move(mine));
           loss_and_grads lg;
           gradient_channel channel;
           std::thread helper;
@@ -425,7 +483,7 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
           auto compute = [&] {
             auto layer_begin = steady::now();
             lg = forward_backward(
-                result.params, x, y,
+                params, x, y,
                 [&](int layer, const tensor&, const tensor&) {
                   auto now = steady::now();
                   trace.add("backward " + weight_key(layer), worker, compute_track, layer_begin,
@@ -486,20 +544,34 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
             std::lock_guard<std::mutex> guard{collective_mtx};
             collective_s += in_collectives;
           }
+          // The update. The gradients are sums over the global batch's rows (every replica holds
+          // the same), so the learning rate is divided by their number. The step lets go of its
+          // copy first, so that the update is in place.
+          params = nest{};
+          const float global_rows = reduced.back().data<float>()[2];
+          if (global_rows > 0) {
+            std::vector<std::pair<tensor, variable>> pairs;
+            pairs.reserve(keys.size());
+            for (size_t k = 0; k < keys.size(); ++k)
+              pairs.emplace_back(reduced[k], model.params[k]);
+            sgd({.learning_rate = o.learning_rate / static_cast<double>(global_rows),
+                 .bucket_bytes = o.bucket_bytes})
+                .apply_gradients(ctx, pairs, {.skip_gradients_aggregation = true});
+          }
+          // This replica's share of the metrics, kept in its own copies until they are read.
+          ctx.assign_add(model.loss_sum, tensor::scalar<float>(lg.loss_sum.item<float>()));
+          ctx.assign_add(model.correct, tensor::scalar<float>(lg.correct.item<float>()));
+          ctx.assign_add(model.rows, tensor::scalar<float>(static_cast<float>(y.num_elements())));
           trace.add("step", worker, replica, begin, steady::now());
-          nest::dict_type grads;
-          for (size_t k = 0; k < keys.size(); ++k)
-            grads[keys[k]] = reduced[k];
-          return nest::dict({{"grads", nest::dict(std::move(grads))}, {"totals", reduced.back()}});
+          return nest::dict({{"totals", reduced.back()}});
         },
         batch);
-    // Every replica holds the same reduced gradients; take the first.
+    // Every replica holds the same reduced totals; take the first.
     auto totals = outputs[0]["totals"].as_tensor().to_vector<float>();
     auto global_rows = static_cast<int64_t>(totals[2]);
-    if (global_rows > 0 && !on_gpus)
-      sgd_update(result.params, outputs[0]["grads"], o.learning_rate, global_rows);
+    ++epoch_steps;
     if (step + 1 == o.snapshot_step)
-      result.snapshot = on_gpus ? fetch_params() : result.params;
+      result.snapshot = host_params();
     // The mean loss over every example of the global batch, as tf.distribute reports it.
     double rows = std::max<double>(totals[2], 1.0);
     double loss = totals[0] / rows;
@@ -512,6 +584,8 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
     auto elapsed = std::chrono::duration<double>(steady::now() - start).count();
     if (progress)
       progress(step + 1, loss, accuracy, static_cast<double>(seen) / std::max(elapsed, 1e-9));
+    if ((step + 1) % dist.cardinality() == 0)
+      close_epoch(step + 1);
     // Every worker sees the same all-reduced totals, so all of them stop at the same step.
     const bool reached = o.target_loss > 0 && loss <= o.target_loss;
     const bool one_worker =
@@ -523,14 +597,14 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
     const bool checkpointing = o.on_checkpoint || o.checkpoint_every > 0;
     if (checkpointing && (stop || reached || step + 1 == o.steps ||
                           (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0))) {
-      const nest host = on_gpus ? fetch_params() : result.params;
+      const nest host = host_params();
       if (o.on_checkpoint)
         o.on_checkpoint(step + 1, host);
     }
     if (o.on_commit && o.commit_every > 0 && (step + 1) % o.commit_every == 0)
-      o.on_commit(step + 1, result.params);
+      o.on_commit(step + 1, host_params());
     if (o.on_step)
-      o.on_step(step + 1, result.params);
+      o.on_step(step + 1, host_params());
     if (reached) {
       result.reached_target = true;
       result.time_to_target_s = elapsed;
@@ -542,9 +616,9 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
     }
   }
   result.elapsed_s = std::chrono::duration<double>(steady::now() - start).count();
+  close_epoch(result.steps);
   // (A resumed run with no step left has no GPU copy: its parameters are the ones it was given.)
-  if (on_gpus && result.steps > o.start_step)
-    result.params = fetch_params();
+  result.params = on_gpus && result.steps == o.start_step ? start_params : host_params();
   result.examples_per_s = static_cast<double>(seen) / std::max(result.elapsed_s, 1e-9);
   result.collective_s = collective_s;
   result.collectives_per_step = static_cast<int64_t>(buckets.size());

@@ -3,14 +3,21 @@
 // The distributed training loop of consort-train, as a library so that the demo, its benchmark
 // (bench/train_bench.cpp) and its tests run the same code.
 //
-// Each step: distribute_dataset hands each replica its slice of the global batch; each replica
-// computes the summed loss and the gradient sums of its slice; the gradients are all-reduced (SUM)
-// in fused buckets, each bucket as soon as the backward pass has produced it (overlap, as DDP
-// does), and divided by the global batch, so partial batches weigh correctly. The loss, accuracy
-// and row count travel in the last bucket, so a step costs no collective beyond the gradients'.
-// On GPU replicas (docs/train.md, "On GPUs") each replica keeps the parameters in its GPU's
-// memory, runs forward_backward_gpu and the update on its stream, and the buckets are all-reduced
-// by NCCL there; only the totals come to the host each step.
+// The model lives in the strategy, as in TF's custom training loop: its parameters are mirrored
+// variables and its running loss and accuracy sync-on-read ones (`model_on`). Each step:
+// distribute_dataset hands each replica its slice of the global batch; each replica reads its own
+// copy of the parameters and computes the summed loss and the gradient sums of its slice; the
+// gradients are all-reduced (SUM) in fused buckets (the library's plan_gradient_buckets), each
+// bucket as soon as the backward pass has produced it (overlap, as DDP does), and the library's
+// sgd applies them to every copy with a learning rate divided by the global batch's rows, so
+// partial batches weigh correctly. The loss, accuracy and row count travel in the last bucket, so
+// a step costs no collective beyond the gradients'; each replica also adds its own to the
+// sync-on-read metrics, which are read (a collective) once per epoch.
+// On GPU replicas (docs/train.md, "On GPUs") each replica works on its own copy of the parameters
+// in its GPU's memory, runs forward_backward_gpu and the update (sgd_update_gpu) on its stream,
+// and the buckets are all-reduced by NCCL there; only the totals come to the host each step. The
+// variables get the parameters at every commit, checkpoint and at the end, and the metrics are not
+// kept (the replicas' own totals stay on the GPU).
 
 #include "mlp.hpp"
 
@@ -135,16 +142,46 @@ private:
   std::vector<event> events_;
 };
 
-/// Splits tensors of `sizes` bytes into buckets [begin, end) of consecutive tensors whose sizes
-/// add up to at most `bucket_bytes` (a tensor larger than that gets a bucket of its own);
-/// `bucket_bytes` 0 gives one bucket per tensor.
-std::vector<std::pair<size_t, size_t>> plan_buckets(const std::vector<size_t>& sizes,
-                                                    size_t bucket_bytes);
+/// The model's state, made by the strategy (TF: the model and its metrics built under
+/// `strategy.scope()`). A handle: copies name the same variables.
+struct model_state {
+  /// One mirrored variable per parameter, named by its key (`w3`, `b3`, ..., `w1`, `b1`), in the
+  /// order the backward pass produces their gradients.
+  std::vector<variable> params;
+  /// Sync-on-read SUM variables (float32 scalars): the summed loss, the correct predictions and
+  /// the rows of the steps since the last reset; read outside a step, each is the sum over every
+  /// replica of every worker (Keras's Mean metrics keep a total and a count the same way).
+  variable loss_sum;
+  variable correct;
+  variable rows;
 
-/// The loss and accuracy of every step.
+  /// The parameters as `init_params` lays them out: the primary copies, on the host.
+  nest params_on_host() const;
+  /// Sets every copy of every parameter (outside a step). @throws the errors of
+  /// `variable::assign` (a dict without a parameter, of another shape).
+  void assign(const nest& params) const;
+};
+
+/// The model of `shape` on `strategy`: its variables, created from `initial` (an `init_params`
+/// dict) the first time, when under several workers worker 0's values reach every worker (every
+/// worker calls it, in the same order of steps); found again and set to `initial` by later calls.
+/// @throws error(invalid_argument) when the strategy has the model's variables already with
+///         other shapes (a model of another shape needs a strategy of its own); the errors of
+///         `strategy::create_variable`.
+model_state model_on(strategy& strategy, const mlp_shape& shape, const nest& initial);
+
+/// The loss and accuracy of every step, and of every epoch (the steps over the whole training
+/// set) from the sync-on-read metrics.
 struct history {
   std::vector<double> loss;
   std::vector<double> accuracy;
+  /// Per epoch: the mean loss and the accuracy over its rows, and its first and last steps
+  /// (1-based). A run that starts or ends inside an epoch has the part it did. CPU replicas only
+  /// (see the file comment).
+  std::vector<double> epoch_loss;
+  std::vector<double> epoch_accuracy;
+  std::vector<int64_t> epoch_first;
+  std::vector<int64_t> epoch_end;
 };
 
 struct outcome {

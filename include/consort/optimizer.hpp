@@ -33,6 +33,26 @@ struct sgd_options {
   size_t bucket_bytes = size_t{25} << 20;
 };
 
+/// Splits tensors of `sizes` bytes, in order, into buckets [begin, end) of consecutive tensors
+/// whose sizes add up to at most `bucket_bytes`; a tensor larger than that gets a bucket of its
+/// own, and `bucket_bytes` 0 gives one bucket per tensor (torch DDP's bucketing by
+/// `bucket_cap_mb`). The plan `sgd::apply_gradients` all-reduces by, for a training loop that
+/// all-reduces its own buckets (as the buckets fill during the backward pass) and then applies them
+/// with `apply_options::skip_gradients_aggregation`.
+std::vector<std::pair<size_t, size_t>> plan_gradient_buckets(const std::vector<size_t>& sizes,
+                                                             size_t bucket_bytes);
+
+/// How one `sgd::apply_gradients` call treats its gradients.
+struct apply_options {
+  /// The gradients are already combined across every replica of every worker (the caller
+  /// all-reduced them, e.g. bucket by bucket while its backward pass ran): apply them as given,
+  /// with no collective (Keras's `skip_gradients_aggregation=True`; TF 2.4's
+  /// `experimental_aggregate_gradients=False`). Every replica must then pass the same values, or
+  /// the copies of a mirrored variable drift apart: that is the caller's responsibility, as in
+  /// Keras.
+  bool skip_gradients_aggregation = false;
+};
+
 /// Stochastic gradient descent over a strategy's mirrored variables, as Keras's SGD behaves
 /// under a tf.distribute strategy: `apply_gradients` is called inside a step by every replica
 /// with its own gradients; it all-reduces them over every replica of every worker (SUM or MEAN,
@@ -53,13 +73,17 @@ public:
 
   /// Applies one gradient per variable (Keras's `apply_gradients(zip(grads, vars))`), inside a
   /// step, on every replica: every replica calls it with the same variables in the same order.
+  /// A copy on the host is updated in place, unless someone else holds its tensor (a value read
+  /// earlier, a checkpoint's snapshot): that holder keeps the old values (tensors are
+  /// copy-on-write).
   /// @throws error(invalid_argument) for no pairs, an empty handle, a variable that is not
   ///         mirrored (ON_WRITE) or not floating, or one of another strategy;
   ///         error(shape_mismatch | dtype_mismatch) for a gradient unlike its variable, naming
   ///         both; the errors of the all-reduce (a replica or worker that does not call it fails
   ///         its peers at once with collective_aborted, as any collective).
   void apply_gradients(replica_context& ctx,
-                       const std::vector<std::pair<tensor, variable>>& grads_and_vars);
+                       const std::vector<std::pair<tensor, variable>>& grads_and_vars,
+                       const apply_options& options = {});
 
 private:
   sgd_options options_;

@@ -409,6 +409,33 @@ TEST_P(VariableTest, SgdUpdatesEqualOneReplicasUpdatesOnTheGlobalBatch) {
   }
 }
 
+TEST_P(VariableTest, SgdSkippingAggregationAppliesTheGradientsAsGivenInPlaceAndHoldersKeepTheirs) {
+  mirrored_strategy s(cpus(replicas()));
+  auto w = s.create_variable("w", f32({1, 2}));
+  sgd optimizer({.learning_rate = 0.5});
+  auto step = [&](const apply_options& apply) {
+    s.run([&](replica_context& ctx) {
+      optimizer.apply_gradients(ctx, {{f32({2, 4}), w}}, apply);
+      return f32({0});
+    });
+  };
+  // A value read before the update keeps it (copy-on-write).
+  const tensor held = w.value();
+  step({.skip_gradients_aggregation = true}); // no all-reduce: [1, 2] - 0.5 * [2, 4]
+  expect_copies(s, w, {0, 0});
+  EXPECT_EQ(values(held), (std::vector<float>{1, 2}));
+  // With nothing else holding the copies, the update writes them in place.
+  std::vector<const float*> before;
+  for (const auto& copy : s.local_results(w))
+    before.push_back(copy.data<float>());
+  step({}); // aggregated: [0, 0] - 0.5 * (replicas * [2, 4])
+  const auto n = static_cast<float>(replicas());
+  expect_copies(s, w, {-n, -2 * n});
+  const auto after = s.local_results(w);
+  for (size_t i = 0; i < after.size(); ++i)
+    EXPECT_EQ(after[i].data<float>(), before[i]) << "copy " << i << " was not updated in place";
+}
+
 TEST_P(VariableTest, SgdRefusesBadPairsNamingThem) {
   mirrored_strategy s(cpus(replicas()));
   auto w = s.create_variable("w", f32({0, 0}));
@@ -438,6 +465,27 @@ TEST_P(VariableTest, SgdRefusesBadPairsNamingThem) {
                          {"momentum must be in [0, 1]"}));
   EXPECT_TRUE(fails_with([] { sgd(sgd_options{.gradient_reduction = reduce_op::max}); },
                          errc::invalid_argument, {"SUM or MEAN"}));
+}
+
+using buckets = std::vector<std::pair<size_t, size_t>>;
+
+TEST(PlanGradientBuckets, ZeroBytesIsOneBucketPerTensor) {
+  EXPECT_EQ(plan_gradient_buckets({8, 8, 8}, 0), (buckets{{0, 1}, {1, 2}, {2, 3}}));
+}
+
+TEST(PlanGradientBuckets, FillsBucketsUpToTheLimitInOrder) {
+  EXPECT_EQ(plan_gradient_buckets({8, 8, 8, 8}, 16), (buckets{{0, 2}, {2, 4}}));
+  EXPECT_EQ(plan_gradient_buckets({8, 8, 8}, 1 << 20), (buckets{{0, 3}}));
+  EXPECT_EQ(plan_gradient_buckets({4, 8, 4}, 12), (buckets{{0, 2}, {2, 3}}));
+}
+
+TEST(PlanGradientBuckets, ATensorLargerThanABucketGetsItsOwn) {
+  EXPECT_EQ(plan_gradient_buckets({4, 100, 4}, 16), (buckets{{0, 1}, {1, 2}, {2, 3}}));
+  EXPECT_EQ(plan_gradient_buckets({100}, 16), (buckets{{0, 1}}));
+}
+
+TEST(PlanGradientBuckets, NoTensorsNoBuckets) {
+  EXPECT_TRUE(plan_gradient_buckets({}, 64).empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Replicas, VariableTest, ::testing::Values(1, 2, 3, 4),

@@ -26,8 +26,6 @@ using namespace consort::train;
 
 namespace {
 
-using buckets = std::vector<std::pair<size_t, size_t>>;
-
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -71,25 +69,6 @@ train_options few_steps(int64_t steps) {
 }
 
 } // namespace
-
-TEST(PlanBuckets, ZeroBytesIsOneBucketPerTensor) {
-  EXPECT_EQ(plan_buckets({8, 8, 8}, 0), (buckets{{0, 1}, {1, 2}, {2, 3}}));
-}
-
-TEST(PlanBuckets, FillsBucketsUpToTheLimitInOrder) {
-  EXPECT_EQ(plan_buckets({8, 8, 8, 8}, 16), (buckets{{0, 2}, {2, 4}}));
-  EXPECT_EQ(plan_buckets({8, 8, 8}, 1 << 20), (buckets{{0, 3}}));
-  EXPECT_EQ(plan_buckets({4, 8, 4}, 12), (buckets{{0, 2}, {2, 3}}));
-}
-
-TEST(PlanBuckets, ATensorLargerThanABucketGetsItsOwn) {
-  EXPECT_EQ(plan_buckets({4, 100, 4}, 16), (buckets{{0, 1}, {1, 2}, {2, 3}}));
-  EXPECT_EQ(plan_buckets({100}, 16), (buckets{{0, 1}}));
-}
-
-TEST(PlanBuckets, NoTensorsNoBuckets) {
-  EXPECT_TRUE(plan_buckets({}, 64).empty());
-}
 
 TEST(TrainOn, BucketingDoesNotChangeTheResult) {
   mirrored_strategy strategy({"CPU:0", "CPU:1", "CPU:2"});
@@ -505,4 +484,60 @@ TEST(TrainOn, LargestDifferenceNamesWhereAndMeasuresNormwise) {
   // Different structures are refused, saying how.
   EXPECT_THROW(largest_difference(a, nest::dict({{"b", tensor::from<float>({1.0f})}})),
                std::invalid_argument);
+}
+
+TEST(TrainOn, KeepsTheModelInTheStrategysVariablesAndItsMetricsInSyncOnReadOnes) {
+  mirrored_strategy two({"CPU:0", "CPU:1"});
+  tracer off(false);
+  auto o = few_steps(14); // 256 rows in batches of 24: epochs of 11 steps, the last of 16 rows
+  auto r = train_on(two, o, small_data(), off, 0);
+  // The parameters: one mirrored variable each, in the order the gradients are produced, every
+  // copy equal to the result; then the metrics, sync-on-read sums.
+  std::vector<std::string> names;
+  for (const auto& v : two.variables())
+    names.push_back(v.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"w2", "b2", "w1", "b1", "metrics/loss_sum",
+                                             "metrics/correct", "metrics/rows"}));
+  for (const auto& v : two.variables()) {
+    const bool metric = v.name().rfind("metrics/", 0) == 0;
+    EXPECT_EQ(v.synchronization(),
+              metric ? variable_synchronization::on_read : variable_synchronization::on_write)
+        << v.name();
+    if (metric)
+      continue;
+    for (const auto& copy : two.local_results(v))
+      EXPECT_EQ(copy.to_vector<float>(), r.params[v.name()].as_tensor().to_vector<float>())
+          << v.name();
+  }
+  // The metrics of each epoch: the row-weighted mean of its steps' losses and accuracies.
+  ASSERT_EQ(r.curve.epoch_end, (std::vector<int64_t>{11, 14}));
+  EXPECT_EQ(r.curve.epoch_first, (std::vector<int64_t>{1, 12}));
+  const std::vector<double> rows = {24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 16, 24, 24, 24};
+  for (size_t e = 0; e < 2; ++e) {
+    double loss = 0, accuracy = 0, n = 0;
+    for (auto s = r.curve.epoch_first[e] - 1; s < r.curve.epoch_end[e]; ++s) {
+      const auto i = static_cast<size_t>(s);
+      loss += r.curve.loss[i] * rows[i];
+      accuracy += r.curve.accuracy[i] * rows[i];
+      n += rows[i];
+    }
+    EXPECT_NEAR(r.curve.epoch_loss[e], loss / n, 1e-5 * loss / n) << "epoch " << e;
+    EXPECT_NEAR(r.curve.epoch_accuracy[e], accuracy / n, 1e-6) << "epoch " << e;
+  }
+  // Read outside a step after the run, the metrics start afresh.
+  EXPECT_EQ(two.variables()[6].value().item<float>(), 0.0f);
+}
+
+TEST(TrainOn, ASecondRunOnTheStrategyReusesItsVariablesAndAnotherShapeIsRefused) {
+  mirrored_strategy two({"CPU:0", "CPU:1"});
+  tracer off(false);
+  auto first = train_on(two, few_steps(5), small_data(), off, 0);
+  auto again = train_on(two, few_steps(5), small_data(), off, 0);
+  EXPECT_EQ(again.params, first.params); // from the seed's parameters again
+  EXPECT_EQ(two.variables().size(), 7u);
+  auto wider = few_steps(1);
+  wider.hidden = 9;
+  EXPECT_TRUE(consort::test::fails_with(
+      [&] { train_on(two, wider, small_data(), off, 0); }, errc::invalid_argument,
+      {"\"w2\" as float32[8, 4]", "float32[9, 4]", "a strategy of its own"}));
 }
