@@ -305,9 +305,13 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
   // The call's job-wide number: this worker's lane runs its calls in the order every worker does.
   recorded_call rec;
   if (recorder != nullptr && recorder->enabled()) {
+    // One clock read: the call's start for the recorder, its entry time on the system clock, and
+    // where its deadline counts from.
+    cc.entered = std::chrono::steady_clock::now();
+    cc.entered_unix_ns = recorder->unix_ns(cc.entered);
     rec.recorder = recorder;
     rec.h = recorder->collective(call.step, call.seq, call.replica, flight_signature_of(sig),
-                                 flight_state::waiting, {});
+                                 flight_state::waiting, {}, cc.entered);
     cc.arrivals = recorder->arrivals(rec.h);
     cc.lateness = recorder->lateness(rec.h);
     cc.clock_offset_ns = recorder->chief_offset_ns();

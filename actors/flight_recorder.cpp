@@ -205,8 +205,8 @@ std::string boot_id() {
   return id;
 }
 
-int64_t unix_us_now() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
+int64_t unix_ns_now() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
@@ -239,7 +239,7 @@ size_t flight_recorder::entries_for(int64_t option) {
 flight_recorder::flight_recorder(size_t entries, int rank, std::vector<std::string> names)
     : capacity_(entries), rank_(rank),
       names_(names.empty() ? std::vector<std::string>{"worker:0"} : std::move(names)),
-      epoch_(clock::now()), epoch_unix_us_(unix_us_now()) {
+      epoch_(clock::now()), epoch_unix_ns_(unix_ns_now()) {
   if (capacity_ == 0)
     return;
   ring_ = std::make_unique<entry[]>(capacity_);
@@ -292,11 +292,12 @@ flight_recorder::entry& flight_recorder::claim(clock::time_point now) {
 
 flight_recorder::handle flight_recorder::collective(uint64_t step, uint32_t seq, int replica,
                                                     const flight_signature& sig, flight_state state,
-                                                    clock::time_point enqueued) {
+                                                    clock::time_point enqueued,
+                                                    clock::time_point started) {
   if (capacity_ == 0)
     return {};
-  const auto now = clock::now();
-  std::lock_guard<std::mutex> guard{mu_};
+  const auto now = started != clock::time_point{} ? started : clock::now();
+  std::lock_guard<spin_mutex> guard{mu_};
   const auto slot = static_cast<uint32_t>(written_ % capacity_);
   auto& e = claim(enqueued == clock::time_point{} ? now : enqueued);
   e.type = entry_type::collective;
@@ -316,7 +317,7 @@ void flight_recorder::started(handle h) {
   if (!h)
     return;
   const auto now = clock::now();
-  std::lock_guard<std::mutex> guard{mu_};
+  std::lock_guard<spin_mutex> guard{mu_};
   auto& e = ring_[h.slot];
   if (e.number != h.number || e.type != entry_type::collective)
     return;
@@ -336,7 +337,7 @@ void flight_recorder::ended(handle h, errc code) {
   if (!h)
     return;
   const auto now = clock::now();
-  std::lock_guard<std::mutex> guard{mu_};
+  std::lock_guard<spin_mutex> guard{mu_};
   auto& e = ring_[h.slot];
   if (e.number != h.number || e.type != entry_type::collective)
     return;
@@ -363,14 +364,14 @@ void flight_recorder::ended(handle h, errc code) {
 }
 
 uint64_t flight_recorder::last_number() const {
-  std::lock_guard<std::mutex> guard{mu_};
+  std::lock_guard<spin_mutex> guard{mu_};
   return next_number_ - 1;
 }
 
 void flight_recorder::step_started(uint64_t step, clock::time_point at) {
   if (capacity_ == 0)
     return;
-  std::lock_guard<std::mutex> guard{mu_};
+  std::lock_guard<spin_mutex> guard{mu_};
   auto& e = claim(at);
   e.type = entry_type::step_start;
   e.step = step;
@@ -388,7 +389,7 @@ void flight_recorder::step_ended(uint64_t step, bool ok) {
   if (capacity_ == 0)
     return;
   const auto now = clock::now();
-  std::lock_guard<std::mutex> guard{mu_};
+  std::lock_guard<spin_mutex> guard{mu_};
   auto& e = claim(now);
   e.type = entry_type::step_end;
   e.step = step;
@@ -447,12 +448,12 @@ void flight_recorder::judge_step(uint64_t step, int64_t end_ns) {
 }
 
 void flight_recorder::set_straggler_log(std::function<void(const std::string&)> log) {
-  std::lock_guard<std::mutex> guard{mu_};
+  std::lock_guard<spin_mutex> guard{mu_};
   straggler_log_ = std::move(log);
 }
 
 std::vector<consort::straggler_stat> flight_recorder::stragglers() const {
-  std::lock_guard<std::mutex> guard{mu_};
+  std::lock_guard<spin_mutex> guard{mu_};
   std::vector<consort::straggler_stat> out(names_.size());
   for (size_t w = 0; w < names_.size(); ++w) {
     out[w].worker = names_[w];
@@ -479,7 +480,7 @@ void flight_recorder::note(const std::string& text) {
   if (capacity_ == 0)
     return;
   const auto now = clock::now();
-  std::lock_guard<std::mutex> guard{mu_};
+  std::lock_guard<spin_mutex> guard{mu_};
   auto& e = claim(now);
   e.type = entry_type::note;
   ++failures_;
@@ -494,7 +495,7 @@ std::string flight_recorder::explain(handle h, errc code, std::chrono::milliseco
   if (!h)
     return {};
   const auto now = clock::now();
-  std::lock_guard<std::mutex> guard{mu_};
+  std::lock_guard<spin_mutex> guard{mu_};
   const auto& e = ring_[h.slot];
   if (e.number != h.number || e.type != entry_type::collective)
     return {};
@@ -556,7 +557,7 @@ std::string flight_recorder::diagnose() const {
     return "the flight recorder is off (strategy_options::flight_recorder_entries or "
            "CONSORT_FLIGHT_RECORDER_ENTRIES is 0)";
   const auto now = clock::now();
-  std::lock_guard<std::mutex> guard{mu_};
+  std::lock_guard<spin_mutex> guard{mu_};
   std::ostringstream out;
   out << name() << ": ";
   const entry* last_done = nullptr;
@@ -630,7 +631,7 @@ std::string flight_recorder::to_json(const std::string& reason) const {
   doc["capacity"] = capacity_;
   // Times are microseconds since `epoch_unix_us` (this process's wall clock when the recorder
   // started; the entries are on its steady clock).
-  doc["epoch_unix_us"] = epoch_unix_us_;
+  doc["epoch_unix_us"] = epoch_unix_ns_ / 1000;
   // The chief's wall clock minus this one's, as the membership heartbeats last measured it (0
   // on the chief, and until a first round trip).
   doc["chief_clock_offset_us"] = chief_offset_ns() / 1000;
@@ -648,7 +649,7 @@ std::string flight_recorder::to_json(const std::string& reason) const {
       {"boot_id", boot_id()}};
   json entries = json::array();
   {
-    std::lock_guard<std::mutex> guard{mu_};
+    std::lock_guard<spin_mutex> guard{mu_};
     doc["dumped_us"] = since_epoch(clock::now()) / 1000;
     doc["last_number"] = next_number_ - 1;
     const auto held = std::min<uint64_t>(written_, capacity_);
@@ -759,7 +760,7 @@ void flight_recorder::dump_on_failure(const std::string& reason) noexcept {
   if (dir == nullptr || *dir == '\0')
     return;
   {
-    std::lock_guard<std::mutex> guard{mu_};
+    std::lock_guard<spin_mutex> guard{mu_};
     // Only when something failed since the last dump; after the first few, at most once a second
     // (a lost peer fails every later call too, at once).
     const auto now = clock::now();

@@ -9,9 +9,11 @@
 // count and the bytes; text is made only when dumped), the local replica, the enqueue, start and
 // end times, the state, and, for a call between workers, which workers' descriptors had arrived.
 //
-// What it costs a call: two clock reads and two locks of one uncontended mutex (three of each for
-// a call of several local replicas, which also records when its turn on the lane comes) and a copy
-// into a preallocated entry; nothing is allocated and no text is made
+// What it costs a call: one clock read (its end; the start is the call's own reading, which the
+// call's deadline counts from too, and its entry time on the system clock derives from it), two
+// locks of an uncontended spin lock (three of each for a call of several local replicas, which
+// also records when its turn on the lane comes) and a copy into a preallocated entry; nothing is
+// allocated and no text is made
 // (bench/strategy_collective_bench measures it; bench/README.md, "The flight recorder's cost").
 //
 // Thread safety: thread-safe; `mu_` guards the ring and the counters. The arrival mask of an entry
@@ -36,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace consort::transport {
@@ -45,6 +48,25 @@ struct call_lateness;
 namespace consort::detail {
 
 struct call_signature;
+
+/// A lock for short critical sections on a hot path: an uncontended lock is one exchange and an
+/// unlock one store (a pthread mutex is two atomic read-modify-writes and two calls). A waiter
+/// spins a little, then yields its core, so a long holder (a dump formatting the ring) costs the
+/// others no more than a mutex would.
+class spin_mutex {
+public:
+  void lock() noexcept {
+    for (int spins = 0; locked_.exchange(true, std::memory_order_acquire);)
+      while (locked_.load(std::memory_order_relaxed))
+        if (++spins > 64)
+          std::this_thread::yield();
+  }
+  bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+private:
+  std::atomic<bool> locked_{false};
+};
 
 /// A collective's signature as the recorder keeps it (no allocation).
 struct flight_signature {
@@ -110,9 +132,11 @@ public:
 
   /// A collective is queued (it waits for its turn, or for this worker's replicas) or begins to
   /// wait for the other workers (`state` waiting); it takes the next job-wide number. `enqueued`
-  /// left default is now.
+  /// left default is now. A waiting collective starts at `started`, or now when it is left
+  /// default (a caller that read the clock already passes its reading: the recorder then reads
+  /// none).
   handle collective(uint64_t step, uint32_t seq, int replica, const flight_signature& sig,
-                    flight_state state, clock::time_point enqueued);
+                    flight_state state, clock::time_point enqueued, clock::time_point started = {});
   /// A queued collective begins to wait for the other workers.
   void started(handle h);
   /// Where the descriptor exchange marks the workers whose part of `h` arrived (bit w: worker w);
@@ -123,6 +147,11 @@ public:
   transport::call_lateness* lateness(handle h) noexcept;
   /// `h` ended: done (`code` none) or failed with `code`.
   void ended(handle h, errc code);
+  /// `t` on the system clock, in ns since the Unix epoch: the system clock's reading when the
+  /// recorder was made, plus the steady clock's advance since (the two advance alike: NTP slews
+  /// both; only a step of the system clock, which the steady clock does not take, comes between
+  /// them).
+  int64_t unix_ns(clock::time_point t) const noexcept { return epoch_unix_ns_ + since_epoch(t); }
   /// The number the next collective will get, minus one (the last one given).
   uint64_t last_number() const;
 
@@ -195,8 +224,8 @@ private:
   const int rank_;
   const std::vector<std::string> names_;
   const clock::time_point epoch_;
-  const int64_t epoch_unix_us_;
-  mutable std::mutex mu_;
+  const int64_t epoch_unix_ns_;
+  mutable spin_mutex mu_;
   std::unique_ptr<entry[]> ring_; // guarded by mu_ (but for the arrival masks)
   uint64_t written_ = 0;          // guarded by mu_: records ever written
   uint64_t next_number_ = 1;      // guarded by mu_

@@ -64,7 +64,7 @@ large_sweeps='^(Direct|OutOfPlace|Shm)?(RanksAndCounts|Large)/AllReduceSweepTest
 tsan_slow='Ranks1048579Elements|^AllReduceTest\.RingAllReduceOf64MiBOfFloat32IsExact|^TcpTest\.Transfers64MiBEachWayAtOnce'
 # consort_actors_tests' suites that TSan can judge: under CAF's test_coordinator (one thread), or
 # without CAF messages (see above). The others run the strategy on CAF's threaded scheduler.
-caf_free='^(CallChecksTest|CallMatcherTest|PrepareLocalNccl|CollectiveActorTest|CollectiveBoardTest|MergeBoardTest|ReplicaQueue|StepJoinTest|StepActorTest|RunHereTest)\.|^CrossWorkerTest\.RunOrPost'
+caf_free='^(CallChecksTest|CallMatcherTest|PrepareLocalNccl|CollectiveActorTest|CollectiveBoardTest|MergeBoardTest|ReplicaQueue|StepJoinTest|StepActorTest|RunHereTest|SpinMutex)\.|^CrossWorkerTest\.RunOrPost'
 
 # Runtime options. Reports go to stderr, which CTest prints for a failing test.
 #  - UBSan: stack traces; halt on the first report (the build has -fno-sanitize-recover for all

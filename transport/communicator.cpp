@@ -31,7 +31,8 @@ caf::expected<std::vector<tensor>> communicator::run(lane l, group_call& call) {
   std::lock_guard<std::mutex> running{ls.run_mtx};
   if (broken_.load(std::memory_order_acquire) && !lost_cause().empty())
     return call.local_failure ? call.local_failure : lost_error(call.name());
-  call_clock clock{ls.next_tag, static_cast<uint64_t>(l), lane_count, clock::now() + call.timeout};
+  const auto entered = call.entered == clock::time_point{} ? clock::now() : call.entered;
+  call_clock clock{ls.next_tag, static_cast<uint64_t>(l), lane_count, entered + call.timeout};
   descriptor_exchange exchange{ctx_, call, devices_per_worker_, ls.scratch, clock};
   if (auto err = exchange.run())
     return changed_or(std::move(err), call);

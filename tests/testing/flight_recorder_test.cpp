@@ -423,6 +423,31 @@ TEST(FlightRecorder, ADumpHoldsEveryCollectiveWithItsNumberStateAndArrivals) {
   EXPECT_EQ(ends, 3);
 }
 
+TEST(FlightRecorder, ALoneReplicasCallStartsAtTheClockReadingItsDeadlineCountsFrom) {
+  // One replica per worker: the call reads the clock once, and that reading is its enqueue and
+  // start time in the recorder (and where its deadline and its entry time for the stragglers
+  // count from); its end is read when it ends.
+  temp_dir dir;
+  cluster c({.workers = 2, .replicas_per_worker = 1, .seed = 5});
+  for (int i = 0; i < 3; ++i)
+    for (auto& f : c.run_all(one_sum))
+      f.get();
+  const auto path = (dir.path / "w0.json").string();
+  EXPECT_EQ(c.strategy(0).dump_flight_recorder(path), path);
+  auto doc = read_json(path);
+  int collectives = 0;
+  for (const auto& e : doc["entries"]) {
+    if (e["type"] != "collective")
+      continue;
+    ++collectives;
+    EXPECT_EQ(e["state"], "done");
+    EXPECT_EQ(e["enqueue_us"], e["start_us"]) << e.dump();
+    EXPECT_LE(e["start_us"].get<int64_t>(), e["end_us"].get<int64_t>()) << e.dump();
+    EXPECT_EQ(e["arrived"], nlohmann::json::array({0, 1}));
+  }
+  EXPECT_EQ(collectives, 3);
+}
+
 TEST(FlightRecorder, TheRingKeepsTheLastEntriesOnly) {
   testing::cluster_options opts;
   opts.workers = 2;

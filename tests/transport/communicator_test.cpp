@@ -215,6 +215,21 @@ TEST(GroupCommunicatorTest, ALocalFailureReachesTheOtherWorkersInTheDescriptors)
   }
 }
 
+TEST(GroupCommunicatorTest, ACallsDeadlineCountsFromWhenItsCallerEnteredIt) {
+  // A caller that read the clock already (the flight recorder's start) passes its reading: the
+  // call's time runs from there. Entered a minute less 100 ms ago with a minute to go, the call
+  // to a peer that never comes times out about 100 ms in, not a minute.
+  auto comms = make_comms(2);
+  auto call = all_reduce_of(tensor::from<float>({1}));
+  call.timeout = std::chrono::minutes(1);
+  const auto begin = std::chrono::steady_clock::now();
+  call.entered = begin - call.timeout + 100ms;
+  auto out = comms[0]->run(lane::step, call);
+  const auto took = std::chrono::steady_clock::now() - begin;
+  EXPECT_EQ(code_of(out), errc::collective_timeout) << text_of(out);
+  EXPECT_LT(took, 30s) << "the deadline counted from the call's start, not from `entered`";
+}
+
 TEST(GroupCommunicatorTest, AbortFailsAPendingCallAtOnceAndEveryLaterOneWithTheCause) {
   auto comms = make_comms(2);
   // Worker 0 calls alone: its peer never comes, so only the abort can end the call before its

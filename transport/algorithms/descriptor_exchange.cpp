@@ -120,10 +120,12 @@ void descriptor_exchange::describe_mine() {
   mine_.signature_hash = call_.hash();
   mine_.flags = call_.flags;
   if (call_.lateness != nullptr) // the flight recorder's (off: 0, never last)
-    mine_.entered_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::system_clock::now().time_since_epoch())
-                           .count() +
-                       call_.clock_offset_ns;
+    mine_.entered_ns =
+        (call_.entered_unix_ns != 0 ? call_.entered_unix_ns
+                                    : std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::system_clock::now().time_since_epoch())
+                                          .count()) +
+        call_.clock_offset_ns;
   if (call_.local_failure) {
     mine_.failed = 1;
     auto err = to_consort_error(call_.local_failure, "");
@@ -241,13 +243,12 @@ caf::error descriptor_exchange::exchange_direct() {
         const auto& other = recvs[static_cast<size_t>(q)];
         if (q != rank_ && q != p && other && other->done() &&
             other->message_bytes() >= call_descriptor::header_bytes)
-          call_.arrivals->fetch_or(uint64_t{1} << q, std::memory_order_relaxed);
+          mark_arrived(q);
       }
       return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",
                                          "receive from", p, err));
     }
-    if (call_.arrivals != nullptr)
-      call_.arrivals->fetch_or(uint64_t{1} << p, std::memory_order_relaxed);
+    mark_arrived(p);
     got_[static_cast<size_t>(p)] = op->message_bytes();
     std::memcpy(static_cast<void*>(&all_[p]), slot(p), call_descriptor::header_bytes);
     if (all_[p].failed) { // its error's text follows

@@ -102,6 +102,13 @@ struct group_call {
   /// When set, a descriptor exchange that succeeded stores who entered the call last and by how
   /// much after the one before (the flight recorder's stragglers).
   call_lateness* lateness = nullptr;
+  /// When this worker entered the call, if its caller read the clock already (the flight
+  /// recorder's start): the call's deadline is `entered + timeout`. Left default, the
+  /// communicator reads the clock when the call starts.
+  std::chrono::steady_clock::time_point entered{};
+  /// `entered` on the system clock (ns since the Unix epoch), for `call_descriptor::entered_ns`;
+  /// 0: the exchange reads the system clock.
+  int64_t entered_unix_ns = 0;
   /// Added to this worker's system clock for `call_descriptor::entered_ns`: the chief's clock
   /// against this worker's (membership heartbeats), so that the workers of several hosts compare
   /// their entry times on one clock.
@@ -235,6 +242,13 @@ public:
 
 private:
   std::byte* slot(int p) const noexcept;
+  /// Sets bit `p` of the call's arrivals (when it has them). Only the call's thread writes them
+  /// while the call runs, so this is a load and a store, not a read-modify-write.
+  void mark_arrived(int p) noexcept {
+    if (call_.arrivals != nullptr)
+      call_.arrivals->store(call_.arrivals->load(std::memory_order_relaxed) | (uint64_t{1} << p),
+                            std::memory_order_relaxed);
+  }
   void describe_mine();
   caf::error exchange_direct();
   caf::error exchange_ring();
