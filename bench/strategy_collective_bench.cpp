@@ -94,6 +94,16 @@ void* operator new(std::size_t bytes) {
     return p;
   throw std::bad_alloc();
 }
+// Over-aligned types (a tensor's storage, 64-byte aligned) come through here: counted too.
+void* operator new(std::size_t bytes, std::align_val_t align) {
+  ++thread_allocations;
+  if (trace_allocations)
+    print_backtrace(bytes);
+  const auto a = static_cast<std::size_t>(align);
+  if (void* p = std::aligned_alloc(a, (std::max<std::size_t>(bytes, 1) + a - 1) / a * a))
+    return p;
+  throw std::bad_alloc();
+}
 // g++ sees free() of what it takes for a new-expression's pointer; here operator new is malloc.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
@@ -101,6 +111,12 @@ void operator delete(void* p) noexcept {
   std::free(p);
 }
 void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
   std::free(p);
 }
 #pragma GCC diagnostic pop

@@ -97,15 +97,29 @@ int64_t num_elements(const shape_t& shape) noexcept {
 
 // -- storage --------------------------------------------------------------------------------------
 
-/// The bytes of a tensor: a host block (device/host_memory.hpp: 64-byte aligned, from the
-/// process-wide cache from 64 KiB on, huge pages from 2 MiB on), or GPU memory. Freed when the
-/// last tensor referring to it goes away.
+/// The bytes of a tensor: up to a cache line in the storage itself (one heap block for the
+/// storage and its bytes: a scalar or a small collective's result costs one allocation, not two),
+/// else a host block (device/host_memory.hpp: 64-byte aligned, from the process-wide cache from
+/// 64 KiB on, huge pages from 2 MiB on), or GPU memory. Freed when the last tensor referring to it
+/// goes away.
 struct tensor::storage {
-  /// `bytes` of host memory (at least one cache line, so `data` is never null), zero-filled when
-  /// `zeroed`. @throws error(invalid_argument) when memory is exhausted.
-  storage(size_t bytes, bool zeroed)
-      : block(zeroed ? detail::host_block::zeroed(bytes) : detail::host_block(bytes)),
-        data(block.data()), size(bytes) {}
+  static constexpr size_t inline_bytes = 64;
+
+  /// `bytes` of host memory (`data` is never null), zero-filled when `zeroed`.
+  /// @throws error(invalid_argument) when memory is exhausted.
+  storage(size_t bytes, bool zeroed) : size(bytes) {
+    if (bytes <= inline_bytes) {
+      // The first 64-byte boundary in the inline bytes: the storage is a plain heap block (which
+      // malloc's per-thread cache serves), aligned to less than that.
+      const auto at = reinterpret_cast<uintptr_t>(inline_raw);
+      data = inline_raw + ((64 - at % 64) % 64);
+      if (zeroed)
+        std::memset(data, 0, bytes);
+      return;
+    }
+    block = zeroed ? detail::host_block::zeroed(bytes) : detail::host_block(bytes);
+    data = block.data();
+  }
 
   /// `bytes` of memory on GPU `index` (device memory: never touched by the host).
   storage(int index, size_t bytes, bool zeroed)
@@ -120,10 +134,12 @@ struct tensor::storage {
   storage(const storage&) = delete;
   storage& operator=(const storage&) = delete;
 
-  detail::host_block block;  // host memory (empty for GPU memory)
+  detail::host_block block;  // host memory beyond `inline_bytes` (empty otherwise)
   std::byte* data = nullptr; // the first byte
   size_t size = 0;           // bytes requested
   int gpu = -1;              // the GPU holding the bytes, or -1 for host memory
+  /// A small tensor's bytes, from the first 64-byte boundary in here (as a host block's).
+  std::byte inline_raw[inline_bytes + 63];
 };
 
 namespace {

@@ -3,6 +3,7 @@
 // closed, abort, destruction (the state seen by the peers, then every operation failed),
 // make_context, and whether its waits yield the core (yields_when_idle).
 
+#include "transport/op_pool.hpp"
 #include "transport/shm/shm_impl.hpp"
 
 #include <algorithm>
@@ -105,68 +106,9 @@ void shm_context::make_pairs() {
       pairs_[static_cast<std::size_t>(p)] = std::make_unique<shm_pair>(*this, p);
 }
 
-namespace {
-
-/// The memory of shm operations (an operation and its shared_ptr's control block, one block):
-/// each thread keeps up to `kept` blocks that it freed, for the next operations it makes, so that
-/// a collective's sends and receives reuse the blocks of the previous call's instead of taking
-/// new ones from the heap. A block freed on another thread (the progress thread's) stays there.
-class op_blocks {
-public:
-  static void* take(std::size_t bytes) {
-    auto& c = cache();
-    if (bytes == c.bytes && c.count > 0)
-      return c.free[--c.count];
-    return ::operator new(bytes);
-  }
-
-  static void give(void* p, std::size_t bytes) noexcept {
-    auto& c = cache();
-    if (c.count == 0)
-      c.bytes = bytes;
-    if (bytes == c.bytes && c.count < kept) {
-      c.free[c.count++] = p;
-      return;
-    }
-    ::operator delete(p);
-  }
-
-private:
-  static constexpr int kept = 16;
-  struct thread_cache {
-    std::size_t bytes = 0;
-    int count = 0;
-    void* free[kept] = {};
-    ~thread_cache() {
-      while (count > 0)
-        ::operator delete(free[--count]);
-    }
-  };
-  static thread_cache& cache() {
-    thread_local thread_cache c;
-    return c;
-  }
-};
-
-template <class T>
-struct op_allocator {
-  using value_type = T;
-  op_allocator() noexcept = default;
-  template <class U>
-  op_allocator(const op_allocator<U>&) noexcept {} // NOLINT(google-explicit-constructor)
-  T* allocate(std::size_t n) { return static_cast<T*>(op_blocks::take(n * sizeof(T))); }
-  void deallocate(T* p, std::size_t n) noexcept { op_blocks::give(p, n * sizeof(T)); }
-  template <class U>
-  bool operator==(const op_allocator<U>&) const noexcept {
-    return true;
-  }
-};
-
-} // namespace
-
 op_ptr shm_context::new_op(bool is_send, int peer, uint64_t tag) {
   return std::allocate_shared<shm_op>(
-      op_allocator<shm_op>{}, weak_from_this(), seg_, waiters_, is_send, rank_, peer, tag,
+      detail::op_allocator<shm_op>{}, weak_from_this(), seg_, waiters_, is_send, rank_, peer, tag,
       yield_ ? opts_.yield_spin : opts_.spin, opts_.liveness_interval, yield_);
 }
 

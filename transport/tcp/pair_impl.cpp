@@ -3,6 +3,7 @@
 #include "transport/tcp/pair_impl.hpp"
 
 #include "device/host_memory.hpp"
+#include "transport/op_pool.hpp"
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/socket_base.hpp>
@@ -244,7 +245,8 @@ operation_ptr pair_impl::send(uint64_t tag, std::vector<const_bytes> parts) {
   uint64_t total = 0;
   for (const auto& part : parts)
     total += part.size();
-  auto op = std::make_shared<send_op>(shared_from_this(), tag, std::move(parts), total);
+  auto op = std::allocate_shared<send_op>(detail::op_allocator<send_op>{}, shared_from_this(), tag,
+                                          std::move(parts), total);
   if (total > env_->max_payload_bytes) {
     op->complete(make_caf_error(errc::invalid_argument,
                                 "send of tag " + std::to_string(tag) + " to " + describe() + ": " +
@@ -283,11 +285,13 @@ operation_ptr pair_impl::send(uint64_t tag, std::vector<const_bytes> parts) {
 }
 
 operation_ptr pair_impl::recv(uint64_t tag, mutable_bytes into) {
-  return post_recv(std::make_shared<recv_op>(shared_from_this(), tag, into, false));
+  return post_recv(std::allocate_shared<recv_op>(detail::op_allocator<recv_op>{},
+                                                 shared_from_this(), tag, into, false));
 }
 
 operation_ptr pair_impl::recv_at_most(uint64_t tag, mutable_bytes into) {
-  return post_recv(std::make_shared<recv_op>(shared_from_this(), tag, into, true));
+  return post_recv(std::allocate_shared<recv_op>(detail::op_allocator<recv_op>{},
+                                                 shared_from_this(), tag, into, true));
 }
 
 operation_ptr pair_impl::post_recv(std::shared_ptr<recv_op> op) {
