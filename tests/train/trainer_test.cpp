@@ -5,6 +5,7 @@
 #include "trainer.hpp"
 
 #include <consort/consort.hpp>
+#include <consort/testing.hpp>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -540,4 +542,58 @@ TEST(TrainOn, ASecondRunOnTheStrategyReusesItsVariablesAndAnotherShapeIsRefused)
   EXPECT_TRUE(consort::test::fails_with(
       [&] { train_on(two, wider, small_data(), off, 0); }, errc::invalid_argument,
       {"\"w2\" as float32[8, 4]", "float32[9, 4]", "a strategy of its own"}));
+}
+
+TEST(TrainOn, TwoWorkersShareOneModelAndTheirMetricsAreTheWholeJobs) {
+  // Two workers over consort::testing's simulated network, 1 and 2 replicas each, as two
+  // processes would run the demo: worker 1 starts from other parameters, which the variables'
+  // creation replaces with worker 0's; every copy on both workers ends equal, within the float32
+  // tolerance of one replica on the global batch; and each epoch's sync-on-read metrics, read
+  // across the workers, are the row-weighted mean of the job's per-step figures.
+  for (int replicas : {1, 2}) {
+    consort::testing::cluster c({.workers = 2, .replicas_per_worker = replicas, .seed = 3});
+    auto o = few_steps(14);
+    tracer off(false);
+    std::vector<std::future<outcome>> runs;
+    for (int w = 0; w < 2; ++w)
+      runs.push_back(std::async(std::launch::async, [&, w] {
+        auto mine = o;
+        if (w == 1) { // another seed: other initial parameters
+          mlp_shape shape{static_cast<int>(small_data().x.shape()[1]), o.hidden,
+                          classes_of(o, small_data()), o.layers};
+          mine.initial_params = init_params(shape, o.seed + 1);
+        }
+        return train_on(c.strategy(w), mine, small_data(), off, w);
+      }));
+    std::vector<outcome> out;
+    for (auto& r : runs) {
+      ASSERT_EQ(r.wait_for(std::chrono::seconds(60)), std::future_status::ready) << c.describe();
+      out.push_back(r.get());
+    }
+    const auto what = std::to_string(replicas) + " replica(s) per worker";
+    EXPECT_EQ(out[0].params, out[1].params) << what;
+    for (int w = 0; w < 2; ++w)
+      for (const auto& v : c.strategy(w).variables()) {
+        if (v.synchronization() != variable_synchronization::on_write)
+          continue;
+        for (const auto& copy : c.strategy(w).local_results(v))
+          EXPECT_EQ(copy.to_vector<float>(), out[0].params[v.name()].as_tensor().to_vector<float>())
+              << v.name() << ", worker " << w << ", " << what;
+      }
+    one_device_strategy one("CPU:0");
+    auto single = train_on(one, o, small_data(), off, 0);
+    EXPECT_LE(max_relative_difference(out[0].params, single.params), verify_tolerance) << what;
+    ASSERT_EQ(out[0].curve.epoch_end, (std::vector<int64_t>{11, 14})) << what;
+    EXPECT_EQ(out[1].curve.epoch_loss, out[0].curve.epoch_loss) << what;
+    const std::vector<double> rows = {24, 24, 24, 24, 24, 24, 24, 24, 24, 24, 16, 24, 24, 24};
+    for (size_t e = 0; e < 2; ++e) {
+      double loss = 0, n = 0;
+      for (auto s = out[0].curve.epoch_first[e] - 1; s < out[0].curve.epoch_end[e]; ++s) {
+        loss += out[0].curve.loss[static_cast<size_t>(s)] * rows[static_cast<size_t>(s)];
+        n += rows[static_cast<size_t>(s)];
+      }
+      EXPECT_NEAR(out[0].curve.epoch_loss[e], loss / n, 1e-5 * loss / n)
+          << "epoch " << e << ", " << what;
+    }
+  }
 }
