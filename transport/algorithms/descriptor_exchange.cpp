@@ -200,7 +200,7 @@ caf::error descriptor_exchange::exchange_direct() {
   // own call is: workers whose calls disagree still read each other's descriptors whole.
   const size_t slot_bytes = sizeof(call_descriptor) + fused_max_bytes;
   scratch_.resize(static_cast<size_t>(size_) * slot_bytes);
-  auto opts = clock_.next();
+  auto opts = clock_.next_tag(); // the waits below run to clock_.until()
   const auto tag = detail::message_tag(opts.tag, 0);
   std::array<operation_ptr, direct_max_workers> recvs;
   std::array<operation_ptr, direct_max_workers> sends;

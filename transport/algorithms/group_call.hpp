@@ -145,6 +145,13 @@ public:
 
   /// Options for the next algorithm run: its tag, and the time left (at least 1 ms).
   algorithm_options next();
+  /// Options with the next tag only, for an exchange that waits until `until()` itself: no clock
+  /// read (their timeout is left at its default, which nothing reads).
+  algorithm_options next_tag() {
+    algorithm_options opts;
+    opts.tag = take();
+    return opts;
+  }
   /// Skips a tag (a leaf with nothing to exchange).
   void skip() { (void)take(); }
   clock::time_point until() const noexcept { return until_; }
