@@ -1220,6 +1220,31 @@ TEST(MembershipTest, AWorkerKnowsTheChiefsClockFromTheView) {
   }
 }
 
+TEST(MembershipTest, AViewWithoutTheChiefsClockStillFormsAndLeavesTheOffsetUnknown) {
+  // A chief whose messages carry no clock (0 is Cap'n Proto's absent field: a chief of a version
+  // before the clock fields reads the same): the view forms as ever, and the workers know nothing
+  // of its clock until a heartbeat round trip says more.
+  cluster c(
+      3,
+      [](membership::options& o) {
+        o.heartbeat_interval = 60s; // no heartbeat within the test
+        o.peer_timeout = 480s;
+        if (o.rank == 0)
+          o.wall_clock = [] {
+            return int64_t{0};
+          };
+      },
+      timing::manual);
+  auto views = c.rendezvous_all();
+  for (int r : {1, 2}) {
+    ASSERT_TRUE(views[static_cast<size_t>(r)]) << "rank " << r << "\n" << c.logs.all();
+    EXPECT_EQ(views[static_cast<size_t>(r)]->members.size(), 3u);
+    auto o = c.services[static_cast<size_t>(r)]->chief_clock_offset();
+    EXPECT_FALSE(o.known) << "rank " << r << "\n" << c.logs.all();
+    EXPECT_EQ(o.samples, 0u) << "rank " << r;
+  }
+}
+
 TEST(MembershipTest, AMemberThatLeavesIsNotReportedLost) {
   cluster c(4, [](membership::options& o) { o.peer_timeout = 10s; });
   ASSERT_TRUE(c.form());
