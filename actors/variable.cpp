@@ -76,32 +76,40 @@ tensor map2_typed(const tensor& a, const tensor& b, F&& fn) {
   return out;
 }
 
+/// `visit(T{})` with a value of the C++ type of `type` (float16_t and bfloat16_t for the 16-bit
+/// floats). @throws error(dtype_mismatch) for bool, which has no arithmetic.
+template <class F>
+decltype(auto) with_arithmetic_type(consort::dtype type, F&& visit) {
+  switch (type) {
+  case dtype::float32:
+    return visit(float{});
+  case dtype::float64:
+    return visit(double{});
+  case dtype::int32:
+    return visit(int32_t{});
+  case dtype::int64:
+    return visit(int64_t{});
+  case dtype::uint8:
+    return visit(uint8_t{});
+  case dtype::float16:
+    return visit(float16_t{});
+  case dtype::bfloat16:
+    return visit(bfloat16_t{});
+  case dtype::boolean:
+    break;
+  }
+  throw_error(errc::dtype_mismatch,
+              "arithmetic on a bool variable is not defined; cast it to int32 first");
+}
+
 /// `fn(a[i], b[i])` element by element on the host, in the dtype of `a` and `b` (float16 and
 /// bfloat16 computed in float32 and rounded once).
 template <class F>
 tensor map2(const tensor& a_in, const tensor& b_in, F&& fn) {
   const tensor a = a_in.on_gpu() ? a_in.to("CPU:0") : a_in;
   const tensor b = b_in.on_gpu() ? b_in.to("CPU:0") : b_in;
-  switch (a.dtype()) {
-  case dtype::float32:
-    return map2_typed<float>(a, b, fn);
-  case dtype::float64:
-    return map2_typed<double>(a, b, fn);
-  case dtype::int32:
-    return map2_typed<int32_t>(a, b, fn);
-  case dtype::int64:
-    return map2_typed<int64_t>(a, b, fn);
-  case dtype::uint8:
-    return map2_typed<uint8_t>(a, b, fn);
-  case dtype::float16:
-    return map2_typed<float16_t>(a, b, fn);
-  case dtype::bfloat16:
-    return map2_typed<bfloat16_t>(a, b, fn);
-  case dtype::boolean:
-    break;
-  }
-  throw_error(errc::dtype_mismatch,
-              "arithmetic on a bool variable is not defined; cast it to int32 first");
+  return with_arithmetic_type(a.dtype(),
+                              [&](auto type) { return map2_typed<decltype(type)>(a, b, fn); });
 }
 
 /// `x / n` in the dtype of `x` (integers truncate, as TF's cast of the quotient does).
@@ -200,26 +208,7 @@ void add_scaled_in_place(tensor& a, const tensor& b_in, double beta) {
     return;
   }
   const tensor b = b_in.on_gpu() ? b_in.to("CPU:0") : b_in;
-  switch (a.dtype()) {
-  case dtype::float32:
-    return add_scaled_typed<float>(a, b, beta);
-  case dtype::float64:
-    return add_scaled_typed<double>(a, b, beta);
-  case dtype::int32:
-    return add_scaled_typed<int32_t>(a, b, beta);
-  case dtype::int64:
-    return add_scaled_typed<int64_t>(a, b, beta);
-  case dtype::uint8:
-    return add_scaled_typed<uint8_t>(a, b, beta);
-  case dtype::float16:
-    return add_scaled_typed<float16_t>(a, b, beta);
-  case dtype::bfloat16:
-    return add_scaled_typed<bfloat16_t>(a, b, beta);
-  case dtype::boolean:
-    break;
-  }
-  throw_error(errc::dtype_mismatch,
-              "arithmetic on a bool variable is not defined; cast it to int32 first");
+  with_arithmetic_type(a.dtype(), [&](auto type) { add_scaled_typed<decltype(type)>(a, b, beta); });
 }
 
 void check_update_value(const variable_state& v, const tensor& x, const char* call) {
