@@ -275,6 +275,21 @@ TEST_P(VariableTest, BadCallsFailSayingWhatWasWrong) {
   expect_copies(s, w, {1, 2});
 }
 
+TEST_P(VariableTest, ABoolVariableIsAssignedButNotAddedTo) {
+  mirrored_strategy s(cpus(replicas()));
+  auto flag = s.create_variable("flag", tensor::from<bool>({false, true}, {2}));
+  flag.assign(tensor::from<bool>({true, true}, {2}));
+  for (const auto& copy : s.local_results(flag))
+    EXPECT_EQ(copy.to_vector<bool>(), (std::vector<bool>{true, true}));
+  EXPECT_TRUE(fails_with(
+      [&] {
+        flag.assign_add(tensor::from<bool>({true, false}, {2}));
+      },
+      errc::dtype_mismatch, {"bool", "cast it to int32 first"}));
+  for (const auto& copy : s.local_results(flag)) // unchanged
+    EXPECT_EQ(copy.to_vector<bool>(), (std::vector<bool>{true, true}));
+}
+
 TEST(VariableLifetimeTest, AVariableOutlivesItsStrategyAndCallsNeedingItFailWithShutdown) {
   variable kept, metric;
   {
