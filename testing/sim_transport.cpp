@@ -176,8 +176,7 @@ public:
     return {};
   }
 
-  transport::operation_ptr send(int peer, uint64_t tag,
-                                const std::vector<transport::const_bytes>& parts) {
+  transport::operation_ptr send(int peer, uint64_t tag, const transport::send_parts& parts) {
     std::size_t total = 0;
     for (const auto& p : parts)
       total += p.size();
@@ -299,8 +298,7 @@ private:
   public:
     pair_to(sim_context& ctx, int peer) : ctx_(ctx), peer_(peer) {}
     int peer_rank() const noexcept override { return peer_; }
-    transport::operation_ptr send(uint64_t tag,
-                                  std::vector<transport::const_bytes> parts) override {
+    transport::operation_ptr send(uint64_t tag, transport::send_parts parts) override {
       return ctx_.send(peer_, tag, parts);
     }
     transport::operation_ptr recv(uint64_t tag, transport::mutable_bytes into) override {

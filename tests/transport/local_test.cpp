@@ -88,6 +88,49 @@ TEST(LocalTransportTest, SendGathersItsPartsInOrder) {
   EXPECT_FALSE(send->wait(later()));
 }
 
+TEST(SendParts, KeepsFourInPlaceThenEveryPartInOrderOnTheHeap) {
+  std::array<std::byte, 6> bytes{};
+  auto part = [&](size_t i) {
+    return const_bytes{bytes.data() + i, 1};
+  };
+  send_parts parts{part(0), part(1)};
+  for (size_t i = 2; i < 6; ++i)
+    parts.push_back(part(i)); // the fifth moves all of them to the heap
+  ASSERT_EQ(parts.size(), 6u);
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_EQ(parts[i].data(), bytes.data() + i) << i;
+  send_parts copy = parts;
+  send_parts moved = std::move(parts);
+  EXPECT_TRUE(parts.empty()); // NOLINT(bugprone-use-after-move): a moved-from list is empty
+  EXPECT_EQ(parts.begin(), parts.end());
+  size_t i = 0;
+  for (const auto& p : moved)
+    EXPECT_EQ(p.data(), bytes.data() + i++);
+  EXPECT_EQ(i, 6u);
+  EXPECT_EQ(copy.size(), 6u);
+  EXPECT_EQ(copy[5].data(), bytes.data() + 5);
+  send_parts few{part(3)};
+  few = std::move(copy);
+  EXPECT_EQ(few.size(), 6u);
+  EXPECT_TRUE(copy.empty()); // NOLINT(bugprone-use-after-move)
+}
+
+TEST(LocalTransportTest, AMessageOfManyPartsArrivesWhole) {
+  auto group = local::make_group(2);
+  std::vector<std::vector<std::byte>> pieces;
+  for (const char* text : {"a", "bc", "", "def", "g", "hi"})
+    pieces.push_back(bytes_of(text));
+  send_parts parts;
+  for (const auto& piece : pieces)
+    parts.push_back(piece);
+  std::vector<std::byte> into(9);
+  auto recv = group[0]->to(1).recv(1, into);
+  auto send = group[1]->to(0).send(1, std::move(parts));
+  ASSERT_FALSE(recv->wait(later()));
+  EXPECT_EQ(string_of(into), "abcdefghi");
+  EXPECT_FALSE(send->wait(later()));
+}
+
 /// "m0", "m1", ... (built with append: g++ 12 warns falsely on "m" + std::to_string(i)).
 std::string label(int i) {
   std::string out{"m"};

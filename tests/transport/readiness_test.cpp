@@ -247,7 +247,7 @@ std::vector<context_ptr> make_group(int n, read_log& log, std::chrono::microseco
   return ctxs;
 }
 
-std::vector<transport::const_bytes> bytes_of(const std::vector<std::byte>& b) {
+transport::send_parts bytes_of(const std::vector<std::byte>& b) {
   return {transport::const_bytes(b)};
 }
 

@@ -77,7 +77,7 @@ bytes pattern(std::size_t size, uint64_t seed) {
   return out;
 }
 
-std::vector<transport::const_bytes> parts_of(const bytes& b) {
+transport::send_parts parts_of(const bytes& b) {
   return {transport::const_bytes(b)};
 }
 

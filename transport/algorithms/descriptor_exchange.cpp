@@ -205,7 +205,7 @@ caf::error descriptor_exchange::exchange_direct() {
   std::array<operation_ptr, direct_max_workers> recvs;
   std::array<operation_ptr, direct_max_workers> sends;
   // Sized once: every peer's send takes a copy of it but the last, which takes it.
-  std::vector<const_bytes> parts;
+  send_parts parts;
   parts.reserve(1 + (gather_extents_ ? 1 : 0) + (mine_.fused ? call_.leaves.size() : 0));
   parts.push_back({reinterpret_cast<const std::byte*>(&mine_), mine_.wire_bytes()});
   if (gather_extents_)

@@ -126,7 +126,7 @@ public:
   const uint64_t tag;
   const clock::time_point posted;
   /// The message of a send (read in place).
-  std::vector<const_bytes> parts;
+  send_parts parts;
   /// A send kept for its receiver after its sender left: the message's own copy, which
   /// `parts` points into (see group::leave).
   std::vector<std::byte> kept;
@@ -395,7 +395,7 @@ public:
 
   int peer_rank() const noexcept override { return peer_; }
 
-  operation_ptr send(uint64_t tag, std::vector<const_bytes> parts) override {
+  operation_ptr send(uint64_t tag, send_parts parts) override {
     auto op = std::make_shared<local_op>(true, self_, peer_, tag);
     op->parts = std::move(parts);
     grp_->post(op, self_, peer_);

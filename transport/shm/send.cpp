@@ -55,7 +55,7 @@ inline bool ask_for_space(ring_control& c, uint64_t tail) {
 
 } // namespace
 
-inline operation_ptr shm_context::send(int peer, uint64_t tag, std::vector<const_bytes> parts) {
+inline operation_ptr shm_context::send(int peer, uint64_t tag, send_parts parts) {
   auto op = new_op(true, peer, tag);
   op->parts = std::move(parts);
   op->header = {tag, op->bytes(), data_frame, 0};
@@ -90,7 +90,7 @@ inline operation_ptr shm_context::send(int peer, uint64_t tag, std::vector<const
   return op;
 }
 
-operation_ptr shm_pair::send(uint64_t tag, std::vector<const_bytes> parts) {
+operation_ptr shm_pair::send(uint64_t tag, send_parts parts) {
   return ctx_.send(peer_, tag, std::move(parts));
 }
 

@@ -105,7 +105,7 @@ public:
   const int64_t posted_ns;
   /// A send: its frame header and its parts, streamed in this order.
   frame_header header{};
-  std::vector<const_bytes> parts;
+  send_parts parts;
   /// A receive: the buffer, whether a smaller message fits, and what was received.
   mutable_bytes into;
   bool at_most = false;
@@ -238,7 +238,7 @@ public:
   // another object could interpose).
 
   /// Posts a send to `peer` (send.cpp, for shm_pair::send).
-  inline operation_ptr send(int peer, uint64_t tag, std::vector<const_bytes> parts);
+  inline operation_ptr send(int peer, uint64_t tag, send_parts parts);
   /// Posts a receive from `peer` (receive.cpp).
   operation_ptr recv(int peer, uint64_t tag, mutable_bytes into, bool at_most);
   /// A new send or receive of this rank with `peer`.
@@ -360,9 +360,9 @@ class shm_pair final : public pair {
 public:
   shm_pair(shm_context& ctx, int peer) : ctx_(ctx), peer_(peer) {}
   int peer_rank() const noexcept override { return peer_; }
-  operation_ptr send(uint64_t tag, std::vector<const_bytes> parts) override; // send.cpp
-  operation_ptr recv(uint64_t tag, mutable_bytes into) override;             // receive.cpp
-  operation_ptr recv_at_most(uint64_t tag, mutable_bytes into) override;     // receive.cpp
+  operation_ptr send(uint64_t tag, send_parts parts) override;           // send.cpp
+  operation_ptr recv(uint64_t tag, mutable_bytes into) override;         // receive.cpp
+  operation_ptr recv_at_most(uint64_t tag, mutable_bytes into) override; // receive.cpp
 
 private:
   shm_context& ctx_;

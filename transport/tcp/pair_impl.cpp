@@ -148,7 +148,7 @@ void recv_op::fail(const std::string& why, errc code) {
                                     n_bytes(into_.size()) + ": " + why));
 }
 
-send_op::send_op(std::shared_ptr<pair_impl> pair, uint64_t tag, std::vector<const_bytes> parts,
+send_op::send_op(std::shared_ptr<pair_impl> pair, uint64_t tag, send_parts parts,
                  uint64_t payload_bytes, wire::frame_kind kind)
     : op_base(std::move(pair)), tag_(tag), payload_bytes_(payload_bytes), parts_(std::move(parts)) {
   wire::header h;
@@ -163,7 +163,7 @@ std::shared_ptr<send_op> send_op::control(std::shared_ptr<pair_impl> pair, wire:
                                           std::string payload) {
   payload.resize(std::min(payload.size(), wire::max_control_bytes));
   auto bytes = payload.size();
-  auto op = std::make_shared<send_op>(std::move(pair), 0, std::vector<const_bytes>{}, bytes, kind);
+  auto op = std::make_shared<send_op>(std::move(pair), 0, send_parts{}, bytes, kind);
   op->owned_ = std::move(payload);
   // Pointed at after the move: a short string's bytes live inside the string object.
   op->parts_.push_back({reinterpret_cast<const std::byte*>(op->owned_.data()), bytes});
@@ -241,7 +241,7 @@ caf::error pair_impl::left_error(const std::string& what) const {
 
 // -- transport::pair -----------------------------------------------------------------------------
 
-operation_ptr pair_impl::send(uint64_t tag, std::vector<const_bytes> parts) {
+operation_ptr pair_impl::send(uint64_t tag, send_parts parts) {
   uint64_t total = 0;
   for (const auto& part : parts)
     total += part.size();

@@ -165,8 +165,8 @@ private:
 /// A posted send: the encoded head and the caller's parts, written in place.
 class send_op final : public op_base {
 public:
-  send_op(std::shared_ptr<pair_impl> pair, uint64_t tag, std::vector<const_bytes> parts,
-          uint64_t payload_bytes, wire::frame_kind kind = wire::frame_kind::data);
+  send_op(std::shared_ptr<pair_impl> pair, uint64_t tag, send_parts parts, uint64_t payload_bytes,
+          wire::frame_kind kind = wire::frame_kind::data);
 
   /// A control frame (goodbye, abort) whose payload the operation owns.
   static std::shared_ptr<send_op> control(std::shared_ptr<pair_impl> pair, wire::frame_kind kind,
@@ -193,7 +193,7 @@ private:
   uint64_t payload_bytes_;
   std::array<std::byte, wire::max_head_bytes> head_{};
   std::size_t head_len_ = 0;
-  std::vector<const_bytes> parts_;
+  send_parts parts_;
   /// The payload of a control frame (parts_ points into it).
   std::string owned_;
   /// Bytes of head + payload written (written by the tx pump, read for error messages).
@@ -217,7 +217,7 @@ public:
   // -- transport::pair -------------------------------------------------------------------------
 
   int peer_rank() const noexcept override { return peer_; }
-  operation_ptr send(uint64_t tag, std::vector<const_bytes> parts) override;
+  operation_ptr send(uint64_t tag, send_parts parts) override;
   operation_ptr recv(uint64_t tag, mutable_bytes into) override;
   operation_ptr recv_at_most(uint64_t tag, mutable_bytes into) override;
   /// As a spinner (spinning_on_rx) from before the caller posts its receives. When the last one

@@ -9,9 +9,11 @@
 
 #include <caf/error.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <vector>
@@ -23,6 +25,62 @@ using deadline = clock::time_point;
 
 /// Bytes to send: read in place until the send completes (never copied into a message).
 using const_bytes = std::span<const std::byte>;
+/// The parts of one message, in order: up to four kept in the object (a descriptor and a small
+/// call's data send with no allocation), more on the heap.
+class send_parts {
+public:
+  send_parts() noexcept = default;
+  send_parts(std::initializer_list<const_bytes> parts) {
+    for (const auto& part : parts)
+      push_back(part);
+  }
+  send_parts(const send_parts&) = default;
+  send_parts& operator=(const send_parts&) = default;
+  send_parts(send_parts&& other) noexcept
+      : inline_(other.inline_), more_(std::move(other.more_)), size_(other.size_) {
+    other.clear();
+  }
+  send_parts& operator=(send_parts&& other) noexcept {
+    inline_ = other.inline_;
+    more_ = std::move(other.more_);
+    size_ = other.size_;
+    other.clear();
+    return *this;
+  }
+
+  void push_back(const_bytes part) {
+    if (size_ < inline_parts) {
+      inline_[size_++] = part;
+      return;
+    }
+    if (more_.empty())
+      more_.assign(inline_.begin(), inline_.end());
+    more_.push_back(part);
+    ++size_;
+  }
+  /// Room for `n` parts (beyond four, on the heap).
+  void reserve(size_t n) {
+    if (n > inline_parts)
+      more_.reserve(n);
+  }
+  void clear() noexcept {
+    more_.clear();
+    size_ = 0;
+  }
+  size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  const const_bytes* begin() const noexcept {
+    return size_ > inline_parts ? more_.data() : inline_.data();
+  }
+  const const_bytes* end() const noexcept { return begin() + size_; }
+  const const_bytes& operator[](size_t i) const noexcept { return begin()[i]; }
+
+private:
+  static constexpr size_t inline_parts = 4;
+  std::array<const_bytes, inline_parts> inline_{};
+  std::vector<const_bytes> more_; // every part, once there are more than four
+  size_t size_ = 0;
+};
 /// Bytes to receive into: written in place.
 using mutable_bytes = std::span<std::byte>;
 
@@ -65,7 +123,7 @@ public:
 
   /// Sends one message made of `parts`, gathered in order (one scatter-gather write where the
   /// transport can). The bytes must stay valid and unchanged until the operation completes.
-  virtual operation_ptr send(uint64_t tag, std::vector<const_bytes> parts) = 0;
+  virtual operation_ptr send(uint64_t tag, send_parts parts) = 0;
 
   /// Receives the message with `tag` into `into`, whose size must equal the message's.
   /// `into` must stay valid until the operation completes.
