@@ -153,7 +153,9 @@ std::string bias_key(int layer);
 /// One step of plain SGD from gradient sums: `p -= learning_rate * g / global_batch` for each
 /// parameter p and its gradient sum g (float64 arithmetic, stored as float32). Works on any nest
 /// of float32 tensors; leaves of `params` that are shared elsewhere are copied first
-/// (copy-on-write), so published parameters never change.
+/// (copy-on-write), so published parameters never change. The host reference of
+/// `sgd_update_gpu` (tests/train/mlp_gpu_test.cpp); `train_on`'s CPU replicas update their
+/// mirrored variables with the library's `sgd` instead.
 /// @pre `grad_sums` holds gradients of the loss summed over all `global_batch` examples of the
 ///      step (for example the SUM all-reduce of every replica's `forward_backward(...).grads`).
 /// @throws error(invalid_argument) when global_batch < 1,
