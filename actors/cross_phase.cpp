@@ -242,6 +242,8 @@ namespace {
 struct lone_scratch {
   std::vector<tensor> leaves;
   call_signature sig;
+  /// The result's vector, given back after each call (group_call::result_capacity).
+  std::vector<tensor> results;
   bool busy = false;
 };
 
@@ -260,6 +262,7 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
     lone_scratch& s;
     ~release() {
       s.leaves.clear();
+      s.results.clear();
       s.busy = false;
     }
   } done{scratch};
@@ -277,6 +280,7 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
   if (problem.empty())
     sig.axis = axis;
   transport::group_call cc;
+  cc.result_capacity = &scratch.results;
   cc.kind = sig.kind;
   cc.op = sig.op;
   cc.axis = sig.axis;
@@ -347,9 +351,11 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
   if (!out)
     throw to_consort_error(rec.finish(out.error(), cc.timeout), "");
   (void)rec.finish({}, cc.timeout);
-  if (call.request.value.is_tensor() && out->size() == 1)
-    return nest(std::move(out->front()));
-  return pack_as(call.request.value, *out);
+  nest result = call.request.value.is_tensor() && out->size() == 1
+                    ? nest(std::move(out->front()))
+                    : pack_as(call.request.value, *out);
+  scratch.results = std::move(*out); // its capacity, for the next call
+  return result;
 }
 
 } // namespace detail

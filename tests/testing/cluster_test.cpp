@@ -111,6 +111,35 @@ TEST(TestingCluster, EveryWorkerRunsTheStepAndTheCollectiveSpansTheCluster) {
   }
 }
 
+TEST(TestingCluster, ALoneReplicasCallsOfManyShapesInARowEachGetTheirOwnResult) {
+  // A lone replica's thread keeps its result vector from one call to the next: calls of three
+  // leaves, one, two and a nest of one, in a row, each get exactly their own values.
+  cluster c({.workers = 2, .replicas_per_worker = 1, .seed = 11});
+  auto runs = c.run_all([](consort::replica_context& ctx) {
+    const float me = static_cast<float>(ctx.replica_id_in_sync_group() + 1); // 1, 2
+    auto three =
+        ctx.all_reduce("SUM", consort::nest::list({consort::tensor::scalar<float>(me),
+                                                   consort::tensor::scalar<float>(10 * me),
+                                                   consort::tensor::scalar<float>(100 * me)}));
+    auto one = ctx.all_reduce("SUM", consort::tensor::scalar<float>(1000 * me));
+    auto two =
+        ctx.all_reduce("MAX", consort::nest::dict({{"a", consort::tensor::scalar<float>(me)},
+                                                   {"b", consort::tensor::scalar<float>(-me)}}));
+    auto single = ctx.all_reduce("SUM", consort::nest::list({consort::tensor::scalar<float>(me)}));
+    return consort::tensor::from<float>(
+        {three[0].as_tensor().item<float>(), three[1].as_tensor().item<float>(),
+         three[2].as_tensor().item<float>(), one.item<float>(), two["a"].as_tensor().item<float>(),
+         two["b"].as_tensor().item<float>(), single[0].as_tensor().item<float>()},
+        {7});
+  });
+  for (size_t w = 0; w < runs.size(); ++w) {
+    ASSERT_TRUE(runs[w].wait_for(10s)) << "worker " << w << " did not finish; " << c.describe();
+    EXPECT_EQ(runs[w].get().values()[0].to_vector<float>(),
+              (std::vector<float>{3, 30, 300, 3000, 2, -1, 3}))
+        << "worker " << w << "; " << c.describe();
+  }
+}
+
 // The end of a run: every worker has its last result, then each leaves cleanly (a goodbye to
 // each peer, no abort), and nothing follows a worker's goodbye.
 TEST(TestingCluster, TheEndOfARunDeliversEveryLastResultThenEachWorkerSaysGoodbye) {

@@ -77,6 +77,10 @@ struct group_call {
   /// SUM, integers widened to float64), the local concatenation (all_gather), the root's value or
   /// an uninitialised tensor of the same dtype and shape (broadcast).
   std::vector<tensor> leaves;
+  /// When set, a vector whose capacity a fused all-reduce's result takes (its elements are
+  /// dropped), so that a caller that gives the result's vector back here after each call
+  /// allocates none: a lone replica's thread keeps one.
+  std::vector<tensor>* result_capacity = nullptr;
   /// all_reduce: `leaves` are the caller's own tensors (a lone replica's inputs, not a partial
   /// made for the call), so the reduction writes fresh outputs and only reads them.
   bool leaves_are_inputs = false;

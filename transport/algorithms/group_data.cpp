@@ -61,6 +61,10 @@ caf::expected<std::vector<tensor>> fused_all_reduce::run() {
               " bytes of data where this worker has " + std::to_string(exchange_.data_bytes()));
   const auto wire_op = wire_op_of(call_.op);
   std::vector<tensor> out;
+  if (call_.result_capacity != nullptr) {
+    out = std::move(*call_.result_capacity);
+    out.clear();
+  }
   out.reserve(call_.leaves.size());
   size_t offset = 0;
   for (auto& leaf : call_.leaves) {
