@@ -10,6 +10,7 @@
 
 #include <consort/caf_error.hpp>
 #include <consort/transport/local.hpp>
+#include <consort/transport/shm.hpp>
 #include <consort/transport/tcp.hpp>
 
 #include <gtest/gtest.h>
@@ -32,10 +33,36 @@ using transport::group_call;
 using lane = communicator::lane;
 using result = caf::expected<std::vector<tensor>>;
 
-/// W communicators over one in-memory group, each worker with `devices` replicas.
-std::vector<std::shared_ptr<communicator>> make_comms(int workers, int devices = 1) {
-  std::vector<std::shared_ptr<communicator>> comms;
-  for (auto& ctx : transport::local::make_group(workers))
+/// W communicators over one group of `transport` ("local": in memory; "shm": shared memory, whose
+/// descriptors travel in its lockstep channels, with rings small enough that a fused call's
+/// message wraps), each worker with `devices` replicas.
+/// The communicators of one group, which stop together at the end of the test (each one's clean
+/// end waits for the others' goodbyes: stopped one after the other, each would wait them out).
+struct comm_group : std::vector<std::shared_ptr<communicator>> {
+  comm_group() = default;
+  comm_group(const comm_group&) = delete;
+  comm_group& operator=(const comm_group&) = delete;
+  comm_group(comm_group&&) = default;
+  ~comm_group() {
+    std::vector<std::future<caf::error>> stops;
+    for (auto& c : *this)
+      stops.push_back(std::async(std::launch::async, [c] { return c->stop(); }));
+    for (auto& f : stops)
+      (void)f.get();
+  }
+};
+
+comm_group make_comms(int workers, int devices = 1, const std::string& transport = "local") {
+  std::vector<transport::context_ptr> group;
+  if (transport == "shm") {
+    transport::shm::options opts;
+    opts.ring_bytes = 16 << 10;
+    group = transport::shm::make_group(workers, opts);
+  } else {
+    group = transport::local::make_group(workers);
+  }
+  comm_group comms;
+  for (auto& ctx : group)
     comms.push_back(std::make_shared<communicator>(ctx, devices));
   return comms;
 }
@@ -75,8 +102,24 @@ std::string text_of(const result& r) {
   return r ? std::string{} : std::string{to_consort_error(r.error(), "").what()};
 }
 
-TEST(GroupCommunicatorTest, ASmallAllReduceIsFusedWithItsDescriptorsAndALargeOneRunsTheRing) {
-  auto comms = make_comms(3);
+/// The communicator's contract on each transport: in memory, and over shared memory, where the
+/// descriptor exchange goes through the lockstep channels.
+class GroupCommunicatorOnEachTransport : public ::testing::TestWithParam<std::string> {
+protected:
+  void SetUp() override {
+    if (GetParam() == "shm")
+      if (auto why = transport::shm::unavailable_reason(); !why.empty())
+        GTEST_SKIP() << "no shared memory here: " << why;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, GroupCommunicatorOnEachTransport,
+                         ::testing::Values("local", "shm"),
+                         [](const auto& info) { return info.param; });
+
+TEST_P(GroupCommunicatorOnEachTransport,
+       ASmallAllReduceIsFusedWithItsDescriptorsAndALargeOneRunsTheRing) {
+  auto comms = make_comms(3, 1, GetParam());
   for (int64_t n : {int64_t{4}, int64_t{100000}}) { // 16 B (fused), 400 KB (an algorithm)
     auto out = run_all(comms, [n](int w) {
       return all_reduce_of(tensor::from(std::vector<float>(static_cast<size_t>(n), float(w + 1))));
@@ -91,8 +134,8 @@ TEST(GroupCommunicatorTest, ASmallAllReduceIsFusedWithItsDescriptorsAndALargeOne
   }
 }
 
-TEST(GroupCommunicatorTest, MeanDividesByTheCountOverEveryWorker) {
-  auto comms = make_comms(2);
+TEST_P(GroupCommunicatorOnEachTransport, MeanDividesByTheCountOverEveryWorker) {
+  auto comms = make_comms(2, 1, GetParam());
   auto out = run_all(comms, [](int w) {
     auto call = all_reduce_of(tensor::from<float>({float(w) * 4}), reduce_op::mean);
     call.count = w == 0 ? 1 : 3; // worker 1 summed three values
@@ -104,8 +147,8 @@ TEST(GroupCommunicatorTest, MeanDividesByTheCountOverEveryWorker) {
   }
 }
 
-TEST(GroupCommunicatorTest, ARaggedAllGatherConcatenatesInRankOrder) {
-  auto comms = make_comms(3);
+TEST_P(GroupCommunicatorOnEachTransport, ARaggedAllGatherConcatenatesInRankOrder) {
+  auto comms = make_comms(3, 1, GetParam());
   auto out = run_all(comms, [](int w) {
     group_call call;
     call.kind = collective_kind::all_gather;
@@ -121,8 +164,8 @@ TEST(GroupCommunicatorTest, ARaggedAllGatherConcatenatesInRankOrder) {
   }
 }
 
-TEST(GroupCommunicatorTest, ABroadcastComesFromTheRootReplicasWorker) {
-  auto comms = make_comms(3, 2); // root replica 3 lives on worker 1
+TEST_P(GroupCommunicatorOnEachTransport, ABroadcastComesFromTheRootReplicasWorker) {
+  auto comms = make_comms(3, 2, GetParam()); // root replica 3 lives on worker 1
   auto out = run_all(comms, [](int w) {
     group_call call;
     call.kind = collective_kind::broadcast;
@@ -139,8 +182,9 @@ TEST(GroupCommunicatorTest, ABroadcastComesFromTheRootReplicasWorker) {
   }
 }
 
-TEST(GroupCommunicatorTest, BeyondEightWorkersTheDescriptorsTravelByARingAndNothingIsFused) {
-  auto comms = make_comms(10);
+TEST_P(GroupCommunicatorOnEachTransport,
+       BeyondEightWorkersTheDescriptorsTravelByARingAndNothingIsFused) {
+  auto comms = make_comms(10, 1, GetParam());
   auto sums = run_all(comms, [](int w) { return all_reduce_of(tensor::from<float>({float(w)})); });
   for (auto& r : sums) {
     ASSERT_TRUE(r) << text_of(r);
@@ -174,8 +218,8 @@ TEST(GroupCommunicatorTest, BeyondEightWorkersTheDescriptorsTravelByARingAndNoth
       << text_of(mismatched[0]);
 }
 
-TEST(GroupCommunicatorTest, CallsThatDisagreeFailOnEveryWorkerNamingBothSides) {
-  auto comms = make_comms(2);
+TEST_P(GroupCommunicatorOnEachTransport, CallsThatDisagreeFailOnEveryWorkerNamingBothSides) {
+  auto comms = make_comms(2, 1, GetParam());
   auto out = run_all(comms, [](int w) {
     auto call = all_reduce_of(tensor::from<float>({1, 2}));
     if (w == 1)
@@ -195,8 +239,8 @@ TEST(GroupCommunicatorTest, CallsThatDisagreeFailOnEveryWorkerNamingBothSides) {
     EXPECT_TRUE(r) << text_of(r);
 }
 
-TEST(GroupCommunicatorTest, ALocalFailureReachesTheOtherWorkersInTheDescriptors) {
-  auto comms = make_comms(3);
+TEST_P(GroupCommunicatorOnEachTransport, ALocalFailureReachesTheOtherWorkersInTheDescriptors) {
+  auto comms = make_comms(3, 1, GetParam());
   auto out = run_all(comms, [](int w) {
     auto call = all_reduce_of(tensor::from<float>({1}));
     if (w == 2) {
@@ -215,11 +259,11 @@ TEST(GroupCommunicatorTest, ALocalFailureReachesTheOtherWorkersInTheDescriptors)
   }
 }
 
-TEST(GroupCommunicatorTest, ACallsDeadlineCountsFromWhenItsCallerEnteredIt) {
+TEST_P(GroupCommunicatorOnEachTransport, ACallsDeadlineCountsFromWhenItsCallerEnteredIt) {
   // A caller that read the clock already (the flight recorder's start) passes its reading: the
   // call's time runs from there. Entered a minute less 100 ms ago with a minute to go, the call
   // to a peer that never comes times out about 100 ms in, not a minute.
-  auto comms = make_comms(2);
+  auto comms = make_comms(2, 1, GetParam());
   auto call = all_reduce_of(tensor::from<float>({1}));
   call.timeout = std::chrono::minutes(1);
   const auto begin = std::chrono::steady_clock::now();
@@ -230,8 +274,8 @@ TEST(GroupCommunicatorTest, ACallsDeadlineCountsFromWhenItsCallerEnteredIt) {
   EXPECT_LT(took, 30s) << "the deadline counted from the call's start, not from `entered`";
 }
 
-TEST(GroupCommunicatorTest, AbortFailsAPendingCallAtOnceAndEveryLaterOneWithTheCause) {
-  auto comms = make_comms(2);
+TEST_P(GroupCommunicatorOnEachTransport, AbortFailsAPendingCallAtOnceAndEveryLaterOneWithTheCause) {
+  auto comms = make_comms(2, 1, GetParam());
   // Worker 0 calls alone: its peer never comes, so only the abort can end the call before its
   // deadline (10 s, scaled).
   auto pending = std::async(std::launch::async, [&] {
@@ -253,8 +297,8 @@ TEST(GroupCommunicatorTest, AbortFailsAPendingCallAtOnceAndEveryLaterOneWithTheC
   EXPECT_EQ(comms[0]->lost_cause(), "lost worker:1 (rank 1): connection closed without leave");
 }
 
-TEST(GroupCommunicatorTest, StopLeavesCleanlyOnceAndLaterPostsFailAtOnceOnTheCaller) {
-  auto comms = make_comms(2);
+TEST_P(GroupCommunicatorOnEachTransport, StopLeavesCleanlyOnceAndLaterPostsFailAtOnceOnTheCaller) {
+  auto comms = make_comms(2, 1, GetParam());
   auto stopped = std::async(std::launch::async, [&] { return comms[1]->stop(); });
   EXPECT_FALSE(comms[0]->stop()) << "both sides closed their end cleanly";
   EXPECT_FALSE(stopped.get());
@@ -265,6 +309,109 @@ TEST(GroupCommunicatorTest, StopLeavesCleanlyOnceAndLaterPostsFailAtOnceOnTheCal
     ran = !comms[0]->run(lane::step, call); // fails: the group was stopped
   });
   EXPECT_TRUE(ran) << "a post after stop runs on the caller and fails at once";
+}
+
+group_call all_gather_of(tensor t) {
+  group_call call;
+  call.kind = collective_kind::all_gather;
+  call.what = "all_gather #0 of step 0";
+  call.signature = std::string{"all_gather of "} + to_string(t.dtype()) + "[-1]";
+  call.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s));
+  call.leaves = {std::move(t)};
+  return call;
+}
+
+// Over shared memory a message up to a lockstep slot (4064 bytes: a 64-byte descriptor and 1000
+// floats) goes in the slot, a larger one by the ring with an empty message in the slot. Calls of
+// both kinds in a row, and calls whose workers' messages go different ways (a ragged all-gather, a
+// broadcast, a mismatch), all come out whole and alike on every worker.
+TEST_P(GroupCommunicatorOnEachTransport, MessagesOnBothSidesOfTheMailboxSlotArriveWhole) {
+  auto comms = make_comms(3, 1, GetParam());
+  for (int round = 0; round < 3; ++round) {
+    for (size_t n : {size_t{1}, size_t{1000}, size_t{1001}, size_t{16000}, size_t{999}}) {
+      SCOPED_TRACE("round " + std::to_string(round) + ", " + std::to_string(n) + " floats");
+      auto out = run_all(comms, [n](int w) {
+        std::vector<float> v(n);
+        for (size_t i = 0; i < n; ++i)
+          v[i] = float(w + 1) * float(i % 7);
+        return all_reduce_of(tensor::from(v));
+      });
+      for (auto& r : out) {
+        ASSERT_TRUE(r) << text_of(r);
+        auto v = r->front().to_vector<float>();
+        ASSERT_EQ(v.size(), n);
+        for (size_t i = 0; i < n; ++i)
+          ASSERT_EQ(v[i], 6.0f * float(i % 7)) << "element " << i;
+      }
+    }
+    // Worker 1's part (8000 bytes) is too large for a slot; the others' are not.
+    auto gathered = run_all(comms, [](int w) {
+      return all_gather_of(tensor::from(std::vector<float>(w == 1 ? 2000 : 3, float(w))));
+    });
+    std::vector<float> want(3, 0.0f);
+    want.insert(want.end(), 2000, 1.0f);
+    want.insert(want.end(), 3, 2.0f);
+    for (auto& r : gathered) {
+      ASSERT_TRUE(r) << text_of(r);
+      EXPECT_EQ(r->front().to_vector<float>(), want);
+    }
+    // Only the root's worker (2) sends data, 6000 bytes.
+    auto broadcast = run_all(comms, [](int w) {
+      group_call call;
+      call.kind = collective_kind::broadcast;
+      call.root = 2;
+      call.what = "broadcast #0 of step 0";
+      call.signature = "broadcast of float32[1500]";
+      call.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s));
+      call.leaves = {w == 2 ? tensor::from(std::vector<float>(1500, 9.0f))
+                            : tensor::empty(dtype::float32, {1500})};
+      return call;
+    });
+    for (auto& r : broadcast) {
+      ASSERT_TRUE(r) << text_of(r);
+      EXPECT_EQ(r->front().to_vector<float>(), std::vector<float>(1500, 9.0f));
+    }
+    // Worker 0's message fits a slot, worker 1's does not: still a clean mismatch on every one.
+    auto mismatched = run_all(comms, [](int w) {
+      return all_reduce_of(tensor::from(std::vector<float>(w == 1 ? 2000 : 10, 1.0f)));
+    });
+    for (auto& r : mismatched) {
+      EXPECT_EQ(code_of(r), errc::collective_mismatch) << text_of(r);
+      EXPECT_NE(text_of(r).find("passed all_reduce of float32[10] but worker 1 passed all_reduce "
+                                "of float32[2000]"),
+                std::string::npos)
+          << text_of(r);
+    }
+  }
+}
+
+// The two lanes run calls at the same time (on shared memory, each in its own lockstep channel):
+// neither takes the other's messages.
+TEST_P(GroupCommunicatorOnEachTransport, BothLanesRunCallsAtOnceWithoutCrossingTheirMessages) {
+  auto comms = make_comms(2, 1, GetParam());
+  auto lane_of = [&](lane l, float base) {
+    return std::async(std::launch::async, [&comms, l, base] {
+      for (int i = 0; i < 200; ++i) {
+        auto out = run_all(
+            comms,
+            [&](int w) {
+              return all_reduce_of(tensor::from<float>({base + float(i), float(w)}));
+            },
+            l);
+        for (auto& r : out) {
+          if (!r)
+            return text_of(r);
+          if (r->front().to_vector<float>() != std::vector<float>{2 * (base + float(i)), 1.0f})
+            return std::string{"call "} + std::to_string(i) + " of the lane got another's sum";
+        }
+      }
+      return std::string{};
+    });
+  };
+  auto step = lane_of(lane::step, 0.0f);
+  auto host = lane_of(lane::host, 1000.0f);
+  EXPECT_EQ(step.get(), "");
+  EXPECT_EQ(host.get(), "");
 }
 
 /// W communicators of epoch 1 over one in-memory group, named "worker:0" ...

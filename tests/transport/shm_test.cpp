@@ -15,6 +15,7 @@
 #include <consort/caf_error.hpp>
 #include <consort/error.hpp>
 #include <consort/transport/algorithms.hpp>
+#include <consort/transport/local.hpp>
 #include <consort/transport/pair.hpp>
 #include <consort/transport/shm.hpp>
 #include <consort/transport/tcp.hpp>
@@ -593,6 +594,211 @@ TEST(ShmTransportTest, PingPongBetweenTwoThreads) {
               elapsed.count() / iterations, iterations);
 }
 
+// -- lockstep channels (transport::mailbox) -----------------------------------------------------
+
+/// A lockstep message's bytes as text.
+std::string string_of(const_bytes data) {
+  return std::string{reinterpret_cast<const char*>(data.data()), data.size()};
+}
+
+/// The error of a take, or none.
+caf::error error_of(const caf::expected<const_bytes>& got) {
+  return got ? caf::error{} : got.error();
+}
+
+// Every rank puts to every other, then takes each peer's message, round after round, on both
+// channels at once (a thread per rank and channel): each message, from empty to a full slot, is
+// whole, from the right rank, in order, and the slots are reused many times.
+TEST(ShmMailboxTest, RanksPutAndTakeInLockstepOnBothChannelsAtOnce) {
+  CONSORT_TEST_SKIP_WITHOUT_SHM();
+  constexpr int n = 3;
+  constexpr int rounds = 60;
+  auto group = shm::make_group(n);
+  const std::size_t capacity = group[0]->mailbox(0)->capacity();
+  EXPECT_EQ(capacity, 4064u);
+  const std::vector<std::size_t> sizes{0, 1, 68, capacity - 16};
+  std::vector<std::future<std::string>> runs;
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < 2; ++c)
+      runs.push_back(std::async(std::launch::async, [&, r, c]() -> std::string {
+        auto* box = group[static_cast<size_t>(r)]->mailbox(c);
+        if (box == nullptr)
+          return "no mailbox";
+        for (int i = 0; i < rounds; ++i) {
+          const auto size = sizes[static_cast<size_t>(i) % sizes.size()];
+          for (int p = 0; p < n; ++p) {
+            if (p == r)
+              continue;
+            // A 16-byte head naming the round, the channel and both ranks, then the pattern.
+            char head[17];
+            std::snprintf(head, sizeof head, "%04d c%d %02d->%02d  ", i, c, r, p);
+            const auto body = pattern(size, static_cast<unsigned>(i + r));
+            if (auto err = box->put(
+                    p, static_cast<uint64_t>(100 + i),
+                    {const_bytes{reinterpret_cast<const std::byte*>(head), 16}, const_bytes{body}}))
+              return "put: " + text_of(err);
+          }
+          for (int p = 0; p < n; ++p) {
+            if (p == r)
+              continue;
+            auto got = box->take(p, static_cast<uint64_t>(100 + i), later());
+            if (!got)
+              return "take: " + text_of(got.error());
+            char head[17];
+            std::snprintf(head, sizeof head, "%04d c%d %02d->%02d  ", i, c, p, r);
+            const auto body = pattern(size, static_cast<unsigned>(i + p));
+            if (got->size() != 16 + size || string_of(got->first(16)) != head ||
+                !std::equal(body.begin(), body.end(), got->begin() + 16))
+              return "round " + std::to_string(i) + ": rank " + std::to_string(r) +
+                     " took a wrong message from rank " + std::to_string(p) + " on channel " +
+                     std::to_string(c);
+          }
+        }
+        return "";
+      }));
+  for (auto& run : runs)
+    EXPECT_EQ(run.get(), "");
+}
+
+// The lockstep lets a rank run one message ahead of its peer: rank 0 takes rank 1's first
+// message and puts its second while rank 1 has not taken rank 0's first yet. That one is still
+// there, whole (each channel has two slots per ordered pair), and the second comes after it.
+TEST(ShmMailboxTest, ARankOneMessageAheadLeavesThePeersUntakenMessageWhole) {
+  CONSORT_TEST_SKIP_WITHOUT_SHM();
+  auto group = shm::make_group(2);
+  auto* a = group[0]->mailbox(0);
+  auto* b = group[1]->mailbox(0);
+  const auto first_a = bytes_of("first from 0");
+  const auto first_b = bytes_of("first from 1");
+  const auto second_a = bytes_of("second from 0");
+  ASSERT_FALSE(a->put(1, 1, {first_a}));
+  ASSERT_FALSE(b->put(0, 1, {first_b}));
+  auto got = a->take(1, 1, later());
+  ASSERT_TRUE(got) << text_of(got.error());
+  EXPECT_EQ(string_of(*got), "first from 1");
+  ASSERT_FALSE(a->put(1, 2, {second_a}));
+  got = b->take(0, 1, clock::now() + 2s);
+  ASSERT_TRUE(got) << text_of(got.error());
+  EXPECT_EQ(string_of(*got), "first from 0");
+  got = b->take(0, 2, clock::now() + 2s);
+  ASSERT_TRUE(got) << text_of(got.error());
+  EXPECT_EQ(string_of(*got), "second from 0");
+  EXPECT_FALSE(a->arrived(1)) << "rank 1 put nothing more";
+}
+
+TEST(ShmMailboxTest, MisuseIsRefusedSayingWhatWasExpected) {
+  CONSORT_TEST_SKIP_WITHOUT_SHM();
+  auto group = shm::make_group(2);
+  auto* box = group[0]->mailbox(0);
+  ASSERT_NE(box, nullptr);
+  EXPECT_EQ(group[0]->mailbox(2), nullptr) << "two channels";
+  EXPECT_EQ(group[0]->mailbox(-1), nullptr);
+  const bytes one{std::byte{1}};
+  const bytes big(box->capacity() + 1);
+  EXPECT_TRUE(has_error(box->put(1, 1, {big}), errc::invalid_argument,
+                        {"message 1 of lockstep channel 0 to rank 1 has 4065 bytes",
+                         "a message may have at most 4064"}));
+  for (int peer : {0, 2, -1}) {
+    EXPECT_TRUE(has_error(box->put(peer, 1, {one}), errc::invalid_argument,
+                          {"cannot put a lockstep message of rank " + std::to_string(peer),
+                           "expected another rank of the group of 2"}));
+    EXPECT_TRUE(has_error(error_of(box->take(peer, 1, later())), errc::invalid_argument,
+                          {"cannot take a lockstep message of rank " + std::to_string(peer)}));
+    EXPECT_FALSE(box->arrived(peer));
+  }
+  // Two puts to a peer without a take in between: the second would overwrite a slot the peer may
+  // still read.
+  ASSERT_FALSE(box->put(1, 7, {one}));
+  EXPECT_TRUE(has_error(box->put(1, 8, {one}), errc::invalid_argument,
+                        {"message 1 of rank 1 was not taken yet",
+                         "take each of a peer's messages before putting the next one to it"}));
+  // The peer takes it under another tag: the exchanges are out of step.
+  EXPECT_TRUE(group[1]->mailbox(0)->arrived(0));
+  EXPECT_FALSE(group[1]->mailbox(1)->arrived(0)) << "the other channel has nothing";
+  EXPECT_TRUE(has_error(error_of(group[1]->mailbox(0)->take(0, 9, later())), errc::invalid_argument,
+                        {"message 1 of lockstep channel 0 from rank 0 carries tag 0x7 where tag "
+                         "0x9 was expected",
+                         "out of step"}));
+  // Transports without lockstep channels, and groups too large for them, have none.
+  EXPECT_EQ(local::make_group(2)[0]->mailbox(0), nullptr);
+  auto nine = shm::make_group(9, small_rings());
+  EXPECT_EQ(nine[0]->mailbox(0), nullptr);
+  EXPECT_NE(shm::make_group(8, small_rings())[7]->mailbox(1), nullptr);
+}
+
+TEST(ShmMailboxTest, ATakeWhosePeerNeverPutsTimesOutAtItsDeadline) {
+  CONSORT_TEST_SKIP_WITHOUT_SHM();
+  auto opts = small_rings();
+  opts.spin = 100us; // then it sleeps on the doorbell until the deadline
+  auto group = shm::make_group(2, opts);
+  const auto start = clock::now();
+  auto got = group[0]->mailbox(1)->take(1, 5, start + 200ms);
+  const auto took = clock::now() - start;
+  EXPECT_TRUE(has_error(error_of(got), errc::collective_timeout,
+                        {"rank 0: message 1 of lockstep channel 1 from rank 1",
+                         "did not arrive before its deadline"}));
+  EXPECT_GE(took, 200ms);
+  EXPECT_LT(took, consort::test::scaled(5s));
+}
+
+// A take asleep on the doorbell (no spin; a liveness nap longer than the test may take) returns as
+// soon as its peer or its own context aborts, with the abort's code and reason.
+TEST(ShmMailboxTest, AnAbortWakesASleepingTakePromptly) {
+  CONSORT_TEST_SKIP_WITHOUT_SHM();
+  auto opts = small_rings();
+  opts.spin = 0us;
+  opts.liveness_interval = 60s;
+  for (int own = 0; own < 2; ++own) {
+    SCOPED_TRACE(own ? "own context aborted" : "peer aborted");
+    auto group = shm::make_group(2, opts);
+    std::promise<void> waiting;
+    auto waiter = std::async(std::launch::async, [&] {
+      waiting.set_value();
+      auto got = group[0]->mailbox(0)->take(1, 1, clock::now() + 60s);
+      return std::make_pair(error_of(got), clock::now());
+    });
+    waiting.get_future().wait();
+    const auto aborted_at = clock::now();
+    group[own ? 0 : 1]->abort("lost in a partition", errc::membership_changed);
+    ASSERT_EQ(waiter.wait_for(30s), std::future_status::ready) << "the take was not woken";
+    auto [err, returned_at] = waiter.get();
+    EXPECT_TRUE(has_error(err, errc::membership_changed,
+                          {"message 1 of lockstep channel 0 from rank 1", "lost in a partition"}));
+    EXPECT_LT(returned_at - aborted_at, consort::test::scaled(2s));
+    if (own) {
+      EXPECT_TRUE(has_error(
+          group[0]->mailbox(0)->put(1, 1, {}), errc::membership_changed,
+          {"message 1 of lockstep channel 0 to rank 1", "this rank aborted: lost in a partition"}));
+    }
+  }
+}
+
+// A peer that leaves cleanly: the message it put before it left is still taken, then the next
+// take fails with peer_left at once.
+TEST(ShmMailboxTest, AMessagePutBeforeThePeerLeftIsTakenThenTakesFailWithPeerLeft) {
+  CONSORT_TEST_SKIP_WITHOUT_SHM();
+  auto group = shm::make_group(2);
+  const auto hello = bytes_of("hello");
+  ASSERT_FALSE(group[1]->mailbox(0)->put(0, 3, {hello}));
+  auto closed =
+      std::async(std::launch::async, [&] { return group[1]->close("worker 1 is done", later()); });
+  // Rank 0 sees the goodbye first (a receive that nothing matches fails with it).
+  bytes never(1);
+  ASSERT_TRUE(has_error(group[0]->to(1).recv(9, never)->wait(later()), errc::peer_left, {}));
+  auto* box = group[0]->mailbox(0);
+  auto got = box->take(1, 3, later());
+  ASSERT_TRUE(got) << text_of(got.error());
+  EXPECT_EQ(string_of(*got), "hello");
+  ASSERT_FALSE(box->put(1, 4, {hello})) << "a put to a peer that left goes nowhere and is no error";
+  const auto start = clock::now();
+  EXPECT_TRUE(has_error(
+      error_of(box->take(1, 4, later())), errc::peer_left,
+      {"message 2 of lockstep channel 0 from rank 1", "rank 1 left the group: worker 1 is done"}));
+  EXPECT_LT(clock::now() - start, consort::test::scaled(2s));
+  EXPECT_FALSE(group[0]->close("end", later()));
+  EXPECT_FALSE(closed.get());
+}
+
 // -- close -------------------------------------------------------------------------------------
 
 // The leaver's sends (one larger than the ring, so close must go on writing it as the peer
@@ -991,6 +1197,38 @@ TEST(ShmProcessTest, AKilledPeerProcessFailsAPendingReceiveWithPeerLostWellBefor
   // Later operations with the dead rank fail at once too.
   EXPECT_TRUE(
       has_error(child.group().to(0).send(4, {ready})->wait(later()), errc::peer_lost, {"rank 0"}));
+}
+
+// The same for a take: the child (rank 0) is killed while this process waits for its lockstep
+// message, asleep on the doorbell after a short spin.
+TEST(ShmProcessTest, AKilledPeerProcessFailsAWaitingTakeWithPeerLostWellBeforeItsDeadline) {
+  CONSORT_TEST_SKIP_WITHOUT_SHM();
+  forked_peer child(0, [](context& ctx) {
+    std::array<std::byte, 1> ready{std::byte{1}};
+    if (ctx.to(1).send(1, {ready})->wait(later()))
+      return 1;
+    (void)ctx.mailbox(0)->take(1, 2, clock::now() + 60s); // until it is killed
+    return 2;
+  });
+  auto err = child.join_group();
+  ASSERT_FALSE(err) << text_of(err);
+  std::array<std::byte, 1> ready{};
+  ASSERT_FALSE(child.group().to(0).recv(1, ready)->wait(later()));
+  std::promise<void> waiting;
+  auto waiter = std::async(std::launch::async, [&] {
+    waiting.set_value();
+    auto got = child.group().mailbox(0)->take(0, 2, clock::now() + 10s);
+    return std::make_pair(error_of(got), clock::now());
+  });
+  waiting.get_future().wait();
+  const auto killed_at = clock::now();
+  const auto pid = child.pid();
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  auto [result, returned_at] = waiter.get();
+  EXPECT_TRUE(has_error(result, errc::peer_lost,
+                        {"message 1 of lockstep channel 0 from rank 0", std::to_string(pid)}));
+  EXPECT_LT(returned_at - killed_at, consort::test::scaled(3s));
+  EXPECT_EQ(child.wait_exit(), -SIGKILL);
 }
 
 TEST(ShmProcessTest, RanksWithDifferentSecretsCannotFormAGroup) {

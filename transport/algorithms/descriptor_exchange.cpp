@@ -195,16 +195,7 @@ caf::error descriptor_exchange::failure(const caf::error& err) const {
   return failed_between_workers(err, call_.name());
 }
 
-caf::error descriptor_exchange::exchange_direct() {
-  // Every worker receives up to a descriptor and a fused call's data from each peer, whatever its
-  // own call is: workers whose calls disagree still read each other's descriptors whole.
-  const size_t slot_bytes = sizeof(call_descriptor) + fused_max_bytes;
-  scratch_.resize(static_cast<size_t>(size_) * slot_bytes);
-  auto opts = clock_.next_tag(); // the waits below run to clock_.until()
-  const auto tag = detail::message_tag(opts.tag, 0);
-  std::array<operation_ptr, direct_max_workers> recvs;
-  std::array<operation_ptr, direct_max_workers> sends;
-  // Sized once: every peer's send takes a copy of it but the last, which takes it.
+send_parts descriptor_exchange::my_message() const {
   send_parts parts;
   parts.reserve(1 + (gather_extents_ ? 1 : 0) + (mine_.fused ? call_.leaves.size() : 0));
   parts.push_back({reinterpret_cast<const std::byte*>(&mine_), mine_.wire_bytes()});
@@ -214,6 +205,41 @@ caf::error descriptor_exchange::exchange_direct() {
   if (mine_.fused)
     for (const auto& t : call_.leaves)
       parts.push_back(bytes_of(t));
+  return parts;
+}
+
+caf::error descriptor_exchange::accept(int p, const_bytes message) {
+  if (message.size() < call_descriptor::header_bytes)
+    return make_caf_error(errc::invalid_argument,
+                          "its descriptor has " + std::to_string(message.size()) +
+                              " bytes, fewer than " +
+                              std::to_string(call_descriptor::header_bytes));
+  mark_arrived(p);
+  got_[static_cast<size_t>(p)] = message.size();
+  message_[static_cast<size_t>(p)] = message.data();
+  std::memcpy(static_cast<void*>(&all_[p]), message.data(), call_descriptor::header_bytes);
+  if (all_[p].failed) { // its error's text follows
+    const auto text =
+        std::min(message.size() - call_descriptor::header_bytes, call_descriptor::text_bytes - 1);
+    std::memcpy(all_[p].text, payload(p), text);
+    all_[p].text[text] = '\0';
+  }
+  return {};
+}
+
+caf::error descriptor_exchange::exchange_direct() {
+  // Every worker receives up to a descriptor and a fused call's data from each peer, whatever its
+  // own call is: workers whose calls disagree still read each other's descriptors whole.
+  const size_t slot_bytes = sizeof(call_descriptor) + fused_max_bytes;
+  scratch_.resize(static_cast<size_t>(size_) * slot_bytes);
+  auto opts = clock_.next_tag(); // the waits below run to clock_.until()
+  const auto tag = detail::message_tag(opts.tag, 0);
+  // Every peer's send takes a copy of the parts but the last, which takes them.
+  send_parts parts = my_message();
+  if (auto* box = ctx_->mailbox(clock_.lane()))
+    return exchange_in_mailbox(*box, parts, opts);
+  std::array<operation_ptr, direct_max_workers> recvs;
+  std::array<operation_ptr, direct_max_workers> sends;
   // This thread reads the peers' messages itself, also those that arrive while it is still
   // sending (pair.hpp, reading_here): no other thread is woken for them.
   reading_from_peers reading{*ctx_};
@@ -232,11 +258,8 @@ caf::error descriptor_exchange::exchange_direct() {
     const int p = detail::ring_add(rank_, -k, size_);
     auto& op = recvs[static_cast<size_t>(p)];
     caf::error err = op->wait(clock_.until());
-    if (!err && op->message_bytes() < call_descriptor::header_bytes)
-      err =
-          make_caf_error(errc::invalid_argument,
-                         "its descriptor has " + std::to_string(op->message_bytes()) +
-                             " bytes, fewer than " + std::to_string(call_descriptor::header_bytes));
+    if (!err)
+      err = accept(p, {slot(p), op->message_bytes()});
     if (err) {
       // The descriptors that did arrive say who reached the call (the flight recorder's view).
       for (int q = 0; q < size_ && call_.arrivals != nullptr; ++q) {
@@ -248,20 +271,65 @@ caf::error descriptor_exchange::exchange_direct() {
       return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",
                                          "receive from", p, err));
     }
-    mark_arrived(p);
-    got_[static_cast<size_t>(p)] = op->message_bytes();
-    std::memcpy(static_cast<void*>(&all_[p]), slot(p), call_descriptor::header_bytes);
-    if (all_[p].failed) { // its error's text follows
-      const auto text = std::min(op->message_bytes() - call_descriptor::header_bytes,
-                                 call_descriptor::text_bytes - 1);
-      std::memcpy(all_[p].text, payload(p), text);
-      all_[p].text[text] = '\0';
-    }
   }
   reading.release();
   for (int p = 0; p < size_; ++p)
     if (p != rank_)
       if (auto err = sends[static_cast<size_t>(p)]->wait(clock_.until()))
+        return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",
+                                           "send to", p, err));
+  return {};
+}
+
+caf::error descriptor_exchange::exchange_in_mailbox(mailbox& box, const send_parts& parts,
+                                                    const algorithm_options& opts) {
+  const auto tag = detail::message_tag(opts.tag, 0);
+  size_t bytes = 0;
+  for (const auto& part : parts)
+    bytes += part.size();
+  // Each peer takes one message from the channel per call, whatever its size: a message larger
+  // than a slot goes by the pair, and an empty one in the slot says so (a descriptor is never
+  // empty). It goes into the slot first, so that a peer that is waiting posts its receive before
+  // the message itself arrives, and reads it straight into its scratch.
+  const bool in_slot = bytes <= box.capacity();
+  std::array<operation_ptr, direct_max_workers> sends;
+  for (int k = 1; k < size_; ++k) {
+    const int p = detail::ring_add(rank_, k, size_);
+    if (auto err = box.put(p, tag, in_slot ? parts : send_parts{}))
+      return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",
+                                         "send to", p, err));
+    if (!in_slot)
+      sends[static_cast<size_t>(p)] = ctx_->to(p).send(tag, parts);
+  }
+  const size_t slot_bytes = sizeof(call_descriptor) + fused_max_bytes;
+  uint64_t taken = 0;
+  for (int k = 1; k < size_; ++k) {
+    const int p = detail::ring_add(rank_, -k, size_);
+    auto got = box.take(p, tag, clock_.until());
+    caf::error err;
+    if (!got) {
+      err = std::move(got.error());
+    } else if (!got->empty()) {
+      err = accept(p, *got);
+    } else {
+      auto op = ctx_->to(p).recv_at_most(tag, {slot(p), slot_bytes});
+      err = op->wait(clock_.until());
+      if (!err)
+        err = accept(p, {slot(p), op->message_bytes()});
+    }
+    if (err) {
+      // The messages that did arrive say who reached the call (the flight recorder's view).
+      for (int q = 0; q < size_; ++q)
+        if (q != rank_ && q != p && (taken >> q & 1) == 0 && box.arrived(q))
+          mark_arrived(q);
+      return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",
+                                         "receive from", p, err));
+    }
+    taken |= uint64_t{1} << p;
+  }
+  for (int p = 0; p < size_; ++p)
+    if (const auto& send = sends[static_cast<size_t>(p)])
+      if (auto err = send->wait(clock_.until()))
         return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",
                                            "send to", p, err));
   return {};

@@ -159,6 +159,8 @@ public:
   /// Skips a tag (a leaf with nothing to exchange).
   void skip() { (void)take(); }
   clock::time_point until() const noexcept { return until_; }
+  /// The lane whose tags this clock takes (its lockstep channel, context::mailbox).
+  int lane() const noexcept { return static_cast<int>(lane_); }
   /// The time left, at least 1 ms.
   std::chrono::milliseconds left() const;
 
@@ -242,8 +244,11 @@ public:
   size_t received(int p) const noexcept {
     return p < direct_max_workers ? got_[static_cast<size_t>(p)] : 0;
   }
-  /// What came after worker `p`'s descriptor in its message (direct exchange only).
-  const std::byte* payload(int p) const noexcept { return slot(p) + call_descriptor::header_bytes; }
+  /// What came after worker `p`'s descriptor in its message (direct exchange only): in the
+  /// lane's scratch, or where the transport's mailbox holds it until the next call.
+  const std::byte* payload(int p) const noexcept {
+    return message_[static_cast<size_t>(p)] + call_descriptor::header_bytes;
+  }
   /// Whether the all-gather extents travelled with the descriptors.
   bool extents_sent() const noexcept { return gather_extents_; }
   /// Bytes of this worker's data.
@@ -261,7 +266,14 @@ private:
                             std::memory_order_relaxed);
   }
   void describe_mine();
+  /// This worker's message to every peer: its descriptor, the extents, a fused call's data.
+  send_parts my_message() const;
   caf::error exchange_direct();
+  /// The direct exchange through the context's lockstep channel of the call's lane.
+  caf::error exchange_in_mailbox(mailbox& box, const send_parts& parts,
+                                 const algorithm_options& opts);
+  /// Takes in worker `p`'s message: its descriptor (and error text), its size, where it lies.
+  caf::error accept(int p, const_bytes message);
   caf::error exchange_ring();
   caf::error check_outcomes() const;
   caf::error check_agreement();
@@ -285,8 +297,9 @@ private:
   std::array<call_descriptor, direct_max_workers> direct_all_;
   std::vector<call_descriptor> ring_all_;
   call_descriptor* all_ = nullptr;
-  /// Bytes of each peer's message (direct exchange only).
+  /// Bytes of each peer's message, and where it lies (direct exchange only).
   std::array<size_t, direct_max_workers> got_{};
+  std::array<const std::byte*, direct_max_workers> message_{};
 };
 
 /// Part 2 of a small all-reduce whose data came with the descriptors: every worker's leaves

@@ -104,6 +104,9 @@ void shm_context::make_pairs() {
   for (int p = 0; p < size_; ++p)
     if (p != rank_)
       pairs_[static_cast<std::size_t>(p)] = std::make_unique<shm_pair>(*this, p);
+  if (seg_->has_mailboxes())
+    for (int c = 0; c < mailbox_channels; ++c)
+      mailboxes_[static_cast<std::size_t>(c)] = std::make_unique<shm_mailbox>(*this, c);
 }
 
 op_ptr shm_context::new_op(bool is_send, int peer, uint64_t tag) {
@@ -155,6 +158,9 @@ void shm_context::abort(const std::string& why, errc code) {
   for (int p = 0; p < size_; ++p)
     if (p != rank_)
       ring_bell(seg_->block(p));
+  // And this rank's: a thread asleep on a lockstep message (mailbox.cpp) has no operation that
+  // fail_all would complete.
+  ring_bell(seg_->block(rank_));
   fail_all(code, "this rank aborted: " + why);
 }
 

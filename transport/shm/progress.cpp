@@ -25,6 +25,9 @@ void shm_context::lose_peer(peer_link& l, errc code, const std::string& cause) {
     op->fail(l.fail_code, l.fail_cause);
   l.out_queue.clear();
   l.out_offset = 0;
+  // A thread asleep on the peer's lockstep message (mailbox.cpp) has no operation that failed
+  // above: the doorbell wakes it to see the failure.
+  ring_bell(seg_->block(rank_));
 }
 
 void shm_context::check_peer(peer_link& l) {

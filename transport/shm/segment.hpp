@@ -4,7 +4,8 @@
 // creating and opening it, and the /proc look-up that tells whether a peer's process still lives.
 //
 // Layout of the segment (all offsets page-aligned):
-//   header | one rank_block per rank | one ring_control per ordered pair | the rings' bytes
+//   header | one rank_block per rank | one ring_control per ordered pair | the mailboxes |
+//   the rings' bytes
 // A ring from rank s to rank r is written only by s (under s's out lock of that peer) and read
 // only by r (under r's in lock of that peer): single producer, single consumer, with `head`
 // (bytes written) and `tail` (bytes read) as the only shared words. A rank's doorbell is a futex
@@ -26,7 +27,7 @@
 
 namespace consort::transport::shm::impl {
 
-constexpr uint64_t segment_magic = 0x31'74'72'6f'73'6e'6f'63; // "consort1"
+constexpr uint64_t segment_magic = 0x32'74'72'6f'73'6e'6f'63; // "consort2"
 constexpr std::size_t page = 4096;
 constexpr std::size_t min_ring_bytes = 4096;
 constexpr std::size_t reason_bytes = 192;
@@ -55,6 +56,28 @@ struct ring_control {
   alignas(64) std::atomic<uint64_t> tail; // bytes read, by the consumer
 };
 
+/// The lockstep channels of a group (transport::mailbox; a communicator's two lanes), and the
+/// largest group that has them: each ordered pair of ranks has two slots per channel.
+constexpr int mailbox_channels = 2;
+constexpr int mailbox_max_ranks = 8;
+constexpr std::size_t mailbox_slot_bytes = 4096;
+
+/// One slot of a lockstep channel from one rank to another: messages 1, 3, 5, ... of the channel
+/// take slot 1, the others slot 0. Written only by the sender; `seq` (the message's number) is
+/// stored last, and the receiver reads the rest once it sees it.
+struct mailbox_slot {
+  std::atomic<uint64_t> seq;
+  uint64_t tag;
+  uint32_t bytes;
+  uint32_t reserved;
+  uint64_t reserved2;
+  /// The message: at offset 32, so that a 64-byte descriptor and a few bytes of data share the
+  /// slot's first two cache lines with `seq`.
+  std::byte data[mailbox_slot_bytes - 32];
+};
+static_assert(sizeof(mailbox_slot) == mailbox_slot_bytes);
+static_assert(offsetof(mailbox_slot, data) == 32);
+
 struct segment_header {
   std::atomic<uint64_t> magic; // stored last by the creator
   uint32_t ranks;
@@ -73,9 +96,10 @@ inline std::size_t round_up(std::size_t n, std::size_t to) {
 
 /// Where everything lives in a segment of `ranks` ranks.
 struct layout {
-  std::size_t blocks;   // offset of the rank blocks
-  std::size_t controls; // offset of the ring controls
-  std::size_t rings;    // offset of the rings' bytes
+  std::size_t blocks;    // offset of the rank blocks
+  std::size_t controls;  // offset of the ring controls
+  std::size_t mailboxes; // offset of the mailbox slots (none beyond mailbox_max_ranks)
+  std::size_t rings;     // offset of the rings' bytes
   std::size_t total;
 
   layout(int ranks, std::size_t ring_bytes) {
@@ -83,7 +107,10 @@ struct layout {
     const std::size_t pairs = n * (n - 1);
     blocks = page;
     controls = blocks + round_up(n * sizeof(rank_block), page);
-    rings = controls + round_up(std::max<std::size_t>(pairs, 1) * sizeof(ring_control), page);
+    mailboxes = controls + round_up(std::max<std::size_t>(pairs, 1) * sizeof(ring_control), page);
+    rings = mailboxes + (ranks <= mailbox_max_ranks
+                             ? pairs * mailbox_channels * 2 * sizeof(mailbox_slot)
+                             : std::size_t{0});
     total = rings + pairs * ring_bytes;
   }
 };
@@ -112,6 +139,16 @@ public:
   }
   std::byte* ring(int from, int to) {
     return base_ + layout_.rings + ring_index(from, to) * ring_bytes_;
+  }
+  /// Whether the group has lockstep channels (at most mailbox_max_ranks ranks).
+  bool has_mailboxes() const { return ranks_ <= mailbox_max_ranks; }
+  /// Slot `which` (0 or 1) of lockstep channel `channel` from `from` to `to`.
+  /// @pre has_mailboxes()
+  mailbox_slot& mailbox(int from, int to, int channel, int which) {
+    const std::size_t i =
+        (ring_index(from, to) * mailbox_channels + static_cast<std::size_t>(channel)) * 2 +
+        static_cast<std::size_t>(which);
+    return reinterpret_cast<mailbox_slot*>(base_ + layout_.mailboxes)[i];
   }
   int ranks() const { return ranks_; }
   std::size_t ring_bytes() const { return ring_bytes_; }

@@ -10,6 +10,7 @@
 //   progress.cpp  the progress pass, the progress thread, peer states and liveness
 //   close.cpp     leaving the group (goodbyes)
 //   operation.cpp shm_op's wait (spin, then sleep on the doorbell)
+//   mailbox.cpp   the lockstep channels (shm_mailbox: put into a peer's slot, take in place)
 // and the segment (segment.hpp), the doorbell (doorbell.hpp), the rings (ring.hpp) and the
 // bootstrap of a group (bootstrap.cpp) have files of their own.
 
@@ -23,6 +24,7 @@
 
 #include "device/host_memory.hpp"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -162,6 +164,40 @@ struct stash {
 };
 
 using stash_ptr = std::shared_ptr<stash>;
+
+// -- lockstep channels ----------------------------------------------------------------------------
+
+/// A lockstep channel of a context (transport::mailbox; mailbox.cpp): a message goes into the
+/// slot of the segment from this rank to the peer (segment.hpp, mailbox_slot), and the peer reads
+/// it there. Only the thread that uses the channel touches its counts.
+class shm_mailbox final : public transport::mailbox {
+public:
+  shm_mailbox(shm_context& ctx, int channel);
+
+  std::size_t capacity() const noexcept override { return sizeof(mailbox_slot::data); }
+  caf::error put(int peer, uint64_t tag, const send_parts& parts) override;
+  caf::expected<const_bytes> take(int peer, uint64_t tag, deadline until) override;
+  bool arrived(int peer) const noexcept override;
+
+private:
+  /// The slot of `peer`'s next message to this rank.
+  mailbox_slot& incoming(int peer) const;
+  /// Checks `peer`; an error saying why it cannot be used.
+  caf::error check_peer(int peer, const char* action) const;
+  /// "shm transport: rank 0: message 7 of lockstep channel 1 from rank 2".
+  std::string describe(int peer, uint64_t seq, const char* from) const;
+  /// The ways take waits (inline in mailbox.cpp): whether `peer`'s message `seq` came.
+  inline bool spin_for(int peer, uint64_t seq, deadline until, caf::error& err);
+  inline caf::error sleep_for(int peer, uint64_t seq, deadline until);
+  /// The error of a wait that saw the peer or this context fail (none when the message came).
+  inline caf::error failure_of(int peer, uint64_t seq);
+
+  shm_context& ctx_;
+  const int channel_;
+  /// Messages put to and taken from each peer so far.
+  std::vector<uint64_t> puts_;
+  std::vector<uint64_t> takes_;
+};
 
 // -- the context ----------------------------------------------------------------------------------
 
@@ -329,7 +365,14 @@ private:
   /// when close is done.
   std::string peers_not_done();
 
+  transport::mailbox* mailbox(int channel) noexcept override {
+    return channel >= 0 && channel < mailbox_channels
+               ? mailboxes_[static_cast<std::size_t>(channel)].get()
+               : nullptr;
+  }
+
   friend class shm_op;
+  friend class shm_mailbox;
 
   segment_ptr seg_;
   const int rank_;
@@ -339,6 +382,8 @@ private:
   const bool yield_;
   std::vector<peer_link> links_;
   std::vector<std::unique_ptr<pair>> pairs_;
+  /// The lockstep channels (none beyond mailbox_max_ranks ranks).
+  std::array<std::unique_ptr<shm_mailbox>, mailbox_channels> mailboxes_;
 
   std::mutex progress_mtx_;
   waiter_count_ptr waiters_ = std::make_shared<waiter_count>();

@@ -8,6 +8,7 @@
 #include <consort/error.hpp>
 
 #include <caf/error.hpp>
+#include <caf/expected.hpp>
 
 #include <array>
 #include <chrono>
@@ -158,6 +159,41 @@ private:
   pair* pair_;
 };
 
+/// A transport's fast way for the small messages of an exchange that its ranks make in lockstep,
+/// as the communicator's descriptor exchange does (Open MPI's shared-memory "fast box"): the n-th
+/// message a rank puts to a peer pairs with the n-th it takes from that peer, and a rank takes
+/// the peer's n-th message before it puts its (n+1)-th to it. A message is written into a slot of
+/// memory that the peer reads in place: no operation object, no queue, no lock, and no copy on
+/// the receiving side. Transports that have none (TCP, local) return null from
+/// `context::mailbox`, and their callers send messages.
+///
+/// Thread safety: one thread per rank uses a channel at a time; the caller serialises its calls.
+class mailbox {
+public:
+  virtual ~mailbox() = default;
+
+  /// The most bytes one message may have.
+  virtual size_t capacity() const noexcept = 0;
+
+  /// Puts this rank's next message to `peer`: `parts` in order, at most `capacity()` bytes in
+  /// all, marked with `tag`. Fails with `invalid_argument` when the message is larger, when
+  /// `peer` is not another rank of the group, or when this rank did not take `peer`'s previous
+  /// message yet (the lockstep is broken, and the slot may still be read); with the context's code
+  /// once it aborted or closed.
+  virtual caf::error put(int peer, uint64_t tag, const send_parts& parts) = 0;
+
+  /// Waits until `until` for `peer`'s next message, which must carry `tag`, and returns its
+  /// bytes, read in place: they stay valid until this rank's next `put` to `peer`. Fails as a
+  /// receive does: `collective_timeout` at the deadline; the peer's failure (lost, aborted, left)
+  /// when its message did not come before it; this context's code once it aborted or closed;
+  /// `invalid_argument` when the message carries another tag. After a failure the channel is out
+  /// of step: abort the context (as a failed algorithm does).
+  virtual caf::expected<const_bytes> take(int peer, uint64_t tag, deadline until) = 0;
+
+  /// Whether `peer`'s next message is there (it would be taken without waiting).
+  virtual bool arrived(int peer) const noexcept = 0;
+};
+
 /// This rank's view of a group of ranks, with a pair to every other rank.
 ///
 /// Thread safety: thread-safe.
@@ -190,6 +226,13 @@ public:
   /// side, or failed; `collective_timeout` naming the peers that had not when `until` passed (the
   /// connections are then closed anyway). Idempotent: a second call returns at once.
   virtual caf::error close(const std::string& reason, deadline until) = 0;
+
+  /// Lockstep channel `channel` (0 or 1: a communicator's two lanes) of this context, or null
+  /// where the transport has none (the default), or the group is too large for one.
+  virtual transport::mailbox* mailbox(int channel) noexcept {
+    (void)channel;
+    return nullptr;
+  }
 };
 
 /// `reading_here(true)` on the pair to every peer of a context for a scope (or until

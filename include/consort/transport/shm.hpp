@@ -9,7 +9,10 @@
 // the group ends or dies. It holds one block per rank (its doorbell, its pid and its state: live,
 // aborted with a code and a reason, left, gone) and one single-producer single-consumer byte ring
 // per ordered pair of ranks. A message is a 24-byte frame header (tag, size, kind) and its bytes,
-// streamed through the ring, so a message may be larger than the ring.
+// streamed through the ring, so a message may be larger than the ring. Groups of up to 8 ranks
+// also have two lockstep channels (`context::mailbox`, pair.hpp): per ordered pair and channel,
+// two 4 KiB slots that a message of up to 4064 bytes is copied into and read from in place, with
+// no operation, queue or lock (a communicator's descriptor exchange; docs/multi_worker.md).
 //
 // How a message moves:
 // - `send` writes straight into the ring on the caller's thread when nothing is queued before it;
