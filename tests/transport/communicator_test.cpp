@@ -321,14 +321,14 @@ group_call all_gather_of(tensor t) {
   return call;
 }
 
-// Over shared memory a message up to a lockstep slot (4064 bytes: a 64-byte descriptor and 1000
+// Over shared memory a message up to a lockstep slot (8160 bytes: a 64-byte descriptor and 2024
 // floats) goes in the slot, a larger one by the ring with an empty message in the slot. Calls of
 // both kinds in a row, and calls whose workers' messages go different ways (a ragged all-gather, a
 // broadcast, a mismatch), all come out whole and alike on every worker.
 TEST_P(GroupCommunicatorOnEachTransport, MessagesOnBothSidesOfTheMailboxSlotArriveWhole) {
   auto comms = make_comms(3, 1, GetParam());
   for (int round = 0; round < 3; ++round) {
-    for (size_t n : {size_t{1}, size_t{1000}, size_t{1001}, size_t{16000}, size_t{999}}) {
+    for (size_t n : {size_t{1}, size_t{2024}, size_t{2025}, size_t{16000}, size_t{2023}}) {
       SCOPED_TRACE("round " + std::to_string(round) + ", " + std::to_string(n) + " floats");
       auto out = run_all(comms, [n](int w) {
         std::vector<float> v(n);
@@ -344,41 +344,41 @@ TEST_P(GroupCommunicatorOnEachTransport, MessagesOnBothSidesOfTheMailboxSlotArri
           ASSERT_EQ(v[i], 6.0f * float(i % 7)) << "element " << i;
       }
     }
-    // Worker 1's part (8000 bytes) is too large for a slot; the others' are not.
+    // Worker 1's part (16000 bytes) is too large for a slot; the others' are not.
     auto gathered = run_all(comms, [](int w) {
-      return all_gather_of(tensor::from(std::vector<float>(w == 1 ? 2000 : 3, float(w))));
+      return all_gather_of(tensor::from(std::vector<float>(w == 1 ? 4000 : 3, float(w))));
     });
     std::vector<float> want(3, 0.0f);
-    want.insert(want.end(), 2000, 1.0f);
+    want.insert(want.end(), 4000, 1.0f);
     want.insert(want.end(), 3, 2.0f);
     for (auto& r : gathered) {
       ASSERT_TRUE(r) << text_of(r);
       EXPECT_EQ(r->front().to_vector<float>(), want);
     }
-    // Only the root's worker (2) sends data, 6000 bytes.
+    // Only the root's worker (2) sends data, 12000 bytes.
     auto broadcast = run_all(comms, [](int w) {
       group_call call;
       call.kind = collective_kind::broadcast;
       call.root = 2;
       call.what = "broadcast #0 of step 0";
-      call.signature = "broadcast of float32[1500]";
+      call.signature = "broadcast of float32[3000]";
       call.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s));
-      call.leaves = {w == 2 ? tensor::from(std::vector<float>(1500, 9.0f))
-                            : tensor::empty(dtype::float32, {1500})};
+      call.leaves = {w == 2 ? tensor::from(std::vector<float>(3000, 9.0f))
+                            : tensor::empty(dtype::float32, {3000})};
       return call;
     });
     for (auto& r : broadcast) {
       ASSERT_TRUE(r) << text_of(r);
-      EXPECT_EQ(r->front().to_vector<float>(), std::vector<float>(1500, 9.0f));
+      EXPECT_EQ(r->front().to_vector<float>(), std::vector<float>(3000, 9.0f));
     }
     // Worker 0's message fits a slot, worker 1's does not: still a clean mismatch on every one.
     auto mismatched = run_all(comms, [](int w) {
-      return all_reduce_of(tensor::from(std::vector<float>(w == 1 ? 2000 : 10, 1.0f)));
+      return all_reduce_of(tensor::from(std::vector<float>(w == 1 ? 4000 : 10, 1.0f)));
     });
     for (auto& r : mismatched) {
       EXPECT_EQ(code_of(r), errc::collective_mismatch) << text_of(r);
       EXPECT_NE(text_of(r).find("passed all_reduce of float32[10] but worker 1 passed all_reduce "
-                                "of float32[2000]"),
+                                "of float32[4000]"),
                 std::string::npos)
           << text_of(r);
     }

@@ -60,7 +60,7 @@ struct ring_control {
 /// largest group that has them: each ordered pair of ranks has two slots per channel.
 constexpr int mailbox_channels = 2;
 constexpr int mailbox_max_ranks = 8;
-constexpr std::size_t mailbox_slot_bytes = 4096;
+constexpr std::size_t mailbox_slot_bytes = 8192;
 
 /// One slot of a lockstep channel from one rank to another: messages 1, 3, 5, ... of the channel
 /// take slot 1, the others slot 0. Written only by the sender; `seq` (the message's number) is

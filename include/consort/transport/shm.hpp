@@ -11,7 +11,7 @@
 // per ordered pair of ranks. A message is a 24-byte frame header (tag, size, kind) and its bytes,
 // streamed through the ring, so a message may be larger than the ring. Groups of up to 8 ranks
 // also have two lockstep channels (`context::mailbox`, pair.hpp): per ordered pair and channel,
-// two 4 KiB slots that a message of up to 4064 bytes is copied into and read from in place, with
+// two 8 KiB slots that a message of up to 8160 bytes is copied into and read from in place, with
 // no operation, queue or lock (a communicator's descriptor exchange; docs/multi_worker.md).
 //
 // How a message moves:
