@@ -265,8 +265,25 @@ struct hash_out {
 } // namespace
 
 uint64_t signature_hash(const call_signature& sig) noexcept {
+  // A step calls the same collectives step after step: a thread keeps its last signature's hash,
+  // and comparing the signature costs less than hashing its 40-odd characters again.
+  struct last_hash {
+    bool set = false;
+    call_signature sig;
+    uint64_t h = 0;
+  };
+  thread_local last_hash last;
+  if (last.set && last.sig == sig)
+    return last.h;
   hash_out out;
   write_signature(sig, out);
+  try {
+    last.sig = sig;
+    last.h = out.h;
+    last.set = true;
+  } catch (...) { // out of memory for the copy: the hash is still right, only not kept
+    last.set = false;
+  }
   return out.h;
 }
 

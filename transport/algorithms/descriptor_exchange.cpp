@@ -97,7 +97,7 @@ descriptor_exchange::descriptor_exchange(const context_ptr& ctx, group_call& cal
       size_(ctx->size()), root_worker_(call.root / std::max(devices_per_worker, 1)),
       direct_(size_ <= direct_max_workers) {
   if (direct_) {
-    all_ = direct_all_.data();
+    all_ = reinterpret_cast<call_descriptor*>(direct_all_);
   } else {
     ring_all_.resize(static_cast<size_t>(size_));
     all_ = ring_all_.data();
@@ -105,7 +105,7 @@ descriptor_exchange::descriptor_exchange(const context_ptr& ctx, group_call& cal
   for (const auto& t : call_.leaves)
     data_bytes_ += t.num_bytes();
   describe_mine();
-  all_[rank_] = mine_;
+  std::memcpy(static_cast<void*>(&all_[rank_]), &mine_, sizeof mine_);
 }
 
 void descriptor_exchange::describe_mine() {

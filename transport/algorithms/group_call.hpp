@@ -293,8 +293,9 @@ private:
   call_descriptor mine_;
   std::vector<int64_t> my_extents_;
   /// Every worker's descriptor, by rank: in `direct_all_` up to 8 workers (no allocation on a
-  /// call's way), else in `ring_all_`.
-  std::array<call_descriptor, direct_max_workers> direct_all_;
+  /// call's way, and no 2 KiB cleared on it either: each worker's descriptor is written before it
+  /// is read), else in `ring_all_`.
+  alignas(call_descriptor) std::byte direct_all_[direct_max_workers * sizeof(call_descriptor)];
   std::vector<call_descriptor> ring_all_;
   call_descriptor* all_ = nullptr;
   /// Bytes of each peer's message, and where it lies (direct exchange only).
