@@ -289,10 +289,18 @@ caf::error descriptor_exchange::exchange_in_mailbox(mailbox& box, const send_par
     bytes += part.size();
   // Each peer takes one message from the channel per call, whatever its size: a message larger
   // than a slot goes by the pair, and an empty one in the slot says so (a descriptor is never
-  // empty). It goes into the slot first, so that a peer that is waiting posts its receive before
-  // the message itself arrives, and reads it straight into its scratch.
+  // empty). A worker whose message is that large expects the same of its peers (an all-reduce's
+  // agree) and posts its receives first, so that their messages land straight in its scratch; a
+  // peer whose message did fit a slot, seeing its empty one, answers that receive with an empty
+  // message.
   const bool in_slot = bytes <= box.capacity();
+  const size_t slot_bytes = sizeof(call_descriptor) + fused_max_bytes;
+  std::array<operation_ptr, direct_max_workers> recvs;
   std::array<operation_ptr, direct_max_workers> sends;
+  if (!in_slot)
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_)
+        recvs[static_cast<size_t>(p)] = ctx_->to(p).recv_at_most(tag, {slot(p), slot_bytes});
   for (int k = 1; k < size_; ++k) {
     const int p = detail::ring_add(rank_, k, size_);
     if (auto err = box.put(p, tag, in_slot ? parts : send_parts{}))
@@ -301,7 +309,6 @@ caf::error descriptor_exchange::exchange_in_mailbox(mailbox& box, const send_par
     if (!in_slot)
       sends[static_cast<size_t>(p)] = ctx_->to(p).send(tag, parts);
   }
-  const size_t slot_bytes = sizeof(call_descriptor) + fused_max_bytes;
   uint64_t taken = 0;
   for (int k = 1; k < size_; ++k) {
     const int p = detail::ring_add(rank_, -k, size_);
@@ -310,12 +317,17 @@ caf::error descriptor_exchange::exchange_in_mailbox(mailbox& box, const send_par
     if (!got) {
       err = std::move(got.error());
     } else if (!got->empty()) {
+      // (When this worker posted a receive from `p`, p's empty message completes it later.)
       err = accept(p, *got);
     } else {
-      auto op = ctx_->to(p).recv_at_most(tag, {slot(p), slot_bytes});
-      err = op->wait(clock_.until());
+      auto& recv = recvs[static_cast<size_t>(p)];
+      if (in_slot) {
+        sends[static_cast<size_t>(p)] = ctx_->to(p).send(tag, {}); // p posted a receive
+        recv = ctx_->to(p).recv_at_most(tag, {slot(p), slot_bytes});
+      }
+      err = recv->wait(clock_.until());
       if (!err)
-        err = accept(p, {slot(p), op->message_bytes()});
+        err = accept(p, {slot(p), recv->message_bytes()});
     }
     if (err) {
       // The messages that did arrive say who reached the call (the flight recorder's view).
