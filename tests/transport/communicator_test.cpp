@@ -94,6 +94,29 @@ group_call all_reduce_of(tensor t, reduce_op op = reduce_op::sum) {
   return call;
 }
 
+group_call all_gather_of(tensor t) {
+  group_call call;
+  call.kind = collective_kind::all_gather;
+  call.what = "all_gather #0 of step 0";
+  call.signature = std::string{"all_gather of "} + to_string(t.dtype()) + "[-1]";
+  call.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s));
+  call.leaves = {std::move(t)};
+  return call;
+}
+
+/// A broadcast from replica `root` of a tensor like `t` (the root's worker's value; the others'
+/// are overwritten).
+group_call broadcast_of(int root, tensor t) {
+  group_call call;
+  call.kind = collective_kind::broadcast;
+  call.root = root;
+  call.what = "broadcast #0 of step 0";
+  call.signature = std::string{"broadcast of "} + to_string(t.dtype()) + to_string(t.shape());
+  call.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s));
+  call.leaves = {std::move(t)};
+  return call;
+}
+
 errc code_of(const result& r) {
   return r ? errc::none : to_consort_error(r.error(), "").code();
 }
@@ -150,13 +173,7 @@ TEST_P(GroupCommunicatorOnEachTransport, MeanDividesByTheCountOverEveryWorker) {
 TEST_P(GroupCommunicatorOnEachTransport, ARaggedAllGatherConcatenatesInRankOrder) {
   auto comms = make_comms(3, 1, GetParam());
   auto out = run_all(comms, [](int w) {
-    group_call call;
-    call.kind = collective_kind::all_gather;
-    call.what = "all_gather #0 of step 0";
-    call.signature = "all_gather of float32[-1]";
-    call.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s));
-    call.leaves = {tensor::from(std::vector<float>(static_cast<size_t>(w + 1), float(w)))};
-    return call;
+    return all_gather_of(tensor::from(std::vector<float>(static_cast<size_t>(w + 1), float(w))));
   });
   for (auto& r : out) {
     ASSERT_TRUE(r) << text_of(r);
@@ -167,14 +184,8 @@ TEST_P(GroupCommunicatorOnEachTransport, ARaggedAllGatherConcatenatesInRankOrder
 TEST_P(GroupCommunicatorOnEachTransport, ABroadcastComesFromTheRootReplicasWorker) {
   auto comms = make_comms(3, 2, GetParam()); // root replica 3 lives on worker 1
   auto out = run_all(comms, [](int w) {
-    group_call call;
-    call.kind = collective_kind::broadcast;
-    call.root = 3;
-    call.what = "broadcast #0 of step 0";
-    call.signature = "broadcast of float32[2]";
-    call.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s));
-    call.leaves = {w == 1 ? tensor::from<float>({7, 8}) : tensor::empty(dtype::float32, {2})};
-    return call;
+    return broadcast_of(3,
+                        w == 1 ? tensor::from<float>({7, 8}) : tensor::empty(dtype::float32, {2}));
   });
   for (auto& r : out) {
     ASSERT_TRUE(r) << text_of(r);
@@ -311,16 +322,6 @@ TEST_P(GroupCommunicatorOnEachTransport, StopLeavesCleanlyOnceAndLaterPostsFailA
   EXPECT_TRUE(ran) << "a post after stop runs on the caller and fails at once";
 }
 
-group_call all_gather_of(tensor t) {
-  group_call call;
-  call.kind = collective_kind::all_gather;
-  call.what = "all_gather #0 of step 0";
-  call.signature = std::string{"all_gather of "} + to_string(t.dtype()) + "[-1]";
-  call.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s));
-  call.leaves = {std::move(t)};
-  return call;
-}
-
 // Over shared memory a message up to a lockstep slot (8160 bytes: a 64-byte descriptor and 2024
 // floats) goes in the slot, a larger one by the ring with an empty message in the slot. Calls of
 // both kinds in a row, and calls whose workers' messages go different ways (a ragged all-gather, a
@@ -357,15 +358,8 @@ TEST_P(GroupCommunicatorOnEachTransport, MessagesOnBothSidesOfTheMailboxSlotArri
     }
     // Only the root's worker (2) sends data, 12000 bytes.
     auto broadcast = run_all(comms, [](int w) {
-      group_call call;
-      call.kind = collective_kind::broadcast;
-      call.root = 2;
-      call.what = "broadcast #0 of step 0";
-      call.signature = "broadcast of float32[3000]";
-      call.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s));
-      call.leaves = {w == 2 ? tensor::from(std::vector<float>(3000, 9.0f))
-                            : tensor::empty(dtype::float32, {3000})};
-      return call;
+      return broadcast_of(2, w == 2 ? tensor::from(std::vector<float>(3000, 9.0f))
+                                    : tensor::empty(dtype::float32, {3000}));
     });
     for (auto& r : broadcast) {
       ASSERT_TRUE(r) << text_of(r);
