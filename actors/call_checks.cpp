@@ -264,7 +264,7 @@ struct hash_out {
 
 } // namespace
 
-uint64_t signature_hash(const call_signature& sig) noexcept {
+uint64_t signature_hash(const call_signature& sig) {
   // A step calls the same collectives step after step: a thread keeps its last signature's hash,
   // and comparing the signature costs less than hashing its 40-odd characters again.
   struct last_hash {
@@ -277,13 +277,10 @@ uint64_t signature_hash(const call_signature& sig) noexcept {
     return last.h;
   hash_out out;
   write_signature(sig, out);
-  try {
-    last.sig = sig;
-    last.h = out.h;
-    last.set = true;
-  } catch (...) { // out of memory for the copy: the hash is still right, only not kept
-    last.set = false;
-  }
+  last.set = false; // until the copy below is whole
+  last.sig = sig;
+  last.h = out.h;
+  last.set = true;
   return out.h;
 }
 

@@ -75,8 +75,9 @@ caf::error error_of(const std::exception& e);
 std::string signature_of(const call_signature& sig);
 
 /// fnv1a(signature_of(sig)) without making the text: the hash that a call's descriptor carries,
-/// computed on every call; the text is made only when the workers disagree.
-uint64_t signature_hash(const call_signature& sig) noexcept;
+/// computed on every call; the text is made only when the workers disagree. The calling thread
+/// keeps its last signature and hash (a copy of the signature, which may throw bad_alloc).
+uint64_t signature_hash(const call_signature& sig);
 
 /// The partial sum that an all-reduce MEAN sends between workers: floats as a SUM, integers
 /// widened to float64 (integer MEAN is float64, never truncated).

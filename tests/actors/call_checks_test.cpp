@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -152,6 +153,41 @@ TEST(CallChecksTest, TheSignatureTextOfEveryFieldIsExactAlsoAfterTheLastOneIsReu
       call_of(0, collective_kind::all_reduce, nest::list({tensor::zeros(dtype::float32, {2, 3})}));
   EXPECT_NE(signature_of(sig(structure)), first);
   EXPECT_EQ(signature_of(sig(base)), first);
+}
+
+TEST(CallChecksTest, TheSignatureHashIsTheTextsFnv1aAlsoAfterTheLastOneIsReused) {
+  // signature_hash keeps the calling thread's last signature and hash: signatures that alternate,
+  // each differing from the one before it in one field, each hash to FNV-1a of their own text.
+  auto fnv1a = [](const std::string& text) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : text) {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+    return h;
+  };
+  auto sig = [](const collective_call& c) {
+    return signature_from(c, flatten(c.request.value));
+  };
+  auto base = call_of(0, collective_kind::all_reduce, tensor::zeros(dtype::float32, {2, 3}));
+  auto op = base;
+  op.request.op = reduce_op::max;
+  auto shape = call_of(0, collective_kind::all_reduce, tensor::zeros(dtype::float32, {3, 2}));
+  auto kind = call_of(0, collective_kind::broadcast, tensor::zeros(dtype::float32, {2, 3}));
+  kind.request.root = 1;
+  auto structure =
+      call_of(0, collective_kind::all_reduce, nest::list({tensor::zeros(dtype::float32, {2, 3})}));
+  std::vector<uint64_t> seen;
+  for (const auto* c : {&base, &base, &op, &shape, &kind, &structure, &base, &op}) {
+    const auto s = sig(*c);
+    EXPECT_EQ(signature_hash(s), fnv1a(signature_of(s))) << signature_of(s);
+    seen.push_back(signature_hash(s));
+  }
+  EXPECT_EQ(seen[0], seen[6]);
+  EXPECT_NE(seen[0], seen[2]);
+  EXPECT_NE(seen[2], seen[3]);
+  EXPECT_NE(seen[3], seen[4]);
+  EXPECT_NE(seen[4], seen[5]);
 }
 
 TEST(CallChecksTest, AMeanTravelsAsASumOfFloatsOrAFloat64SumOfIntegers) {

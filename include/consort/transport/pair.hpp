@@ -3,7 +3,8 @@
 // The transport abstraction that collective algorithms see (Gloo's transport::pair/context,
 // with deadlines): a context is this rank's view of a group of `size` ranks; a pair is an
 // ordered, reliable message channel to one peer. Implementations: transport/local (threads of one
-// process, for tests and in-process groups) and transport/tcp (Boost.Asio sockets).
+// process, for tests and in-process groups), transport/tcp (Boost.Asio sockets) and transport/shm
+// (processes of one host; it alone has `mailbox`, the lockstep channels, below).
 
 #include <consort/error.hpp>
 

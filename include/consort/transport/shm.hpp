@@ -49,7 +49,8 @@ namespace consort::transport::shm {
 /// How a shared-memory group is formed and how it waits.
 struct options {
   /// Bytes of each ring (one per ordered pair of ranks): a power of two of at least 4 KiB. The
-  /// segment needs about size * (size - 1) rings; 8 ranks with the default take 56 MiB of /dev/shm.
+  /// segment needs about size * (size - 1) rings; 8 ranks with the default take 56 MiB of /dev/shm
+  /// (and 1.75 MiB for the lockstep slots).
   std::size_t ring_bytes = std::size_t{1} << 20;
 
   /// The group's identity and secret: the segment's name is derived from them (an HMAC-SHA256 under
