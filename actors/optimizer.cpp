@@ -29,16 +29,19 @@ sgd::sgd(sgd_options options) : options_(options) {
 namespace {
 
 void check_pair(replica_context& ctx, const tensor& grad, const variable& v, size_t i) {
-  const auto where = "apply_gradients: pair " + std::to_string(i);
+  // Text only for an error: this runs for every pair of every step.
+  auto where = [i] {
+    return "apply_gradients: pair " + std::to_string(i);
+  };
   if (!v.valid())
-    throw_error(errc::invalid_argument, where + " has an empty variable handle");
+    throw_error(errc::invalid_argument, where() + " has an empty variable handle");
   if (v.synchronization() != variable_synchronization::on_write)
     throw_error(errc::invalid_argument,
-                where + ": variable \"" + v.name() +
+                where() + ": variable \"" + v.name() +
                     "\" is sync-on-read (ON_READ); an optimizer updates mirrored variables "
                     "(ON_WRITE), whose copies it keeps equal");
   if (!is_floating(v.dtype()))
-    throw_error(errc::invalid_argument, where + ": variable \"" + v.name() + "\" is " +
+    throw_error(errc::invalid_argument, where() + ": variable \"" + v.name() + "\" is " +
                                             to_string(v.dtype()) +
                                             "; SGD updates floating variables only");
   (void)ctx.read(v); // refuses a variable of another strategy

@@ -11,6 +11,7 @@
 #include "actors/context_scope.hpp"
 #include "actors/runtime.hpp"
 #include "actors/variable_state.hpp"
+#include "device/gpu.hpp"
 
 #include <string>
 #include <utility>
@@ -181,6 +182,8 @@ tensor add_host(const tensor& a, const tensor& b, int sign) {
 }
 
 tensor scaled_sum(const tensor& a, double alpha, const tensor& b, double beta) {
+  if (a.on_gpu() && is_floating(a.dtype()))
+    return gpu::scaled_sum(a, alpha, b, beta);
   return map2(a, b, [alpha, beta](auto x, auto y) {
     using A = decltype(x);
     return static_cast<A>(alpha) * x + static_cast<A>(beta) * y;
@@ -204,11 +207,23 @@ void add_scaled_typed(tensor& a, const tensor& b, double beta) {
 
 void add_scaled_in_place(tensor& a, const tensor& b_in, double beta) {
   if (a.on_gpu()) {
-    a = placed_on(scaled_sum(a, 1.0, b_in, beta), a.device());
+    if (is_floating(a.dtype()))
+      gpu::add_scaled_in_place(a, b_in, beta);
+    else
+      a = placed_on(scaled_sum(a, 1.0, b_in, beta), a.device());
     return;
   }
   const tensor b = b_in.on_gpu() ? b_in.to("CPU:0") : b_in;
   with_arithmetic_type(a.dtype(), [&](auto type) { add_scaled_typed<decltype(type)>(a, b, beta); });
+}
+
+void add_to_copy(variable_state& v, size_t index, const tensor& delta, int sign) {
+  v.modify(index, [&](tensor& current) {
+    if (is_floating(current.dtype()))
+      add_scaled_in_place(current, delta, sign >= 0 ? 1.0 : -1.0);
+    else
+      current = placed_on(add_host(current, delta, sign), v.devices[index]);
+  });
 }
 
 void check_update_value(const variable_state& v, const tensor& x, const char* call) {
@@ -352,10 +367,12 @@ void update_every_copy(detail::variable_state& s, const tensor& x, int sign, con
   tensor value = x;
   if (on_read && sum)
     value = detail::divide_host(x, s.num_replicas_in_sync); // the aggregate then reads `x`
-  for (size_t i = 0; i < s.copies.size(); ++i)
-    s.update(i, [&](const tensor& current) {
-      return sign == 0 ? value : detail::add_host(current, value, sign);
-    });
+  for (size_t i = 0; i < s.copies.size(); ++i) {
+    if (sign == 0)
+      s.update(i, [&](const tensor&) { return value; });
+    else
+      detail::add_to_copy(s, i, value, sign);
+  }
 }
 
 } // namespace
@@ -446,9 +463,10 @@ void replica_context::update_variable(const variable& v, const tensor& x, int si
   }
   // Every replica holds the same `delta` now (or, on read, its own): each updates its own copy,
   // so every copy of a mirrored variable changes alike without one replica writing another's.
-  s.update(index, [&](const tensor& current) {
-    return sign == 0 ? delta : detail::add_host(current, delta, sign);
-  });
+  if (sign == 0)
+    s.update(index, [&](const tensor&) { return delta; });
+  else
+    detail::add_to_copy(s, index, delta, sign);
 }
 
 // -- strategy ---------------------------------------------------------------------------------

@@ -102,15 +102,22 @@ variable zeros_slot(const variable& like, const std::string& name);
 /// must agree with their shapes). @throws error(dtype_mismatch) for bool.
 tensor add_host(const tensor& a, const tensor& b, int sign);
 
-/// Element-wise `alpha * a + beta * b` on the host, in the dtype of `a` and `b` (the factors
-/// converted to it first; float16 and bfloat16 computed in float32).
+/// Element-wise `alpha * a + beta * b` in the dtype of `a` and `b` (the factors converted to it
+/// first; float16 and bfloat16 computed in float32 and rounded once): on `a`'s GPU when `a` is a
+/// floating GPU tensor (gpu::scaled_sum, the same bits), on the host otherwise.
 /// @throws error(dtype_mismatch) for bool.
 tensor scaled_sum(const tensor& a, double alpha, const tensor& b, double beta);
 
-/// `a += beta * b` element-wise, in place on the host when `a` is a host tensor (copied first
-/// only when someone else holds it), with `scaled_sum`'s arithmetic; otherwise `a` becomes
-/// `scaled_sum(a, 1, b, beta)` on `a`'s device. @throws error(dtype_mismatch) for bool.
+/// `a += beta * b` element-wise, in place (copied first only when someone else holds `a`), with
+/// `scaled_sum`'s arithmetic: on the host for a host tensor, on the GPU for a floating GPU tensor
+/// (queued on the replica's stream inside a step); a GPU tensor of another dtype becomes
+/// `scaled_sum(a, 1, b, beta)` on its device. @throws error(dtype_mismatch) for bool.
 void add_scaled_in_place(tensor& a, const tensor& b, double beta);
+
+/// Adds (`sign` 1) or subtracts (`sign` -1) `delta` to local copy `index` of `v`: in place for a
+/// floating copy (add_scaled_in_place; x + (-1) * y is x - y bit for bit), through `add_host`
+/// otherwise. @throws error(dtype_mismatch) for bool.
+void add_to_copy(variable_state& v, size_t index, const tensor& delta, int sign);
 
 /// Checks that `x` can update `v`: its shape and dtype. `call` names the operation.
 /// @throws error(shape_mismatch | dtype_mismatch) naming the variable, and both shapes or dtypes.

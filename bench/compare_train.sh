@@ -6,8 +6,9 @@
 # per side and new/old.
 #
 # Layouts: 1 replica, 2 replicas in one process, and 2 worker processes of 1 replica under
-# tools/consort-launch (shared memory between them). Each run is the demo's default model and
-# batch for --steps steps, with --args added to every run's options.
+# tools/consort-launch (shared memory between them); a layout that names GPUs (GPU:0, or
+# GPU:0,GPU:1 written GPU:0+GPU:1) runs one process on them. Each run is the demo's default model
+# and batch for --steps steps, with --args added to every run's options.
 #
 # Usage:
 #   bash bench/compare_train.sh OLD_BUILD_DIR NEW_BUILD_DIR [--rounds 5] [--steps 300]
@@ -42,6 +43,7 @@ done
 run() {
   local build=$1 layout=$2 program="$1/examples/train/consort-train" log
   case "$layout" in
+    GPU*) log=$("$program" --devices "${layout//+/,}" --steps "$steps" $args 2>&1) ;;
     *x*) log=$("$root/tools/consort-launch" -n "${layout%x*}" -- "$program" \
                  --replicas "${layout#*x}" --steps "$steps" $args 2>&1) ;;
     *) log=$("$program" --replicas "$layout" --steps "$steps" $args 2>&1) ;;

@@ -386,6 +386,39 @@ void divide(tensor& t, double divisor) {
   settle(index, "a division on a GPU");
 }
 
+namespace {
+
+/// `b` on `a`'s GPU (a copy, waited for, when it is elsewhere).
+tensor beside(const tensor& a, const tensor& b) {
+  return b.device() == a.device() ? b : b.to(a.device());
+}
+
+} // namespace
+
+tensor scaled_sum(const tensor& a, double alpha, const tensor& b_in, double beta) {
+  const tensor b = beside(a, b_in);
+  auto out = tensor::empty(a.dtype(), a.shape(), a.device());
+  if (out.num_elements() == 0)
+    return out;
+  const int index = index_of(a.device());
+  cuda::device_guard guard(index);
+  cuda::scaled_sum(a.dtype(), alpha, a.raw_data(), beta, b.raw_data(), out.raw_mutable_data(),
+                   a.num_elements(), stream_for(index));
+  settle(index, "a scaled sum on a GPU");
+  return out;
+}
+
+void add_scaled_in_place(tensor& a, const tensor& b_in, double beta) {
+  if (a.num_elements() == 0)
+    return;
+  const tensor b = beside(a, b_in);
+  const int index = index_of(a.device());
+  void* p = a.raw_mutable_data();
+  cuda::device_guard guard(index);
+  cuda::scaled_sum(a.dtype(), 1.0, p, beta, b.raw_data(), p, a.num_elements(), stream_for(index));
+  settle(index, "an in-place update on a GPU");
+}
+
 #else // !CONSORT_WITH_CUDA
 
 namespace {
@@ -457,6 +490,14 @@ tensor concat(const std::vector<tensor>&, int64_t, const shape_t&) {
 
 void divide(tensor&, double) {
   no_cuda("a division on a GPU");
+}
+
+tensor scaled_sum(const tensor&, double, const tensor&, double) {
+  no_cuda("a scaled sum on a GPU");
+}
+
+void add_scaled_in_place(tensor&, const tensor&, double) {
+  no_cuda("an in-place update on a GPU");
 }
 
 #endif

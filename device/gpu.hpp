@@ -109,6 +109,14 @@ tensor concat(const std::vector<tensor>& inputs, int64_t axis, const shape_t& ou
 /// Divides every element of a float32/float64 GPU tensor by `divisor` in place (copy-on-write).
 void divide(tensor& t, double divisor);
 
+/// `alpha * a + beta * b` element-wise, for floating tensors of one shape and dtype with `a` on
+/// a GPU (`b` is copied there first when it is elsewhere), with the host's arithmetic bit for bit
+/// (cuda::scaled_sum). On the replica thread of that GPU the kernel is queued on its stream.
+tensor scaled_sum(const tensor& a, double alpha, const tensor& b, double beta);
+/// `a += beta * b` in place on `a`'s GPU (copy-on-write: a tensor someone else holds is copied
+/// first, so that holder keeps its values); as `scaled_sum` otherwise.
+void add_scaled_in_place(tensor& a, const tensor& b, double beta);
+
 /// Index of the GPU of a canonical device string ("GPU:3" -> 3); -1 for anything else ("CPU:0").
 int index_of(const std::string& device) noexcept;
 

@@ -89,6 +89,12 @@ if [ "$gpu_passed" -eq 0 ]; then
   failed=1
 fi
 
+# 1b. The GPU cases of the other test binaries (variables and the optimizer on GPU copies, a GPU
+#     strategy's defaults): they carry their binary's label, not `gpu`, and skip without a GPU.
+part ctest_gpu_cases 120 ctest --test-dir build -R 'GpuTest|OnGpus' -LE 'gpu|example' --no-tests=error \
+  --output-on-failure -j4 --timeout 120
+grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Skipped" "$out/ctest_gpu_cases.log" >>"$summary"
+
 # 2. One GPU's collectives up to 1 MiB: direct NCCL, the wrapper, consort's strategy row (issue
 #    12's target: consort <= 2x direct), and torch.distributed (NCCL) on the same GPU.
 part nccl_bench 90 ./build/bench/nccl_bench --max-bytes 1M --iters 200 --json "$out/nccl_bench.json"

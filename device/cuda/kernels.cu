@@ -226,6 +226,31 @@ __global__ void __launch_bounds__(threads_per_block) divide_kernel(T* data, int6
     data[j] = static_cast<T>(static_cast<A>(data[j]) / divisor);
 }
 
+/// out[j] = alpha * a[j] + beta * b[j], computed in A (float for the 16-bit floats) with each
+/// operation rounded (-fmad=false) and rounded once to T. `out` may be `a` or `b`: each element is
+/// read before it is written, by the same thread.
+template <class T, class A, int N>
+__global__ void __launch_bounds__(threads_per_block)
+    scaled_sum_kernel(A alpha, const T* a, A beta, const T* b, T* out, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t vectors = n / N;
+  const auto* va = reinterpret_cast<const vec<T, N>*>(a);
+  const auto* vb = reinterpret_cast<const vec<T, N>*>(b);
+  auto* vo = reinterpret_cast<vec<T, N>*>(out);
+  for (int64_t i = tid; i < vectors; i += stride) {
+    const auto x = va[i];
+    const auto y = vb[i];
+    vec<T, N> z;
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      z.v[e] = static_cast<T>(alpha * static_cast<A>(x.v[e]) + beta * static_cast<A>(y.v[e]));
+    vo[i] = z;
+  }
+  for (int64_t j = vectors * N + tid; j < n; j += stride)
+    out[j] = static_cast<T>(alpha * static_cast<A>(a[j]) + beta * static_cast<A>(b[j]));
+}
+
 template <class T, int N>
 __global__ void __launch_bounds__(threads_per_block) fill_kernel(T* data, int64_t n, T value) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -635,6 +660,48 @@ void divide(dtype type, void* data, int64_t n, double divisor, cudaStream_t stre
     throw_error(errc::invalid_argument, "cuda::divide: the buffer is null");
   launch_scope scope{stream};
   divide_on(scope, type, data, n, divisor, stream);
+}
+
+void scaled_sum(dtype type, double alpha, const void* a, double beta, const void* b, void* out,
+                int64_t n, cudaStream_t stream) {
+  if (!is_floating(type))
+    throw_error(errc::dtype_mismatch, "cuda::scaled_sum of " + dtype_text(type) +
+                                          " buffers: expected float32, float64, float16 or "
+                                          "bfloat16");
+  if (n < 0)
+    throw_error(errc::invalid_argument,
+                "cuda::scaled_sum: the element count is " + std::to_string(n) + "; expected >= 0");
+  if (n == 0)
+    return;
+  if (a == nullptr || b == nullptr || out == nullptr)
+    throw_error(errc::invalid_argument, "cuda::scaled_sum: a buffer is null (a, b and out must "
+                                        "all be device pointers)");
+  launch_scope scope{stream};
+  auto run = [&](auto tag, auto acc) {
+    using T = typename decltype(tag)::type;
+    using A = decltype(acc);
+    const auto* pa = static_cast<const T*>(a);
+    const auto* pb = static_cast<const T*>(b);
+    auto* po = static_cast<T*>(out);
+    constexpr int N = lanes<T>;
+    if (aligned16(pa) && aligned16(pb) && aligned16(po))
+      scaled_sum_kernel<T, A, N><<<scope.blocks((n + N - 1) / N), threads_per_block, 0, stream>>>(
+          static_cast<A>(alpha), pa, static_cast<A>(beta), pb, po, n);
+    else
+      scaled_sum_kernel<T, A, 1><<<scope.blocks(n), threads_per_block, 0, stream>>>(
+          static_cast<A>(alpha), pa, static_cast<A>(beta), pb, po, n);
+    scope.check_launch("scaled_sum's kernel");
+  };
+  switch (type) {
+  case dtype::float32:
+    return run(type_tag<float>{}, float{});
+  case dtype::float64:
+    return run(type_tag<double>{}, double{});
+  case dtype::float16:
+    return run(type_tag<__half>{}, float{});
+  default: // bfloat16, the last floating dtype
+    return run(type_tag<__nv_bfloat16>{}, float{});
+  }
 }
 
 void fill(dtype type, void* data, int64_t n, double value, cudaStream_t stream) {

@@ -49,6 +49,14 @@ void reduce_axis(dtype type, reduce_op op, const void* in, void* out, int64_t ou
 /// Divides `n` elements of a float32 or float64 buffer by `divisor` in place (exact division).
 void divide(dtype type, void* data, int64_t n, double divisor, cudaStream_t stream);
 
+/// out[j] = alpha * a[j] + beta * b[j] for j < n, for the floating dtypes (float32, float64,
+/// float16, bfloat16): as the host's scaled sum of the variables' updates, alpha and beta are
+/// rounded to the dtype first (float for the 16-bit floats), each product and the sum are rounded
+/// separately (no FMA), and the 16-bit floats compute in float and round once when stored. `out`
+/// may be `a` or `b` (an in-place update); no other overlap is allowed.
+void scaled_sum(dtype type, double alpha, const void* a, double beta, const void* b, void* out,
+                int64_t n, cudaStream_t stream);
+
 /// Fills `n` elements of dtype `type` with `value` (converted to the dtype).
 void fill(dtype type, void* data, int64_t n, double value, cudaStream_t stream);
 

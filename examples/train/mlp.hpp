@@ -153,9 +153,8 @@ std::string bias_key(int layer);
 /// One step of plain SGD from gradient sums: `p -= learning_rate * g / global_batch` for each
 /// parameter p and its gradient sum g (float64 arithmetic, stored as float32). Works on any nest
 /// of float32 tensors; leaves of `params` that are shared elsewhere are copied first
-/// (copy-on-write), so published parameters never change. The host reference of
-/// `sgd_update_gpu` (tests/train/mlp_gpu_test.cpp); `train_on`'s CPU replicas update their
-/// mirrored variables with the library's `sgd` instead.
+/// (copy-on-write), so published parameters never change. `train_on` updates its mirrored
+/// variables with the library's `sgd` instead (in float32: `p + float(-lr / rows) * g`).
 /// @pre `grad_sums` holds gradients of the loss summed over all `global_batch` examples of the
 ///      step (for example the SUM all-reduce of every replica's `forward_backward(...).grads`).
 /// @throws error(invalid_argument) when global_batch < 1,
@@ -187,16 +186,6 @@ void sgd_update(nest& params, const nest& grad_sums, double learning_rate, int64
 ///         `forward_backward`, and error(device_error) naming the kernel when a launch fails.
 nest forward_backward_gpu(const nest& params, const tensor& x, const tensor& y, float* totals,
                           const gradient_slots_fn& slots = {}, const layer_grads_fn& on_layer = {});
-
-/// `sgd_update` on a GPU, queued on `current_cuda_stream()`: `p -= learning_rate * g / rows`
-/// for every parameter of `params` (GPU tensors, updated in place after copy-on-write) and its
-/// gradient sum in `grad_sums` (on the same GPU), where rows is read on the GPU from
-/// `global_rows` (device memory: the all-reduced batch totals' row count, so no step waits for
-/// the host to read it). rows < 1 (an empty global batch) changes nothing.
-/// @throws error(unsupported) in a build without CUDA, error(invalid_argument) when a tensor is not
-///         on one GPU or `global_rows` is null, sgd_update's structure, shape and dtype errors.
-void sgd_update_gpu(nest& params, const nest& grad_sums, double learning_rate,
-                    const float* global_rows);
 
 /// Which GEMMs the GPU form runs: "cuBLAS (libcublas.so.13) where every extent is at least 64, the
 /// tiled kernel below", "consort's tiled kernel (no cuBLAS: <why>)" (CONSORT_CUBLAS=off, or no

@@ -132,44 +132,6 @@ nest forward_backward_gpu(const nest& params, const tensor& x, const tensor& y, 
 #endif
 }
 
-void sgd_update_gpu(nest& params, const nest& grad_sums, double learning_rate,
-                    const float* global_rows) {
-  const char* what = "sgd_update_gpu";
-  if (global_rows == nullptr)
-    throw_error(errc::invalid_argument,
-                std::string{what} + ": global_rows is null; expected a float of GPU memory");
-  assert_same_structure(params, grad_sums);
-  auto leaves = flatten(params);
-  const auto grads = flatten(grad_sums);
-  detail::check_update_pairs(leaves, grads, what);
-  int device = -1;
-  for (size_t i = 0; i < leaves.size(); ++i) {
-    device = gpu_of(leaves[i], "parameter leaf " + std::to_string(i), device, what);
-    gpu_of(grads[i], "gradient leaf " + std::to_string(i), device, what);
-  }
-#if !CONSORT_WITH_CUDA
-  (void)learning_rate;
-  no_cuda(what);
-#else
-  void* stream = current_cuda_stream();
-  // The leaves are the only holders of their storage once `params` lets go of it, so they are
-  // updated in place: a copy-on-write copy here would wait for the stream, every step.
-  const nest structure = detail::skeleton_of(params);
-  params = nest{};
-  try {
-    for (size_t i = 0; i < leaves.size(); ++i)
-      launched(kernels::sgd(device, stream, leaves[i].num_elements(),
-                            leaves[i].mutable_data<float>(), grads[i].data<float>(), learning_rate,
-                            global_rows),
-               "the SGD update", device, what);
-  } catch (...) {
-    params = pack_as(structure, leaves);
-    throw;
-  }
-  params = pack_as(structure, leaves);
-#endif
-}
-
 std::string gpu_gemm_backend() {
 #if !CONSORT_WITH_CUDA
   return "none (built without CUDA)";

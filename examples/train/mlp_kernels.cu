@@ -193,17 +193,6 @@ __global__ void __launch_bounds__(totals_threads)
   }
 }
 
-__global__ void sgd_kernel(int64_t n, float* __restrict__ p, const float* __restrict__ g,
-                           double learning_rate, const float* __restrict__ global_rows) {
-  const double rows = *global_rows;
-  if (!(rows >= 1))
-    return;
-  const double scale = learning_rate / rows;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    p[e] = static_cast<float>(static_cast<double>(p[e]) - scale * static_cast<double>(g[e]));
-}
-
 /// Makes `device` current for a launch and restores the caller's device after it.
 class on_device {
 public:
@@ -449,19 +438,6 @@ const char* softmax_cross_entropy(int device, void* stream, int64_t rows, int cl
   }
   // Also for 0 rows: the totals are then zeros.
   totals_kernel<<<1, totals_threads, 0, s>>>(rows, scratch, scratch + rows, totals);
-  return launched();
-}
-
-const char* sgd(int device, void* stream, int64_t n, float* p, const float* g, double learning_rate,
-                const float* global_rows) {
-  if (n <= 0)
-    return nullptr;
-  on_device guard(device);
-  if (guard.error() != cudaSuccess)
-    return cudaGetErrorString(guard.error());
-  const unsigned blocks = blocks_for(n, 256) < 1024 ? blocks_for(n, 256) : 1024;
-  sgd_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(n, p, g, learning_rate,
-                                                                    global_rows);
   return launched();
 }
 

@@ -61,10 +61,4 @@ const char* softmax_cross_entropy(int device, void* stream, int64_t rows, int cl
                                   const float* logits, const int32_t* labels, float* delta,
                                   double* scratch, float* totals);
 
-/// p[e] = p[e] - learning_rate / rows * g[e] for e < n, in float64 and stored as float32, where
-/// `rows` is read on the device from `global_rows` (a float of device memory: the batch's row
-/// count after the all-reduce); rows < 1 leaves p as it is.
-const char* sgd(int device, void* stream, int64_t n, float* p, const float* g, double learning_rate,
-                const float* global_rows);
-
 } // namespace consort::train::kernels

@@ -264,13 +264,6 @@ nest model_state::params_on_host() const {
   return nest::dict(std::move(out));
 }
 
-void model_state::assign(const nest& p) const {
-  for (const auto& v : params) {
-    variable copy = v;
-    copy.assign(p[v.name()].as_tensor());
-  }
-}
-
 model_state model_on(strategy& strategy, const mlp_shape& shape, const nest& initial) {
   std::map<std::string, variable> existing;
   for (const auto& v : strategy.variables())
@@ -295,10 +288,7 @@ model_state model_on(strategy& strategy, const mlp_shape& shape, const nest& ini
   for (const auto& key : production_order(shape.layers))
     model.params.push_back(found_or_made(key, initial[key].as_tensor(), {}));
   const variable_options metric{variable_synchronization::on_read, variable_aggregation::sum};
-  const tensor zero = tensor::scalar<float>(0.0f);
-  model.loss_sum = found_or_made("metrics/loss_sum", zero, metric);
-  model.correct = found_or_made("metrics/correct", zero, metric);
-  model.rows = found_or_made("metrics/rows", zero, metric);
+  model.totals = found_or_made("metrics/totals", tensor::zeros(dtype::float32, {3}), metric);
   return model;
 }
 
@@ -310,12 +300,16 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   outcome result;
   const model_state model = model_on(
       strategy, shape, o.initial_params.is_dict() ? o.initial_params : init_params(shape, o.seed));
-  // What the GPU form starts from (each replica copies it to its GPU on its first step).
-  const nest start_params = on_gpus ? model.params_on_host() : nest{};
   result.steps = o.start_step;
   auto ds =
       dataset::from_tensor_slices(nest::dict({{"x", data.x}, {"y", data.y}})).batch(o.global_batch);
   auto dist = strategy.distribute_dataset(ds);
+  // The rows of global batch `b` (every worker holds the same data): what the GPU form divides the
+  // learning rate by before the step's totals reach the host, checked against them after it.
+  const int64_t examples = data.x.shape()[0];
+  auto rows_of_batch = [&](int64_t b) {
+    return std::min<int64_t>(o.global_batch, examples - b * o.global_batch);
+  };
   const auto keys = production_order(o.layers);
   // The gradients in the order they are produced, then the step's totals (loss sum, correct
   // predictions, rows, replicas asked to stop), which travel in the last bucket.
@@ -358,45 +352,54 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   // without the cost of the helper thread's start and join, which shows on a small model
   // (bench/README.md, "The small model: where buckets matter").
   const bool overlap = o.overlap && buckets.size() > 1;
-  // GPU replicas (docs/train.md, "On GPUs"): each works on its own copy of the parameters in its
-  // GPU's memory, computes with the kernels of forward_backward_gpu on its stream, all-reduces the
-  // buckets there (NCCL) and applies the update itself, so a step moves no parameter or gradient
-  // through the host; only the totals come back. The parameters come to the host when a
-  // snapshot, a commit, a checkpoint or the result needs them (fetch_params).
-  std::vector<nest> replica_params(replica_buckets.size());
-  auto fetch_params = [&] {
-    auto copies = strategy.run([&](replica_context& ctx) {
-      const nest& mine = replica_params.at(static_cast<size_t>(ctx.replica_id_in_sync_group()));
-      return map_structure(mine, [](const tensor& t) { return t.to("CPU:0"); });
-    });
-    return copies[0];
-  };
-  // The parameters on the host, and (GPU form) in the variables too.
+  // The parameters on the host (the primary copies of the variables; for GPU replicas a copy
+  // each, after the steps' GPU work, which every step waits for at its end).
   auto host_params = [&] {
-    if (!on_gpus)
-      return model.params_on_host();
-    nest host = fetch_params();
-    model.assign(host);
-    return host;
+    return model.params_on_host();
+  };
+  // This replica's copy of every parameter (its own device's), by key.
+  auto own_params = [&](replica_context& ctx) {
+    nest::dict_type mine;
+    for (const auto& v : model.params)
+      mine.emplace(v.name(), ctx.read(v));
+    return nest::dict(std::move(mine));
+  };
+  // Applies the all-reduced gradient sums (every replica holds the same) to this replica's copy
+  // of every parameter, in place, with the learning rate divided by the global batch's rows.
+  auto apply = [&](replica_context& ctx, const std::vector<tensor>& reduced, double global_rows) {
+    if (global_rows <= 0)
+      return;
+    std::vector<std::pair<tensor, variable>> pairs;
+    pairs.reserve(keys.size());
+    for (size_t k = 0; k < keys.size(); ++k)
+      pairs.emplace_back(reduced[k], model.params[k]);
+    sgd({.learning_rate = o.learning_rate / global_rows, .bucket_bytes = o.bucket_bytes})
+        .apply_gradients(ctx, pairs, {.skip_gradients_aggregation = true});
   };
   std::mutex collective_mtx;
   double collective_s = 0;
-  // One step of a GPU replica: see on_gpus above. The bucket all-reduces are queued on the
-  // replica's stream behind the backward kernels that write them (NCCL on the same stream), so
-  // the overlap of the CPU form's helper thread is not needed to keep the host from waiting.
+  // One step of a GPU replica (docs/train.md, "On GPUs"): the forward and backward kernels, the
+  // replica's totals into its copies of the metrics, the bucket all-reduces (NCCL) and the update
+  // of its copies of the variables are all queued on the replica's stream, in that order; the
+  // host waits once, for the totals at the end. The stream's order is what the CPU form's helper
+  // thread gives it: each all-reduce starts as soon as the kernels that write its bucket are done.
   int64_t current_step = o.start_step; // the step the loop below runs, for gpu_step's trace
   auto gpu_step = [&](replica_context& ctx, const nest& part, std::vector<tensor>& flats,
-                      const std::function<float*(size_t)>& slot_of, steady::time_point begin) {
+                      const std::function<float*(size_t)>& slot_of, steady::time_point begin,
+                      int64_t global_rows) {
     const int replica = ctx.replica_id_in_sync_group();
-    nest& params = replica_params.at(static_cast<size_t>(replica));
-    if (!params.is_dict())
-      params = map_structure(start_params, [&](const tensor& t) { return t.to(ctx.device()); });
-    forward_backward_gpu(params, part["x"].as_tensor(), part["y"].as_tensor(), slot_of(keys.size()),
-                         [&](int layer) {
+    // The step lets go of its handles on the copies once the kernels are queued, so that the
+    // update writes them in place (the kernels read them first, in stream order).
+    forward_backward_gpu(own_params(ctx), part["x"].as_tensor(), part["y"].as_tensor(),
+                         slot_of(keys.size()), [&](int layer) {
                            // keys: w{L+1}, b{L+1}, ..., w1, b1.
                            auto k = static_cast<size_t>(2 * (o.layers + 1 - layer));
                            return gradient_slot{slot_of(k), slot_of(k + 1)};
                          });
+    // This replica's totals (loss sum, correct, rows: written by the loss kernel into the last
+    // bucket) added to its copy of the metrics before the bucket is all-reduced.
+    const int64_t at = offset_of[keys.size()];
+    ctx.assign_add(model.totals, flats.back().slice(at, at + 3));
     std::vector<tensor> reduced(sizes.size());
     auto reduce_begin = steady::now();
     for (size_t b = 0; b < buckets.size(); ++b) {
@@ -411,12 +414,7 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
     auto reduce_end = steady::now();
     trace.add("all_reduce(queued)", worker, replica, reduce_begin, reduce_end,
               "step " + std::to_string(current_step) + " all_reduce");
-    nest::dict_type grads;
-    for (size_t k = 0; k < keys.size(); ++k)
-      grads[keys[k]] = reduced[k];
-    // The update reads the global row count from the reduced totals on the GPU.
-    sgd_update_gpu(params, nest::dict(std::move(grads)), o.learning_rate,
-                   reduced.back().data<float>() + 2);
+    apply(ctx, reduced, static_cast<double>(global_rows));
     // Waits for the step's GPU work (the step's end would), and keeps no view of the buckets.
     tensor totals = reduced.back().to("CPU:0");
     {
@@ -428,26 +426,27 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   };
   // The epoch's loss and accuracy from the sync-on-read metrics (a collective: every worker
   // reads them after the same steps), then a fresh start for the next epoch.
-  const tensor zero = tensor::scalar<float>(0.0f);
+  const tensor zeros = tensor::zeros(dtype::float32, {3});
+  variable metrics = model.totals;
   int64_t epoch_steps = 0;
   auto close_epoch = [&](int64_t last_step) {
-    if (on_gpus || epoch_steps == 0)
+    if (epoch_steps == 0)
       return;
-    const double rows = std::max<double>(model.rows.value().item<float>(), 1.0);
-    result.curve.epoch_loss.push_back(model.loss_sum.value().item<float>() / rows);
-    result.curve.epoch_accuracy.push_back(model.correct.value().item<float>() / rows);
+    const auto sums = metrics.value().to_vector<float>();
+    const double rows = std::max<double>(sums[2], 1.0);
+    result.curve.epoch_loss.push_back(sums[0] / rows);
+    result.curve.epoch_accuracy.push_back(sums[1] / rows);
     result.curve.epoch_first.push_back(last_step - epoch_steps + 1);
     result.curve.epoch_end.push_back(last_step);
-    for (variable v : {model.loss_sum, model.correct, model.rows})
-      v.assign(zero);
+    metrics.assign(zeros);
     epoch_steps = 0;
   };
-  for (variable v : {model.loss_sum, model.correct, model.rows})
-    v.assign(zero);
+  metrics.assign(zeros);
   int64_t seen = 0;
   auto start = steady::now();
   for (int64_t step = o.start_step; step < o.steps; ++step) {
     current_step = step;
+    const int64_t global_rows_expected = rows_of_batch(step % dist.cardinality());
     auto batch = dist.get(step % dist.cardinality());
     auto step_begin = steady::now();
     auto outputs = strategy.run(
@@ -470,12 +469,8 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
             return bases[bucket_of[k]] + offset_of[k];
           };
           if (on_gpus)
-            return gpu_step(ctx, part, flats, slot_of, begin);
-          // This replica's own copy of the parameters.
-          nest::dict_type mine;
-          for (const auto& v : model.params)
-            mine.emplace(v.name(), ctx.read(v));
-          nest params = nest::dict(std::move(mine));
+            return gpu_step(ctx, part, flats, slot_of, begin, global_rows_expected);
+          nest params = own_params(ctx);
           loss_and_grads lg;
           gradient_channel channel;
           std::thread helper;
@@ -548,20 +543,12 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
           // the same), so the learning rate is divided by their number. The step lets go of its
           // copy first, so that the update is in place.
           params = nest{};
-          const float global_rows = reduced.back().data<float>()[2];
-          if (global_rows > 0) {
-            std::vector<std::pair<tensor, variable>> pairs;
-            pairs.reserve(keys.size());
-            for (size_t k = 0; k < keys.size(); ++k)
-              pairs.emplace_back(reduced[k], model.params[k]);
-            sgd({.learning_rate = o.learning_rate / static_cast<double>(global_rows),
-                 .bucket_bytes = o.bucket_bytes})
-                .apply_gradients(ctx, pairs, {.skip_gradients_aggregation = true});
-          }
+          apply(ctx, reduced, reduced.back().data<float>()[2]);
           // This replica's share of the metrics, kept in its own copies until they are read.
-          ctx.assign_add(model.loss_sum, tensor::scalar<float>(lg.loss_sum.item<float>()));
-          ctx.assign_add(model.correct, tensor::scalar<float>(lg.correct.item<float>()));
-          ctx.assign_add(model.rows, tensor::scalar<float>(static_cast<float>(y.num_elements())));
+          ctx.assign_add(model.totals,
+                         tensor::from<float>({lg.loss_sum.item<float>(), lg.correct.item<float>(),
+                                              static_cast<float>(y.num_elements())},
+                                             {3}));
           trace.add("step", worker, replica, begin, steady::now());
           return nest::dict({{"totals", reduced.back()}});
         },
@@ -569,6 +556,14 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
     // Every replica holds the same reduced totals; take the first.
     auto totals = outputs[0]["totals"].as_tensor().to_vector<float>();
     auto global_rows = static_cast<int64_t>(totals[2]);
+    if (global_rows != global_rows_expected)
+      throw_error(errc::collective_mismatch,
+                  "train_on: step " + std::to_string(step) + " ran on " +
+                      std::to_string(global_rows) +
+                      " rows across the replicas, and its global "
+                      "batch has " +
+                      std::to_string(global_rows_expected) +
+                      " (a worker with other data, or a dataset split that lost rows)");
     ++epoch_steps;
     if (step + 1 == o.snapshot_step)
       result.snapshot = host_params();
@@ -617,8 +612,7 @@ outcome train_on(strategy& strategy, const train_options& o, const dataset_tenso
   }
   result.elapsed_s = std::chrono::duration<double>(steady::now() - start).count();
   close_epoch(result.steps);
-  // (A resumed run with no step left has no GPU copy: its parameters are the ones it was given.)
-  result.params = on_gpus && result.steps == o.start_step ? start_params : host_params();
+  result.params = host_params();
   result.examples_per_s = static_cast<double>(seen) / std::max(result.elapsed_s, 1e-9);
   result.collective_s = collective_s;
   result.collectives_per_step = static_cast<int64_t>(buckets.size());

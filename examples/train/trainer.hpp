@@ -13,11 +13,10 @@
 // partial batches weigh correctly. The loss, accuracy and row count travel in the last bucket, so
 // a step costs no collective beyond the gradients'; each replica also adds its own to the
 // sync-on-read metrics, which are read (a collective) once per epoch.
-// On GPU replicas (docs/train.md, "On GPUs") each replica works on its own copy of the parameters
-// in its GPU's memory, runs forward_backward_gpu and the update (sgd_update_gpu) on its stream,
-// and the buckets are all-reduced by NCCL there; only the totals come to the host each step. The
-// variables get the parameters at every commit, checkpoint and at the end, and the metrics are not
-// kept (the replicas' own totals stay on the GPU).
+// On GPU replicas (docs/train.md, "On GPUs") the same variables have their copies in each GPU's
+// memory: a replica queues forward_backward_gpu, the additions to its metrics, the NCCL
+// all-reduces and the library's sgd (a CUDA kernel per parameter, in place) on its stream, and
+// only the totals come to the host each step.
 
 #include "mlp.hpp"
 
@@ -148,18 +147,14 @@ struct model_state {
   /// One mirrored variable per parameter, named by its key (`w3`, `b3`, ..., `w1`, `b1`), in the
   /// order the backward pass produces their gradients.
   std::vector<variable> params;
-  /// Sync-on-read SUM variables (float32 scalars): the summed loss, the correct predictions and
-  /// the rows of the steps since the last reset; read outside a step, each is the sum over every
-  /// replica of every worker (Keras's Mean metrics keep a total and a count the same way).
-  variable loss_sum;
-  variable correct;
-  variable rows;
+  /// A sync-on-read SUM variable of 3 float32s, `metrics/totals`: the summed loss, the correct
+  /// predictions and the rows of the steps since the last reset; read outside a step, it is the
+  /// sum over every replica of every worker (Keras's Mean metrics keep a total and a count the
+  /// same way). One variable, so that a step adds to it once and an epoch reads it once.
+  variable totals;
 
   /// The parameters as `init_params` lays them out: the primary copies, on the host.
   nest params_on_host() const;
-  /// Sets every copy of every parameter (outside a step). @throws the errors of
-  /// `variable::assign` (a dict without a parameter, of another shape).
-  void assign(const nest& params) const;
 };
 
 /// The model of `shape` on `strategy`: its variables, created from `initial` (an `init_params`

@@ -530,6 +530,135 @@ TEST(VariableGpuTest, CopiesLiveOnTheGpuAndStepUpdatesAndSgdReachThem) {
   expect_copies(s, w, {7, 8});
 }
 
+/// The bytes of `t`, read on the host.
+std::vector<unsigned char> bytes_of(const tensor& t) {
+  const tensor host = t.on_gpu() ? t.to("CPU:0") : t;
+  const auto* p = static_cast<const unsigned char*>(host.raw_data());
+  return {p, p + host.num_bytes()};
+}
+
+/// `n` values of mixed sign and magnitude (2^-8 to 2^8), in the floating dtype `type`; the same
+/// for the same seed. Odd sizes leave a tail after the GPU kernel's 16-byte vectors.
+tensor mixed(dtype type, int64_t n, int seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = std::ldexp(std::sin(0.7f * static_cast<float>(i) + static_cast<float>(seed)),
+                      static_cast<int>((i * 7 + static_cast<size_t>(seed)) % 17) - 8);
+  auto as = [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> out;
+    for (float x : v)
+      out.push_back(static_cast<T>(x));
+    return tensor::from<T>(out, {n});
+  };
+  switch (type) {
+  case dtype::float64:
+    return as(double{});
+  case dtype::float16:
+    return as(float16_t{});
+  case dtype::bfloat16:
+    return as(bfloat16_t{});
+  default:
+    return as(float{});
+  }
+}
+
+constexpr dtype floating_dtypes[] = {dtype::float32, dtype::float64, dtype::float16,
+                                     dtype::bfloat16};
+
+TEST(VariableGpuTest, SgdOnGpuCopiesGivesTheHostsBitsForEveryFloatingDtypeAndMomentum) {
+  if (num_gpus() == 0)
+    GTEST_SKIP() << "no GPU: " << gpus_unavailable_reason();
+  const sgd_options plain{.learning_rate = 0.3};
+  const sgd_options momentum{.learning_rate = 0.3, .momentum = 0.9};
+  const sgd_options nesterov{.learning_rate = 0.3, .momentum = 0.9, .nesterov = true};
+  for (const auto& options : {plain, momentum, nesterov})
+    for (auto type : floating_dtypes) {
+      SCOPED_TRACE(std::string{to_string(type)} + ", momentum " + std::to_string(options.momentum) +
+                   (options.nesterov ? ", nesterov" : ""));
+      one_device_strategy cpu("CPU:0");
+      one_device_strategy gpu("GPU:0");
+      const int64_t n = 1001;
+      auto on_cpu = cpu.create_variable("w", mixed(type, n, 1));
+      auto on_gpu = gpu.create_variable("w", mixed(type, n, 1));
+      sgd optimizer(options);
+      for (int step = 0; step < 3; ++step) {
+        const tensor g = mixed(type, n, 10 + step);
+        cpu.run([&](replica_context& ctx) {
+          optimizer.apply_gradients(ctx, {{g, on_cpu}});
+          return g;
+        });
+        gpu.run([&](replica_context& ctx) {
+          optimizer.apply_gradients(ctx, {{g.to(ctx.device()), on_gpu}});
+          return g;
+        });
+      }
+      EXPECT_TRUE(gpu.local_results(on_gpu)[0].on_gpu());
+      EXPECT_EQ(bytes_of(on_gpu.value()), bytes_of(on_cpu.value()));
+      EXPECT_NE(bytes_of(on_gpu.value()), bytes_of(mixed(type, n, 1))) << "nothing was updated";
+      if (options.momentum > 0) {
+        ASSERT_EQ(gpu.variables().size(), 2u);
+        EXPECT_EQ(gpu.variables()[1].name(), "w/momentum");
+        EXPECT_EQ(bytes_of(gpu.variables()[1].value()), bytes_of(cpu.variables()[1].value()));
+      }
+    }
+}
+
+TEST(VariableGpuTest, AnUpdateOnTheGpuIsInPlaceAndAHolderKeepsItsValues) {
+  if (num_gpus() == 0)
+    GTEST_SKIP() << "no GPU: " << gpus_unavailable_reason();
+  one_device_strategy s("GPU:0");
+  auto w = s.create_variable("w", f32({1, 2, 3}), mirrored(variable_aggregation::sum));
+  sgd optimizer({.learning_rate = 0.5});
+  auto step = [&] {
+    s.run([&](replica_context& ctx) {
+      optimizer.apply_gradients(ctx, {{f32({2, 2, 2}).to(ctx.device()), w}});
+      ctx.assign_add(w, f32({1, 0, 0}).to(ctx.device()));
+      return f32({0});
+    });
+  };
+  const void* before = s.local_results(w)[0].raw_data();
+  step(); // [1, 2, 3] - 0.5 * [2, 2, 2] + [1, 0, 0]
+  EXPECT_EQ(s.local_results(w)[0].raw_data(), before) << "the copy was not updated in place";
+  expect_copies(s, w, {1, 1, 2});
+  const tensor held = w.value(); // someone else holds the copy now
+  step();
+  expect_copies(s, w, {1, 0, 1});
+  EXPECT_EQ(values(held), (std::vector<float>{1, 1, 2})) << "a holder saw the update";
+}
+
+TEST(VariableGpuTest, AssignAddAndSubOnGpuCopiesGiveTheHostsBitsForEveryFloatingDtype) {
+  if (num_gpus() == 0)
+    GTEST_SKIP() << "no GPU: " << gpus_unavailable_reason();
+  for (auto type : floating_dtypes) {
+    SCOPED_TRACE(to_string(type));
+    one_device_strategy cpu("CPU:0");
+    one_device_strategy gpu("GPU:0");
+    const int64_t n = 37;
+    for (auto* s : {static_cast<strategy*>(&cpu), static_cast<strategy*>(&gpu)}) {
+      auto w = s->create_variable("w", mixed(type, n, 1), mirrored(variable_aggregation::sum));
+      auto m = s->create_variable("m", mixed(type, n, 2), on_read(variable_aggregation::mean));
+      s->run([&](replica_context& ctx) {
+        ctx.assign_add(w, mixed(type, n, 3).to(ctx.device()));
+        ctx.assign_sub(m, mixed(type, n, 4).to(ctx.device()));
+        ctx.assign_add(m, mixed(type, n, 5)); // a host value for a GPU copy: copied there first
+        return f32({0});
+      });
+      w.assign_sub(mixed(type, n, 6)); // outside a step, every copy
+    }
+    const auto on_cpu = cpu.variables();
+    const auto on_gpu = gpu.variables();
+    ASSERT_EQ(on_cpu.size(), 2u);
+    ASSERT_EQ(on_gpu.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(gpu.local_results(on_gpu[i])[0].on_gpu()) << on_gpu[i].name();
+      EXPECT_EQ(bytes_of(on_gpu[i].value()), bytes_of(on_cpu[i].value())) << on_gpu[i].name();
+      EXPECT_NE(bytes_of(on_gpu[i].value()), bytes_of(mixed(type, n, 1 + static_cast<int>(i))))
+          << on_gpu[i].name() << " was not updated";
+    }
+  }
+}
+
 // -- plain values under MirroredStrategy --------------------------------------------------------
 
 TEST(PlainValueTest, UnderMirroredStrategyMeanMinMaxReturnItAndSumProdAreRefused) {

@@ -274,6 +274,26 @@ TEST(CudaKernelsArgumentsTest, OtherKernelsRejectBadArgumentsBeforeTouchingTheDe
   } catch (const consort::error& e) {
     EXPECT_EQ(e.code(), errc::dtype_mismatch) << e.what();
   }
+  try {
+    cuda::scaled_sum(dtype::int32, 1.0, &dummy, 1.0, &dummy, &dummy, 1, nullptr);
+    ADD_FAILURE() << "an integer scaled sum accepted";
+  } catch (const consort::error& e) {
+    EXPECT_EQ(e.code(), errc::dtype_mismatch) << e.what();
+  }
+  try {
+    cuda::scaled_sum(dtype::float32, 1.0, &dummy, 1.0, nullptr, &dummy, 1, nullptr);
+    ADD_FAILURE() << "a null input accepted";
+  } catch (const consort::error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+  }
+  try {
+    cuda::scaled_sum(dtype::float32, 1.0, &dummy, 1.0, &dummy, &dummy, -1, nullptr);
+    ADD_FAILURE() << "a negative count accepted";
+  } catch (const consort::error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+  }
+  EXPECT_NO_THROW(
+      cuda::scaled_sum(dtype::float32, 1.0, nullptr, 1.0, nullptr, nullptr, 0, nullptr));
   EXPECT_NO_THROW(cuda::divide(dtype::float32, &dummy, 0, 2.0, nullptr));
   EXPECT_NO_THROW(cuda::fill(dtype::float32, &dummy, 0, 2.0, nullptr));
   EXPECT_NO_THROW(cuda::concat(nullptr, nullptr, 0, &dummy, 5, nullptr));
@@ -507,6 +527,67 @@ tensor random_half(dtype type, int64_t n, uint64_t seed) {
            << value(b) << " (0x" << b << ")";
   }
   return ::testing::AssertionSuccess();
+}
+
+/// What the host computes for the variables' updates (actors/variable.cpp, scaled_sum): alpha and
+/// beta rounded to the dtype's arithmetic type A (float for the 16-bit floats), two products and
+/// a sum, each rounded, then rounded once to the dtype.
+tensor host_scaled_sum(const tensor& a, double alpha, const tensor& b, double beta) {
+  auto out = tensor::empty(a.dtype(), a.shape());
+  auto run = [&](auto tag, auto acc) {
+    using T = decltype(tag);
+    using A = decltype(acc);
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    T* po = out.mutable_data<T>();
+    for (int64_t i = 0; i < a.num_elements(); ++i)
+      po[i] = static_cast<T>(static_cast<A>(alpha) * static_cast<A>(pa[i]) +
+                             static_cast<A>(beta) * static_cast<A>(pb[i]));
+  };
+  switch (a.dtype()) {
+  case dtype::float32:
+    run(float{}, float{});
+    break;
+  case dtype::float64:
+    run(double{}, double{});
+    break;
+  case dtype::float16:
+    run(consort::float16_t{}, float{});
+    break;
+  default:
+    run(consort::bfloat16_t{}, float{});
+  }
+  return out;
+}
+
+TEST_F(CudaKernelsTest, ScaledSumMatchesTheHostBitwiseAlignedMisalignedAndInPlace) {
+  for (auto type : {dtype::float32, dtype::float64, dtype::float16, dtype::bfloat16}) {
+    const bool half = type == dtype::float16 || type == dtype::bfloat16;
+    for (int64_t n : {int64_t{1}, int64_t{7}, big}) {
+      for (size_t offset : {size_t{0}, consort::size_of(type)}) {
+        SCOPED_TRACE(std::string{to_string(type)} + ", " + std::to_string(n) +
+                     " elements, offset " + std::to_string(offset));
+        const auto a = half ? random_half(type, n, 51) : random_tensor(type, n, 51);
+        const auto b = half ? random_half(type, n, 52) : random_tensor(type, n, 52);
+        const auto expected = host_scaled_sum(a, 0.75, b, -0.3);
+        auto matches = [&](const unsigned char* p) {
+          const auto got = download(p, expected.num_bytes());
+          return half ? same_halves(expected, got) : same_bits(expected, got, true);
+        };
+        const auto da = upload(a, offset);
+        const auto db = upload(b, offset);
+        device_buffer out{expected.num_bytes() + offset + 16, stream_.get()};
+        poison(out.get(), expected.num_bytes() + offset);
+        cuda::scaled_sum(type, 0.75, da->get() + offset, -0.3, db->get() + offset,
+                         out.get() + offset, n, stream_.get());
+        ASSERT_TRUE(matches(out.get() + offset));
+        // In place, as a variable's update runs: out is a.
+        cuda::scaled_sum(type, 0.75, da->get() + offset, -0.3, db->get() + offset,
+                         da->get() + offset, n, stream_.get());
+        ASSERT_TRUE(matches(da->get() + offset));
+      }
+    }
+  }
 }
 
 TEST_F(CudaKernelsTest, Float16AndBfloat16ReduceElementwiseMatchesTheHostBitwise) {

@@ -83,21 +83,6 @@ TEST(MlpGpu, ForwardBackwardRefusesHostTensorsAndANullTotals) {
       errc::structure_mismatch, {"parameter \"w1\" is missing"}));
 }
 
-TEST(MlpGpu, SgdUpdateRefusesHostTensorsAndANullRowCount) {
-  auto params = init_params(odd_shape, 1);
-  auto grads = init_params(odd_shape, 2);
-  EXPECT_TRUE(test::fails_with([&] { sgd_update_gpu(params, grads, 0.1, nullptr); },
-                               errc::invalid_argument, {"global_rows is null"}));
-  float not_null = 0;
-  EXPECT_TRUE(test::fails_with([&] { sgd_update_gpu(params, grads, 0.1, &not_null); },
-                               errc::invalid_argument, {"is on CPU:0", "expected a GPU"}));
-  EXPECT_TRUE(test::fails_with(
-      [&] {
-        sgd_update_gpu(params, nest::dict({{"w1", tensor{}}}), 0.1, &not_null);
-      },
-      errc::structure_mismatch, {}));
-}
-
 TEST(TrainOnGpus, AMixOfCpuAndGpuReplicasIsRefusedBeforeAnyStep) {
   REQUIRE_GPU();
   mirrored_strategy mixed({"CPU:0", "GPU:0"});
@@ -182,25 +167,6 @@ TEST(MlpGpu, AnEmptyBatchGivesZerosAndABadLabelANanLoss) {
   EXPECT_TRUE(std::isnan(totals.to_vector<float>()[0]));
 }
 
-TEST(MlpGpu, SgdUpdateOnAGpuIsTheHostsUpdate) {
-  REQUIRE_GPU();
-  auto params = init_params(odd_shape, 5);
-  auto grads = init_params(odd_shape, 6);
-  auto expected = params;
-  sgd_update(expected, grads, 0.3, 7);
-  auto mine = on(params, "GPU:0");
-  auto published = mine; // a holder elsewhere keeps the old values (copy-on-write)
-  auto rows = tensor::from<float>({7}, {1}, "GPU:0");
-  sgd_update_gpu(mine, on(grads, "GPU:0"), 0.3, rows.data<float>());
-  EXPECT_EQ(max_relative_difference(mine, expected), 0.0);
-  EXPECT_EQ(max_relative_difference(published, params), 0.0);
-  // No rows in the global batch: nothing changes.
-  auto zero = tensor::from<float>({0}, {1}, "GPU:0");
-  auto before = on(mine, "CPU:0");
-  sgd_update_gpu(mine, on(grads, "GPU:0"), 0.3, zero.data<float>());
-  EXPECT_EQ(max_relative_difference(mine, before), 0.0);
-}
-
 TEST(TrainOnGpus, OneGpuReplicaTrainsAsOneCpuReplicaWithinTheGpuTolerance) {
   REQUIRE_GPU();
   train_options o;
@@ -233,6 +199,45 @@ TEST(TrainOnGpus, OneGpuReplicaTrainsAsOneCpuReplicaWithinTheGpuTolerance) {
   per_tensor.bucket_bytes = 0;
   auto c = train_on(gpu, per_tensor, data(), off, 0);
   EXPECT_EQ(max_relative_difference(a.params, c.params), 0.0);
+}
+
+TEST(TrainOnGpus, TheModelLivesInTheVariablesOnTheGpuAndTheMetricsAreEachEpochs) {
+  REQUIRE_GPU();
+  train_options o;
+  o.steps = 10; // 300 rows in batches of 64: epochs of 5 steps, the last of 44 rows
+  o.global_batch = 64;
+  o.examples = 300;
+  o.hidden = 70;
+  o.layers = 2;
+  tracer off(false);
+  one_device_strategy gpu("GPU:0");
+  auto r = train_on(gpu, o, data(), off, 0);
+  // Every parameter's copy is on the GPU and is the result (the update ran there, in place).
+  ASSERT_EQ(gpu.variables().size(), 7u);
+  for (const auto& v : gpu.variables()) {
+    const auto copies = gpu.local_results(v);
+    ASSERT_EQ(copies.size(), 1u);
+    EXPECT_TRUE(copies[0].on_gpu()) << v.name();
+    if (v.name().rfind("metrics/", 0) == 0)
+      continue;
+    EXPECT_EQ(copies[0].to_vector<float>(), r.params[v.name()].as_tensor().to_vector<float>())
+        << v.name();
+  }
+  // The metrics of each epoch, added on the GPU step by step: the row-weighted mean of its steps.
+  ASSERT_EQ(r.curve.epoch_end, (std::vector<int64_t>{5, 10}));
+  const std::vector<double> rows = {64, 64, 64, 64, 44};
+  for (size_t e = 0; e < 2; ++e) {
+    double loss = 0, accuracy = 0, n = 0;
+    for (size_t i = 0; i < 5; ++i) {
+      loss += r.curve.loss[5 * e + i] * rows[i];
+      accuracy += r.curve.accuracy[5 * e + i] * rows[i];
+      n += rows[i];
+    }
+    EXPECT_NEAR(r.curve.epoch_loss[e], loss / n, 1e-5 * loss / n) << "epoch " << e;
+    EXPECT_NEAR(r.curve.epoch_accuracy[e], accuracy / n, 1e-6) << "epoch " << e;
+  }
+  // Reset after the last epoch.
+  EXPECT_EQ(gpu.variables()[6].value().to_vector<float>(), (std::vector<float>{0, 0, 0}));
 }
 
 // -- the GEMM backends ----------------------------------------------------------------------------
