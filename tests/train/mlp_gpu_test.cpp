@@ -67,6 +67,17 @@ double normwise_difference(const tensor& a, const tensor& b) {
 // A model with every GEMM shape off the kernels' 64 x 64 tiles: 300 rows, 16 -> 70 -> 70 -> 4.
 const mlp_shape odd_shape{16, 70, 4, 2};
 
+/// Ten steps of odd_shape's model on 300 rows in global batches of 64.
+train_options ten_steps_off_the_tiles() {
+  train_options o;
+  o.steps = 10;
+  o.global_batch = 64;
+  o.examples = 300;
+  o.hidden = 70;
+  o.layers = 2;
+  return o;
+}
+
 } // namespace
 
 // -- argument checks (any machine) ---------------------------------------------------------------
@@ -169,12 +180,7 @@ TEST(MlpGpu, AnEmptyBatchGivesZerosAndABadLabelANanLoss) {
 
 TEST(TrainOnGpus, OneGpuReplicaTrainsAsOneCpuReplicaWithinTheGpuTolerance) {
   REQUIRE_GPU();
-  train_options o;
-  o.steps = 10;
-  o.global_batch = 64;
-  o.examples = 300;
-  o.hidden = 70;
-  o.layers = 2;
+  train_options o = ten_steps_off_the_tiles();
   o.snapshot_step = 1;
   tracer off(false);
   one_device_strategy gpu("GPU:0");
@@ -203,12 +209,7 @@ TEST(TrainOnGpus, OneGpuReplicaTrainsAsOneCpuReplicaWithinTheGpuTolerance) {
 
 TEST(TrainOnGpus, TheModelLivesInTheVariablesOnTheGpuAndTheMetricsAreEachEpochs) {
   REQUIRE_GPU();
-  train_options o;
-  o.steps = 10; // 300 rows in batches of 64: epochs of 5 steps, the last of 44 rows
-  o.global_batch = 64;
-  o.examples = 300;
-  o.hidden = 70;
-  o.layers = 2;
+  const train_options o = ten_steps_off_the_tiles(); // epochs of 5 steps, the last of 44 rows
   tracer off(false);
   one_device_strategy gpu("GPU:0");
   auto r = train_on(gpu, o, data(), off, 0);

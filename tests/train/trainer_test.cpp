@@ -543,6 +543,29 @@ TEST(TrainOn, ASecondRunOnTheStrategyReusesItsVariablesAndAnotherShapeIsRefused)
       {"\"w2\" as float32[8, 4]", "float32[9, 4]", "a strategy of its own"}));
 }
 
+TEST(TrainOn, WorkersWithOtherDataFailTheStepWhoseRowsDisagreeNamingBothCounts) {
+  // Worker 1 lacks the last 8 of the 256 rows: the first ten global batches of 24 still agree,
+  // and the eleventh (16 rows on worker 0, 8 on worker 1) does not. Every worker stops at that
+  // step with collective_mismatch; none hangs, and none trains on past it.
+  consort::testing::cluster c({.workers = 2, .replicas_per_worker = 1, .seed = 5});
+  const auto& full = small_data();
+  const dataset_tensors shorter{full.x.slice(0, 248), full.y.slice(0, 248)};
+  tracer off(false);
+  std::vector<std::future<outcome>> runs;
+  for (int w = 0; w < 2; ++w)
+    runs.push_back(std::async(std::launch::async, [&, w] {
+      return train_on(c.strategy(w), few_steps(14), w == 0 ? full : shorter, off, w);
+    }));
+  const char* expected[] = {"global batch has 16", "global batch has 8"};
+  for (int w = 0; w < 2; ++w) {
+    auto& r = runs[static_cast<size_t>(w)];
+    ASSERT_EQ(r.wait_for(std::chrono::seconds(60)), std::future_status::ready) << c.describe();
+    EXPECT_TRUE(consort::test::fails_with([&] { r.get(); }, errc::collective_mismatch,
+                                          {"step 10 ran on 12 rows", expected[w]}))
+        << "worker " << w;
+  }
+}
+
 TEST(TrainOn, TwoWorkersShareOneModelAndTheirMetricsAreTheWholeJobs) {
   // Two workers over consort::testing's simulated network, 1 and 2 replicas each, as two
   // processes would run the demo: worker 1 starts from other parameters, which the variables'
