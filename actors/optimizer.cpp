@@ -7,6 +7,7 @@
 
 #include "actors/variable_state.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -100,14 +101,29 @@ void sgd::apply_gradients(replica_context& ctx,
   const auto index = static_cast<size_t>(ctx.local_replica_index());
   const double lr = options_.learning_rate;
   const double m = options_.momentum;
+  if (m == 0) {
+    // Every copy at once (on a GPU, one kernel launch per 16 variables), unless a variable is
+    // listed twice: then pair by pair, so that it gets both updates.
+    std::vector<detail::variable_state*> states;
+    states.reserve(grads_and_vars.size());
+    for (const auto& pair : grads_and_vars)
+      states.push_back(&detail::variable_state::of(pair.second));
+    auto sorted = states;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end()) {
+      detail::variable_state::modify_all(states, index, [&](const std::vector<tensor*>& copies) {
+        detail::add_scaled_in_place_all(copies, reduced, -lr);
+      });
+      return;
+    }
+    for (size_t i = 0; i < states.size(); ++i)
+      states[i]->modify(index, [&](tensor& w) { detail::add_scaled_in_place(w, reduced[i], -lr); });
+    return;
+  }
   for (size_t i = 0; i < grads_and_vars.size(); ++i) {
     const auto& v = grads_and_vars[i].second;
     const auto& g = reduced[i];
     auto& state = detail::variable_state::of(v);
-    if (m == 0) {
-      state.modify(index, [&](tensor& w) { detail::add_scaled_in_place(w, g, -lr); });
-      continue;
-    }
     auto slot = detail::zeros_slot(v, v.name() + "/momentum");
     tensor velocity;
     detail::variable_state::of(slot).update(index, [&](const tensor& old) {

@@ -217,6 +217,20 @@ void add_scaled_in_place(tensor& a, const tensor& b_in, double beta) {
   with_arithmetic_type(a.dtype(), [&](auto type) { add_scaled_typed<decltype(type)>(a, b, beta); });
 }
 
+void add_scaled_in_place_all(const std::vector<tensor*>& a, const std::vector<tensor>& b,
+                             double beta) {
+  bool one_launch = !a.empty();
+  for (const tensor* t : a)
+    one_launch = one_launch && t->on_gpu() && is_floating(t->dtype()) &&
+                 t->dtype() == a.front()->dtype() && t->device() == a.front()->device();
+  if (one_launch) {
+    gpu::add_scaled_in_place_many(a, b, beta);
+    return;
+  }
+  for (size_t i = 0; i < a.size(); ++i)
+    add_scaled_in_place(*a[i], b[i], beta);
+}
+
 void add_to_copy(variable_state& v, size_t index, const tensor& delta, int sign) {
   v.modify(index, [&](tensor& current) {
     if (is_floating(current.dtype()))

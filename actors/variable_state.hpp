@@ -75,6 +75,22 @@ struct variable_state {
     std::lock_guard<std::mutex> guard(copy.mu);
     fn(copy.value);
   }
+  /// Hands local copy `index` of every variable of `states` (distinct variables: a variable listed
+  /// twice would wait for its own lock) to `fn(const std::vector<tensor*>&)`, under all their
+  /// locks, taken in the order given. `fn` may change them in place, as for `modify`.
+  template <class F>
+  static void modify_all(const std::vector<variable_state*>& states, size_t index, F&& fn) {
+    std::vector<std::unique_lock<std::mutex>> locks;
+    std::vector<tensor*> values;
+    locks.reserve(states.size());
+    values.reserve(states.size());
+    for (auto* state : states) {
+      auto& copy = *state->copies[index];
+      locks.emplace_back(copy.mu);
+      values.push_back(&copy.value);
+    }
+    fn(values);
+  }
   /// The variable's handle.
   static variable handle(std::shared_ptr<variable_state> state) {
     return variable(std::move(state));
@@ -113,6 +129,12 @@ tensor scaled_sum(const tensor& a, double alpha, const tensor& b, double beta);
 /// (queued on the replica's stream inside a step); a GPU tensor of another dtype becomes
 /// `scaled_sum(a, 1, b, beta)` on its device. @throws error(dtype_mismatch) for bool.
 void add_scaled_in_place(tensor& a, const tensor& b, double beta);
+
+/// `*a[i] += beta * b[i]` for every i, with add_scaled_in_place's arithmetic: in one kernel launch
+/// per 16 tensors when every `a[i]` is a floating GPU tensor of one dtype on one GPU (an
+/// optimizer's step over many variables), one by one otherwise. The `a[i]` must be distinct.
+void add_scaled_in_place_all(const std::vector<tensor*>& a, const std::vector<tensor>& b,
+                             double beta);
 
 /// Adds (`sign` 1) or subtracts (`sign` -1) `delta` to local copy `index` of `v`: in place for a
 /// floating copy (add_scaled_in_place; x + (-1) * y is x - y bit for bit), through `add_host`

@@ -419,6 +419,32 @@ void add_scaled_in_place(tensor& a, const tensor& b_in, double beta) {
   settle(index, "an in-place update on a GPU");
 }
 
+void add_scaled_in_place_many(const std::vector<tensor*>& a, const std::vector<tensor>& b_in,
+                              double beta) {
+  if (a.empty())
+    return;
+  const tensor& first = *a.front();
+  const int index = index_of(first.device());
+  std::vector<tensor> b;
+  std::vector<const void*> pb;
+  std::vector<void*> pa;
+  std::vector<int64_t> n;
+  b.reserve(a.size());
+  pb.reserve(a.size());
+  pa.reserve(a.size());
+  n.reserve(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    b.push_back(beside(*a[i], b_in[i]));
+    n.push_back(a[i]->num_elements());
+    pa.push_back(n.back() > 0 ? a[i]->raw_mutable_data() : nullptr);
+    pb.push_back(b.back().raw_data());
+  }
+  cuda::device_guard guard(index);
+  cuda::scaled_sum_many(first.dtype(), 1.0, pa.data(), beta, pb.data(), pa.data(), n.data(),
+                        static_cast<int>(a.size()), stream_for(index));
+  settle(index, "an in-place update on a GPU");
+}
+
 #else // !CONSORT_WITH_CUDA
 
 namespace {
@@ -497,6 +523,10 @@ tensor scaled_sum(const tensor&, double, const tensor&, double) {
 }
 
 void add_scaled_in_place(tensor&, const tensor&, double) {
+  no_cuda("an in-place update on a GPU");
+}
+
+void add_scaled_in_place_many(const std::vector<tensor*>&, const std::vector<tensor>&, double) {
   no_cuda("an in-place update on a GPU");
 }
 

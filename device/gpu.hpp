@@ -117,6 +117,11 @@ tensor scaled_sum(const tensor& a, double alpha, const tensor& b, double beta);
 /// first, so that holder keeps its values); as `scaled_sum` otherwise.
 void add_scaled_in_place(tensor& a, const tensor& b, double beta);
 
+/// `a[i] += beta * b[i]` for every i, as add_scaled_in_place, in one kernel launch per 16 tensors:
+/// every `a[i]` a distinct floating tensor of one dtype on one GPU, each `b[i]` of its shape.
+void add_scaled_in_place_many(const std::vector<tensor*>& a, const std::vector<tensor>& b,
+                              double beta);
+
 /// Index of the GPU of a canonical device string ("GPU:3" -> 3); -1 for anything else ("CPU:0").
 int index_of(const std::string& device) noexcept;
 

@@ -226,14 +226,12 @@ __global__ void __launch_bounds__(threads_per_block) divide_kernel(T* data, int6
     data[j] = static_cast<T>(static_cast<A>(data[j]) / divisor);
 }
 
-/// out[j] = alpha * a[j] + beta * b[j], computed in A (float for the 16-bit floats) with each
-/// operation rounded (-fmad=false) and rounded once to T. `out` may be `a` or `b`: each element is
-/// read before it is written, by the same thread.
+/// out[j] = alpha * a[j] + beta * b[j] for the elements [tid, n) in steps of `stride`, computed in
+/// A (float for the 16-bit floats) with each operation rounded (-fmad=false) and rounded once to
+/// T. `out` may be `a` or `b`: each element is read before it is written, by the same thread.
 template <class T, class A, int N>
-__global__ void __launch_bounds__(threads_per_block)
-    scaled_sum_kernel(A alpha, const T* a, A beta, const T* b, T* out, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+__device__ void scaled_sum_range(A alpha, const T* a, A beta, const T* b, T* out, int64_t n,
+                                 int64_t tid, int64_t stride) {
   const int64_t vectors = n / N;
   const auto* va = reinterpret_cast<const vec<T, N>*>(a);
   const auto* vb = reinterpret_cast<const vec<T, N>*>(b);
@@ -249,6 +247,34 @@ __global__ void __launch_bounds__(threads_per_block)
   }
   for (int64_t j = vectors * N + tid; j < n; j += stride)
     out[j] = static_cast<T>(alpha * static_cast<A>(a[j]) + beta * static_cast<A>(b[j]));
+}
+
+template <class T, class A, int N>
+__global__ void __launch_bounds__(threads_per_block)
+    scaled_sum_kernel(A alpha, const T* a, A beta, const T* b, T* out, int64_t n) {
+  scaled_sum_range<T, A, N>(alpha, a, beta, b, out, n,
+                            static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                            static_cast<int64_t>(gridDim.x) * blockDim.x);
+}
+
+/// Buffers of one scaled_sum_many launch, passed by value in the kernel's parameter space.
+constexpr int max_scaled_buffers = 16;
+template <class T>
+struct scaled_buffers {
+  const T* a[max_scaled_buffers];
+  const T* b[max_scaled_buffers];
+  T* out[max_scaled_buffers];
+  int64_t n[max_scaled_buffers];
+};
+
+/// scaled_sum_range over buffer blockIdx.y of `buffers`, with the grid's x dimension.
+template <class T, class A, int N>
+__global__ void __launch_bounds__(threads_per_block)
+    scaled_sum_many_kernel(A alpha, A beta, scaled_buffers<T> buffers) {
+  const int t = static_cast<int>(blockIdx.y);
+  scaled_sum_range<T, A, N>(alpha, buffers.a[t], beta, buffers.b[t], buffers.out[t], buffers.n[t],
+                            static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                            static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
 template <class T, int N>
@@ -662,12 +688,34 @@ void divide(dtype type, void* data, int64_t n, double divisor, cudaStream_t stre
   divide_on(scope, type, data, n, divisor, stream);
 }
 
+namespace {
+
+/// Calls `fn(type_tag<T>{}, A{})` for the floating dtype `type`: T its device type, A the type its
+/// scaled sums compute in. @throws error(dtype_mismatch) for another dtype, naming `what`.
+template <class F>
+void visit_floating(dtype type, const char* what, F&& fn) {
+  switch (type) {
+  case dtype::float32:
+    return fn(type_tag<float>{}, float{});
+  case dtype::float64:
+    return fn(type_tag<double>{}, double{});
+  case dtype::float16:
+    return fn(type_tag<__half>{}, float{});
+  case dtype::bfloat16:
+    return fn(type_tag<__nv_bfloat16>{}, float{});
+  default:
+    break;
+  }
+  throw_error(errc::dtype_mismatch, std::string{what} + " of " + dtype_text(type) +
+                                        " buffers: expected float32, float64, float16 or "
+                                        "bfloat16");
+}
+
+} // namespace
+
 void scaled_sum(dtype type, double alpha, const void* a, double beta, const void* b, void* out,
                 int64_t n, cudaStream_t stream) {
-  if (!is_floating(type))
-    throw_error(errc::dtype_mismatch, "cuda::scaled_sum of " + dtype_text(type) +
-                                          " buffers: expected float32, float64, float16 or "
-                                          "bfloat16");
+  visit_floating(type, "cuda::scaled_sum", [](auto, auto) {});
   if (n < 0)
     throw_error(errc::invalid_argument,
                 "cuda::scaled_sum: the element count is " + std::to_string(n) + "; expected >= 0");
@@ -677,7 +725,7 @@ void scaled_sum(dtype type, double alpha, const void* a, double beta, const void
     throw_error(errc::invalid_argument, "cuda::scaled_sum: a buffer is null (a, b and out must "
                                         "all be device pointers)");
   launch_scope scope{stream};
-  auto run = [&](auto tag, auto acc) {
+  visit_floating(type, "cuda::scaled_sum", [&](auto tag, auto acc) {
     using T = typename decltype(tag)::type;
     using A = decltype(acc);
     const auto* pa = static_cast<const T*>(a);
@@ -691,17 +739,72 @@ void scaled_sum(dtype type, double alpha, const void* a, double beta, const void
       scaled_sum_kernel<T, A, 1><<<scope.blocks(n), threads_per_block, 0, stream>>>(
           static_cast<A>(alpha), pa, static_cast<A>(beta), pb, po, n);
     scope.check_launch("scaled_sum's kernel");
-  };
-  switch (type) {
-  case dtype::float32:
-    return run(type_tag<float>{}, float{});
-  case dtype::float64:
-    return run(type_tag<double>{}, double{});
-  case dtype::float16:
-    return run(type_tag<__half>{}, float{});
-  default: // bfloat16, the last floating dtype
-    return run(type_tag<__nv_bfloat16>{}, float{});
+  });
+}
+
+void scaled_sum_many(dtype type, double alpha, const void* const* a, double beta,
+                     const void* const* b, void* const* out, const int64_t* n, int count,
+                     cudaStream_t stream) {
+  visit_floating(type, "cuda::scaled_sum_many", [](auto, auto) {});
+  if (count < 0 || (count > 0 && (a == nullptr || b == nullptr || out == nullptr || n == nullptr)))
+    throw_error(errc::invalid_argument,
+                "cuda::scaled_sum_many of " + std::to_string(count) +
+                    " buffers: expected count >= 0 and host arrays of a, b, out and n");
+  bool work = false;
+  for (int t = 0; t < count; ++t) {
+    if (n[t] < 0)
+      throw_error(errc::invalid_argument, "cuda::scaled_sum_many: buffer " + std::to_string(t) +
+                                              " has " + std::to_string(n[t]) +
+                                              " elements; expected >= 0");
+    if (n[t] > 0 && (a[t] == nullptr || b[t] == nullptr || out[t] == nullptr))
+      throw_error(errc::invalid_argument,
+                  "cuda::scaled_sum_many: a pointer of buffer " + std::to_string(t) + " is null");
+    work = work || n[t] > 0;
   }
+  if (!work)
+    return;
+  launch_scope scope{stream};
+  visit_floating(type, "cuda::scaled_sum_many", [&](auto tag, auto acc) {
+    using T = typename decltype(tag)::type;
+    using A = decltype(acc);
+    constexpr int N = lanes<T>;
+    // Buffers with elements, max_scaled_buffers per launch (blockIdx.y picks one); vectors of N
+    // when every pointer of the launch is 16-byte aligned.
+    scaled_buffers<T> args{};
+    int held = 0;
+    int64_t largest = 0;
+    bool aligned = true;
+    auto launch = [&] {
+      if (held == 0)
+        return;
+      const dim3 grid{aligned ? scope.blocks((largest + N - 1) / N) : scope.blocks(largest),
+                      static_cast<unsigned>(held)};
+      if (aligned)
+        scaled_sum_many_kernel<T, A, N><<<grid, threads_per_block, 0, stream>>>(
+            static_cast<A>(alpha), static_cast<A>(beta), args);
+      else
+        scaled_sum_many_kernel<T, A, 1><<<grid, threads_per_block, 0, stream>>>(
+            static_cast<A>(alpha), static_cast<A>(beta), args);
+      scope.check_launch("scaled_sum_many's kernel");
+      args = scaled_buffers<T>{};
+      held = 0;
+      largest = 0;
+      aligned = true;
+    };
+    for (int t = 0; t < count; ++t) {
+      if (n[t] == 0)
+        continue;
+      args.a[held] = static_cast<const T*>(a[t]);
+      args.b[held] = static_cast<const T*>(b[t]);
+      args.out[held] = static_cast<T*>(out[t]);
+      args.n[held] = n[t];
+      aligned = aligned && aligned16(a[t]) && aligned16(b[t]) && aligned16(out[t]);
+      largest = n[t] > largest ? n[t] : largest;
+      if (++held == max_scaled_buffers)
+        launch();
+    }
+    launch();
+  });
 }
 
 void fill(dtype type, void* data, int64_t n, double value, cudaStream_t stream) {

@@ -57,6 +57,14 @@ void divide(dtype type, void* data, int64_t n, double divisor, cudaStream_t stre
 void scaled_sum(dtype type, double alpha, const void* a, double beta, const void* b, void* out,
                 int64_t n, cudaStream_t stream);
 
+/// scaled_sum for `count` buffers of one floating dtype at once, in one launch per 16 of them:
+/// out[t][j] = alpha * a[t][j] + beta * b[t][j] for t < count and j < n[t] (`a`, `b`, `out` and
+/// `n` are host arrays; each out[t] may be a[t] or b[t]; no other overlap). Buffers of 0 elements
+/// are skipped, and their pointers may be null.
+void scaled_sum_many(dtype type, double alpha, const void* const* a, double beta,
+                     const void* const* b, void* const* out, const int64_t* n, int count,
+                     cudaStream_t stream);
+
 /// Fills `n` elements of dtype `type` with `value` (converted to the dtype).
 void fill(dtype type, void* data, int64_t n, double value, cudaStream_t stream);
 

@@ -424,6 +424,20 @@ TEST_P(VariableTest, SgdUpdatesEqualOneReplicasUpdatesOnTheGlobalBatch) {
   }
 }
 
+TEST_P(VariableTest, SgdUpdatesAVariableListedTwiceByBothGradients) {
+  mirrored_strategy s(cpus(replicas()));
+  auto w = s.create_variable("w", f32({0, 0}));
+  auto b = s.create_variable("b", f32({1}));
+  sgd optimizer({.learning_rate = 0.5});
+  s.run([&](replica_context& ctx) {
+    optimizer.apply_gradients(ctx, {{f32({1, 1}), w}, {f32({2}), b}, {f32({2, 2}), w}});
+    return f32({0});
+  });
+  const auto n = static_cast<float>(replicas()); // SUM over the replicas
+  expect_copies(s, w, {-1.5f * n, -1.5f * n});
+  expect_copies(s, b, {1 - n});
+}
+
 TEST_P(VariableTest, SgdSkippingAggregationAppliesTheGradientsAsGivenInPlaceAndHoldersKeepTheirs) {
   mirrored_strategy s(cpus(replicas()));
   auto w = s.create_variable("w", f32({1, 2}));
@@ -602,6 +616,61 @@ TEST(VariableGpuTest, SgdOnGpuCopiesGivesTheHostsBitsForEveryFloatingDtypeAndMom
         EXPECT_EQ(bytes_of(gpu.variables()[1].value()), bytes_of(cpu.variables()[1].value()));
       }
     }
+}
+
+TEST(VariableGpuTest, SgdOverManyVariablesOnTheGpuGivesTheHostsBitsAlignedOrNot) {
+  if (num_gpus() == 0)
+    GTEST_SKIP() << "no GPU: " << gpus_unavailable_reason();
+  // 20 variables of ragged sizes (two launches of 16 and 4), their gradients slices of one flat
+  // buffer at odd offsets (no 16-byte vectors) in the first step and tensors of their own in the
+  // second; then a variable listed twice and a float64 one among float32s (pair by pair).
+  const std::vector<int64_t> sizes = {1, 7, 33,  1001, 4, 5, 64, 3,  2, 17,
+                                      1, 9, 128, 31,   2, 6, 70, 11, 8, 1000};
+  int64_t total = 0;
+  for (auto n : sizes)
+    total += n + 1;
+  one_device_strategy cpu("CPU:0");
+  one_device_strategy gpu("GPU:0");
+  std::vector<variable> on_cpu, on_gpu;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto name = "w" + std::to_string(i);
+    on_cpu.push_back(cpu.create_variable(name, mixed(dtype::float32, sizes[i], 1 + int(i))));
+    on_gpu.push_back(gpu.create_variable(name, mixed(dtype::float32, sizes[i], 1 + int(i))));
+  }
+  auto d_cpu = cpu.create_variable("d", mixed(dtype::float64, 9, 3));
+  auto d_gpu = gpu.create_variable("d", mixed(dtype::float64, 9, 3));
+  sgd optimizer({.learning_rate = 0.3});
+  auto step = [&](strategy& s, const std::vector<variable>& vars, const variable& d, int kind) {
+    s.run([&](replica_context& ctx) {
+      const tensor flat = mixed(dtype::float32, total, 40 + kind).to(ctx.device());
+      std::vector<std::pair<tensor, variable>> pairs;
+      int64_t at = 1; // an odd offset: every slice misaligned
+      for (size_t i = 0; i < vars.size(); ++i) {
+        const auto n = sizes[i];
+        tensor g = kind == 0 ? flat.slice(at, at + n)
+                             : mixed(dtype::float32, n, 60 + int(i)).to(ctx.device());
+        at += n + 1;
+        pairs.emplace_back(g, vars[i]);
+      }
+      if (kind == 2) { // pair by pair: a repeat and another dtype
+        pairs.emplace_back(mixed(dtype::float32, sizes[0], 80).to(ctx.device()), vars[0]);
+        pairs.emplace_back(mixed(dtype::float64, 9, 81).to(ctx.device()), d);
+      }
+      optimizer.apply_gradients(ctx, pairs);
+      return f32({0});
+    });
+  };
+  for (int kind : {0, 1, 2}) {
+    step(cpu, on_cpu, d_cpu, kind);
+    step(gpu, on_gpu, d_gpu, kind);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_TRUE(gpu.local_results(on_gpu[i])[0].on_gpu());
+      EXPECT_EQ(bytes_of(on_gpu[i].value()), bytes_of(on_cpu[i].value()))
+          << on_gpu[i].name() << " after step " << kind;
+    }
+    EXPECT_EQ(bytes_of(d_gpu.value()), bytes_of(d_cpu.value())) << "after step " << kind;
+  }
+  EXPECT_NE(bytes_of(on_gpu[3].value()), bytes_of(mixed(dtype::float32, 1001, 4)));
 }
 
 TEST(VariableGpuTest, AnUpdateOnTheGpuIsInPlaceAndAHolderKeepsItsValues) {

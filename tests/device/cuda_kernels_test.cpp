@@ -26,10 +26,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cuda = consort::cuda;
@@ -294,6 +297,51 @@ TEST(CudaKernelsArgumentsTest, OtherKernelsRejectBadArgumentsBeforeTouchingTheDe
   }
   EXPECT_NO_THROW(
       cuda::scaled_sum(dtype::float32, 1.0, nullptr, 1.0, nullptr, nullptr, 0, nullptr));
+  {
+    const void* in[] = {&dummy};
+    void* out[] = {&dummy};
+    const int64_t bad_n[] = {-1};
+    const int64_t one_n[] = {1};
+    const void* null_in[] = {nullptr};
+    const std::vector<std::pair<const char*, std::function<void()>>> bad = {
+        {"a count < 0",
+         [&] {
+           cuda::scaled_sum_many(dtype::float32, 1, in, 1, in, out, one_n, -1, nullptr);
+         }},
+        {"no arrays",
+         [&] {
+           cuda::scaled_sum_many(dtype::float32, 1, nullptr, 1, in, out, one_n, 1, nullptr);
+         }},
+        {"a negative size",
+         [&] {
+           cuda::scaled_sum_many(dtype::float32, 1, in, 1, in, out, bad_n, 1, nullptr);
+         }},
+        {"a null buffer with elements",
+         [&] {
+           cuda::scaled_sum_many(dtype::float32, 1, in, 1, null_in, out, one_n, 1, nullptr);
+         }},
+    };
+    for (const auto& [what, call] : bad) {
+      try {
+        call();
+        ADD_FAILURE() << what << " accepted";
+      } catch (const consort::error& e) {
+        EXPECT_EQ(e.code(), errc::invalid_argument) << what << ": " << e.what();
+      }
+    }
+    try {
+      cuda::scaled_sum_many(dtype::uint8, 1, in, 1, in, out, one_n, 1, nullptr);
+      ADD_FAILURE() << "a uint8 scaled sum accepted";
+    } catch (const consort::error& e) {
+      EXPECT_EQ(e.code(), errc::dtype_mismatch) << e.what();
+    }
+    // Nothing to do (no buffers, or none with elements) queues nothing, with or without a GPU.
+    const int64_t zero_n[] = {0};
+    EXPECT_NO_THROW(cuda::scaled_sum_many(dtype::float32, 1, nullptr, 1, nullptr, nullptr, nullptr,
+                                          0, nullptr));
+    EXPECT_NO_THROW(
+        cuda::scaled_sum_many(dtype::float32, 1, null_in, 1, null_in, out, zero_n, 1, nullptr));
+  }
   EXPECT_NO_THROW(cuda::divide(dtype::float32, &dummy, 0, 2.0, nullptr));
   EXPECT_NO_THROW(cuda::fill(dtype::float32, &dummy, 0, 2.0, nullptr));
   EXPECT_NO_THROW(cuda::concat(nullptr, nullptr, 0, &dummy, 5, nullptr));
@@ -585,6 +633,45 @@ TEST_F(CudaKernelsTest, ScaledSumMatchesTheHostBitwiseAlignedMisalignedAndInPlac
         cuda::scaled_sum(type, 0.75, da->get() + offset, -0.3, db->get() + offset,
                          da->get() + offset, n, stream_.get());
         ASSERT_TRUE(matches(da->get() + offset));
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, ScaledSumManyMatchesTheHostBitwiseForRaggedBuffersInPlace) {
+  // 21 buffers (launches of 16 and 5) of ragged sizes, one empty; the first launch's buffers at
+  // an offset of one element (no 16-byte vectors) in the second round, the last launch's always
+  // aligned; out is a (in place) for every buffer.
+  const std::vector<int64_t> sizes = {1, 7,   0,  1001, 4, 5,  64, 3, 2,      17, 1,
+                                      9, 128, 31, 2,    6, 70, 11, 8, 100003, 33};
+  for (auto type : {dtype::float32, dtype::float64, dtype::float16, dtype::bfloat16}) {
+    const bool half = type == dtype::float16 || type == dtype::bfloat16;
+    for (size_t offset : {size_t{0}, consort::size_of(type)}) {
+      SCOPED_TRACE(std::string{to_string(type)} + ", offset " + std::to_string(offset));
+      std::vector<tensor> as, bs;
+      std::vector<std::unique_ptr<device_buffer>> da, db;
+      std::vector<const void*> pa_in, pb;
+      std::vector<void*> pa;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        const uint64_t seed = 70 + 2 * i;
+        as.push_back(half ? random_half(type, sizes[i], seed)
+                          : random_tensor(type, sizes[i], seed));
+        bs.push_back(half ? random_half(type, sizes[i], seed + 1)
+                          : random_tensor(type, sizes[i], seed + 1));
+        const size_t at = i >= 16 ? 0 : offset;
+        da.push_back(upload(as.back(), at));
+        db.push_back(upload(bs.back(), at));
+        pa.push_back(da.back()->get() + at);
+        pa_in.push_back(pa.back());
+        pb.push_back(db.back()->get() + at);
+      }
+      cuda::scaled_sum_many(type, 0.75, pa_in.data(), -0.3, pb.data(), pa.data(), sizes.data(),
+                            static_cast<int>(sizes.size()), stream_.get());
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        const auto expected = host_scaled_sum(as[i], 0.75, bs[i], -0.3);
+        const auto got = download(pa[i], expected.num_bytes());
+        ASSERT_TRUE(half ? same_halves(expected, got) : same_bits(expected, got, true))
+            << "buffer " << i;
       }
     }
   }
