@@ -61,7 +61,7 @@ fi
 {
   date -u
   echo "cuBLAS: ${CONSORT_CUBLAS:-libcublas.so.13 as the loader finds it}"
-  git log -1 --format='%H %s' 2>/dev/null || true
+  echo "built from: $(cat build/built-from 2>/dev/null || echo 'unknown (no build/built-from)')"
   nvidia-smi -L 2>&1 || echo "nvidia-smi: not there"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || true
   echo "torch python: ${torch_python:-none}"
