@@ -19,8 +19,10 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 #include <unistd.h>
 
 namespace consort::detail {
@@ -409,17 +411,17 @@ void flight_recorder::judge_step(uint64_t step, int64_t end_ns) {
     return;
   auto s = std::move(it->second);
   open_steps_.erase(it);
-  if (s.start_ns < 0 || s.late_ns.empty())
+  if (s.start_ns == std::numeric_limits<int64_t>::min() || s.late_ns.empty())
     return; // no collective between workers in it
   step_verdict v;
   v.length_ns = end_ns - s.start_ns;
   const auto most = std::max_element(s.late_ns.begin(), s.late_ns.end());
-  if (v.length_ns > 0 && static_cast<double>(*most) > straggler_share * v.length_ns) {
+  if (v.length_ns > 0 && static_cast<double>(*most) > rule_.share * v.length_ns) {
     v.who = static_cast<int>(most - s.late_ns.begin());
     v.late_ns = *most;
   }
   verdicts_.push_back(v);
-  while (verdicts_.size() > static_cast<size_t>(straggler_steps))
+  while (verdicts_.size() > static_cast<size_t>(rule_.steps))
     verdicts_.pop_front();
   if (v.who < 0 ||
       (named_.size() > static_cast<size_t>(v.who) && named_[static_cast<size_t>(v.who)]))
@@ -432,7 +434,7 @@ void flight_recorder::judge_step(uint64_t step, int64_t end_ns) {
       late += static_cast<double>(o.late_ns);
       share += static_cast<double>(o.late_ns) / static_cast<double>(o.length_ns);
     }
-  if (count <= straggler_steps / 2)
+  if (count <= rule_.steps / 2)
     return;
   named_.resize(names_.size());
   named_[static_cast<size_t>(v.who)] = true;
@@ -445,6 +447,67 @@ void flight_recorder::judge_step(uint64_t step, int64_t end_ns) {
                 names_[static_cast<size_t>(v.who)].c_str(), count, verdicts_.size(),
                 static_cast<unsigned long long>(step), late / count / 1e6, share / count * 100);
   straggler_log_(text);
+}
+
+namespace {
+
+// The option unless it is -1, else the variable when set, else `fallback`; `valid` says whether
+// a value is in range, `expected` what would be.
+template <class T>
+T rule_value(T option, const char* option_name, const char* variable, T fallback, bool (*valid)(T),
+             const std::string& expected) {
+  if (option != T{-1}) {
+    if (!valid(option)) {
+      std::ostringstream text;
+      text << "strategy_options::" << option_name << " is " << option << "; expected " << expected
+           << ", or -1 for " << variable << " or the default";
+      throw_error(errc::invalid_argument, text.str());
+    }
+    return option;
+  }
+  const char* env = std::getenv(variable);
+  if (env == nullptr || *env == '\0')
+    return fallback;
+  char* end = nullptr;
+  errno = 0;
+  T value{};
+  if constexpr (std::is_floating_point_v<T>)
+    value = std::strtod(env, &end);
+  else {
+    const long long n = std::strtoll(env, &end, 10);
+    value = n < std::numeric_limits<T>::min() || n > std::numeric_limits<T>::max()
+                ? T{-1}
+                : static_cast<T>(n);
+  }
+  if (end == env || *end != '\0' || errno != 0 || !valid(value))
+    throw_error(errc::invalid_argument,
+                std::string{variable} + " is \"" + env + "\"; expected " + expected);
+  return value;
+}
+
+} // namespace
+
+flight_recorder::straggler_rule flight_recorder::straggler_rule_for(double share, int steps) {
+  straggler_rule rule;
+  rule.share = rule_value<double>(
+      share, "straggler_share", "CONSORT_STRAGGLER_SHARE", rule.share,
+      [](double v) { return v > 0 && v <= 1; },
+      "a share of the step above 0 and at most 1 (0.05: 5 %)");
+  rule.steps = rule_value<int>(
+      steps, "straggler_steps", "CONSORT_STRAGGLER_STEPS", rule.steps,
+      [](int v) { return v >= 1 && v <= max_straggler_steps; },
+      "a window of 1 to " + std::to_string(max_straggler_steps) + " steps");
+  return rule;
+}
+
+void flight_recorder::set_straggler_rule(straggler_rule rule) {
+  std::lock_guard<spin_mutex> guard{mu_};
+  rule_ = rule;
+}
+
+flight_recorder::straggler_rule flight_recorder::rule() const {
+  std::lock_guard<spin_mutex> guard{mu_};
+  return rule_;
 }
 
 void flight_recorder::set_straggler_log(std::function<void(const std::string&)> log) {

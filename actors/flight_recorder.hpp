@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -193,13 +194,23 @@ public:
 
   // -- stragglers ---------------------------------------------------------------------------------
 
-  /// A worker that entered the collectives of a step last, by more than `straggler_share` of the
-  /// step's length over the worker before it, is that step's straggler; one that is it in more
-  /// than half of the last `straggler_steps` steps is named: once in a line to `log` (set on the
-  /// chief), and in `stragglers()` on every worker. The same rule as tools/consort-diagnose
-  /// --stragglers, live.
-  static constexpr int straggler_steps = 20;
-  static constexpr double straggler_share = 0.05;
+  /// A worker that entered the collectives of a step last, by more than `share` of the step's
+  /// length over the worker before it, is that step's straggler; one that is it in more than half
+  /// of the last `steps` steps is named: once in a line to `log` (set on the chief), and in
+  /// `stragglers()` on every worker. The same rule as tools/consort-diagnose --stragglers, live.
+  struct straggler_rule {
+    double share = 0.05;
+    int steps = 20;
+  };
+  static constexpr int max_straggler_steps = 1000;
+  /// The rule of strategy_options::straggler_share and straggler_steps: each when 0 or more,
+  /// else CONSORT_STRAGGLER_SHARE / CONSORT_STRAGGLER_STEPS when set, else the defaults above.
+  /// @throws error(invalid_argument) for a share outside (0, 1] or a window outside 1 to
+  /// `max_straggler_steps`, naming the option or variable that said so.
+  static straggler_rule straggler_rule_for(double share, int steps);
+  /// The rule from now on (before the first step: the window is not cut to it).
+  void set_straggler_rule(straggler_rule rule);
+  straggler_rule rule() const;
   void set_straggler_log(std::function<void(const std::string&)> log);
   /// The chief's clock against this worker's (strategy::chief_clock_offset), which the calls
   /// between workers add to their entry times; dumps carry it too, with `delay_ns`, the round
@@ -211,7 +222,7 @@ public:
   int64_t chief_offset_ns() const noexcept {
     return chief_offset_ns_.load(std::memory_order_relaxed);
   }
-  /// Per worker, over the last `straggler_steps` steps.
+  /// Per worker, over the last `rule().steps` steps.
   std::vector<consort::straggler_stat> stragglers() const;
 
 private:
@@ -239,7 +250,8 @@ private:
   /// lateness (ns) summed over its collectives; per step ended, its straggler (-1: none), by how
   /// much, and how long the step took; who was named.
   struct step_lateness {
-    int64_t start_ns = -1;
+    /// Since the recorder's epoch; a step may have started before the recorder was made.
+    int64_t start_ns = std::numeric_limits<int64_t>::min();
     std::vector<int64_t> late_ns;
   };
   struct step_verdict {
@@ -253,6 +265,7 @@ private:
   std::atomic<int64_t> chief_delay_ns_{-1};
   step_lateness* current_ = nullptr; // the entry of open_steps_ for current_step_, or null
   uint64_t current_step_ = 0;
+  straggler_rule rule_;
   std::deque<step_verdict> verdicts_;
   std::vector<bool> named_;
   std::function<void(const std::string&)> straggler_log_;

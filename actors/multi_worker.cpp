@@ -587,8 +587,10 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
     resolver = resolve_cluster();
   joined->resolver = resolver;
   detail::validated(opts);
-  // Checked before anything starts: a malformed CONSORT_FLIGHT_RECORDER_ENTRIES fails here.
+  // Checked before anything starts: a malformed CONSORT_FLIGHT_RECORDER_ENTRIES or straggler
+  // rule fails here.
   const auto recorder_entries = detail::flight_recorder::entries_for(opts.flight_recorder_entries);
+  (void)detail::flight_recorder::straggler_rule_for(opts.straggler_share, opts.straggler_steps);
   if (mw.close_timeout.count() < 0)
     throw_error(errc::invalid_argument,
                 "multi_worker_options::close_timeout is " +

@@ -73,8 +73,8 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
   d.devices = std::move(devices);
   d.opts = opts;
   d.mw = std::move(mw);
-  // The flight recorder first: a malformed CONSORT_FLIGHT_RECORDER_ENTRIES fails before anything
-  // starts.
+  // The flight recorder first: a malformed CONSORT_FLIGHT_RECORDER_ENTRIES or straggler rule
+  // fails before anything starts.
   if (!d.mw.recorder) {
     std::vector<std::string> names;
     if (d.mw.cross)
@@ -86,6 +86,8 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
         flight_recorder::entries_for(opts.flight_recorder_entries), d.mw.worker_rank,
         std::move(names));
   }
+  d.mw.recorder->set_straggler_rule(
+      flight_recorder::straggler_rule_for(opts.straggler_share, opts.straggler_steps));
   // The chief (and a lone worker) knows its own clock's offset from the chief's: none.
   if (!d.mw.chief_clock)
     d.mw.recorder->set_chief_offset(0, 0);

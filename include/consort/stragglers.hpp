@@ -7,10 +7,11 @@
 
 namespace consort {
 
-/// One worker, over the last `steps` steps (at most 20) that had collectives between workers.
-/// A step's straggler is the worker that entered its collectives last, by more than 5 % of the
-/// step's length after the worker before it (summed over the step's collectives, by the workers'
-/// system clocks); a worker that is it in more than half of the last 20 steps is named.
+/// One worker, over the last `steps` steps (at most `strategy_options::straggler_steps`, 20)
+/// that had collectives between workers. A step's straggler is the worker that entered its
+/// collectives last, by more than `strategy_options::straggler_share` (5 %) of the step's length
+/// after the worker before it (summed over the step's collectives, on the chief's clock); a worker
+/// that is it in more than half of the window's steps is named.
 struct straggler_stat {
   /// Its task, e.g. "worker:1".
   std::string worker;

@@ -35,6 +35,14 @@ struct strategy_options {
   /// Collectives the flight recorder keeps (docs/debugging.md): -1 takes
   /// CONSORT_FLIGHT_RECORDER_ENTRIES when set, else 2000; 0 turns it off.
   int64_t flight_recorder_entries = -1;
+  /// The live straggler rule (docs/debugging.md, "A straggler"): a step's straggler entered its
+  /// collectives last by more than `straggler_share` of the step's length; a worker that is it in
+  /// more than half of the last `straggler_steps` steps is named. -1 takes
+  /// CONSORT_STRAGGLER_SHARE / CONSORT_STRAGGLER_STEPS when set, else 0.05 and 20. Raise the share
+  /// for short steps on a host whose cores the workers share: there the worker the scheduler wakes
+  /// last is a few ms late.
+  double straggler_share = -1;
+  int straggler_steps = -1;
   /// With one CPU replica on this worker, a blocking `run` runs the step on the calling thread
   /// when no earlier step is still running (as TF's OneDeviceStrategy calls the function), which
   /// saves the hand-over to the replica's thread and back. Everything else is the same: the
@@ -308,8 +316,9 @@ public:
   std::string diagnose() const;
 
   /// Per worker (in rank order), who entered the collectives between workers last over the last
-  /// 20 steps, and who was named a straggler (`straggler_stat`; the chief also logs a line when
-  /// it names one). Empty with one worker or with the recorder off.
+  /// `strategy_options::straggler_steps` steps (20), and who was named a straggler
+  /// (`straggler_stat`; the chief also logs a line when it names one). Empty with one worker or
+  /// with the recorder off.
   std::vector<straggler_stat> stragglers() const;
 
   /// How far the chief's wall clock is from this worker's, known from the view on and refreshed
