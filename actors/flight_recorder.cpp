@@ -437,7 +437,9 @@ void flight_recorder::judge_step(uint64_t step, int64_t end_ns) {
   if (count <= rule_.steps / 2)
     return;
   named_.resize(names_.size());
+  named_at_.resize(names_.size());
   named_[static_cast<size_t>(v.who)] = true;
+  named_at_[static_cast<size_t>(v.who)] = step;
   if (!straggler_log_)
     return;
   char text[256];
@@ -675,6 +677,27 @@ std::string flight_recorder::diagnose() const {
       }
       if (c.start_ns >= 0 && c.state == flight_state::waiting)
         out << ", for " << ago(c.start_ns) << " ms";
+    }
+  }
+  // Who was named a straggler, and how it stands over the window now.
+  for (size_t w = 0; w < named_.size(); ++w) {
+    if (!named_[w])
+      continue;
+    int count = 0;
+    double late = 0;
+    for (const auto& v : verdicts_)
+      if (v.who == static_cast<int>(w)) {
+        ++count;
+        late += static_cast<double>(v.late_ns);
+      }
+    char text[160];
+    std::snprintf(
+        text, sizeof text, "; straggler: %s, named at step %llu; last in %d of the last %zu steps",
+        names_[w].c_str(), static_cast<unsigned long long>(named_at_[w]), count, verdicts_.size());
+    out << text;
+    if (count > 0) {
+      std::snprintf(text, sizeof text, ", %.2f ms late on average", late / count / 1e6);
+      out << text;
     }
   }
   return out.str();

@@ -268,6 +268,7 @@ private:
   straggler_rule rule_;
   std::deque<step_verdict> verdicts_;
   std::vector<bool> named_;
+  std::vector<uint64_t> named_at_; // the step at which each named worker was named
   std::function<void(const std::string&)> straggler_log_;
   void judge_step(uint64_t step, int64_t end_ns); // with mu_ held
 };

@@ -312,7 +312,8 @@ public:
   std::string dump_flight_recorder(const std::string& path = "") const;
 
   /// What the flight recorder says about this worker now, in one paragraph: the last collective
-  /// done and every collective pending or failed since, with the workers whose part is missing.
+  /// done and every collective pending or failed since, with the workers whose part is missing,
+  /// and each worker named a straggler (`stragglers()`), with the step it was named at.
   std::string diagnose() const;
 
   /// Per worker (in rank order), who entered the collectives between workers last over the last
