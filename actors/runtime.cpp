@@ -146,6 +146,12 @@ runtime::runtime(std::vector<std::string> devices, strategy_options opts, multi_
   if (here)
     d.launcher->run_here_through(std::move(here));
   d.strat = spawn_step_actor(sys, d.launcher);
+  // CAF keeps a strong reference to the logger of the last actor system that made or spawned
+  // on a thread, in that thread's storage, and the system's destructor waits for its logger to
+  // go. An engine made on one thread and shut down on another (an elastic group re-formed on
+  // another thread than the one that made the strategy) would wait forever: this thread lets
+  // go now.
+  caf::logger::set_current_actor_system(nullptr);
 }
 
 runtime::~runtime() {

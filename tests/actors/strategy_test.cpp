@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -450,6 +452,32 @@ TEST(StrategyTest, DistributeDatasetsFromFunctionGivesTheInputContextAndPerRepli
       errc::invalid_argument, {"must return a batched dataset"}));
   EXPECT_TRUE(test::fails_with([&] { strategy.distribute_datasets_from_function(nullptr); },
                                errc::invalid_argument, {"needs an input function"}));
+}
+
+// A service may make its strategy on one thread and end it on another while the first lives on
+// (CAF keeps the last actor system a thread spawned on in that thread's storage, and an actor
+// system's destructor waits for that reference to go: before the fix this waited forever).
+TEST(StrategyLifetime, AStrategyMadeOnOneThreadEndsOnAnotherWhileTheFirstLivesOn) {
+  std::promise<std::unique_ptr<mirrored_strategy>> made;
+  std::promise<void> maker_may_end;
+  std::thread maker([&] {
+    made.set_value(std::make_unique<mirrored_strategy>(cpus(2)));
+    maker_may_end.get_future().wait();
+  });
+  auto s = made.get_future().get();
+  EXPECT_EQ(s->run([](replica_context& ctx) {
+               return ctx.all_reduce("SUM", tensor::scalar<float>(1.0f));
+             })
+                .values()
+                .front()
+                .item<float>(),
+            2.0f);
+  auto ended = std::async(std::launch::async, [&s] { s.reset(); });
+  const bool in_time = ended.wait_for(20s) == std::future_status::ready;
+  maker_may_end.set_value(); // before the fix, only the maker's end let the destructor finish
+  maker.join();
+  ended.wait();
+  EXPECT_TRUE(in_time) << "the strategy's end waited for the thread that made it";
 }
 
 } // namespace
