@@ -354,13 +354,20 @@ struct detail::elastic_group {
   /// `reform` then joins the group again as a new member of this task.
   std::shared_ptr<std::atomic<bool>> left_out = std::make_shared<std::atomic<bool>>(false);
   bool elastic() const noexcept { return mw.elastic_min_workers > 0; }
+  /// consort::testing's elastic workers: their views and contexts come from the harness (no
+  /// service, no mesh).
+  strategy_access::simulated_membership sim;
+  /// Held while the strategy swaps its engine, and by the harness's calls into the engine.
+  std::mutex rt_mtx;
 
   /// The communicator of `v`'s epoch (two workers or more) over `ctx`, which listens for it:
   /// the mesh, then shared memory when the workers agree on it.
   std::shared_ptr<transport::communicator> join_mesh(const membership::view& v,
                                                      std::shared_ptr<transport::tcp::context> ctx);
+  /// The communicator of `v`'s epoch over the simulated network (`sim`).
+  std::shared_ptr<transport::communicator> join_simulated(const membership::view& v);
   /// The runtime of `v`'s epoch over `ctx`, a TCP context of this worker that listens for it
-  /// (null for a group of one worker).
+  /// (null for a group of one worker or a simulated one).
   std::unique_ptr<runtime> connect(const membership::view& v,
                                    std::shared_ptr<transport::tcp::context> ctx);
   /// `v`'s epoch, and the epochs that follow while changes are announced during its set-up
@@ -463,6 +470,20 @@ detail::elastic_group::join_mesh(const membership::view& v,
   return cross;
 }
 
+std::shared_ptr<transport::communicator>
+detail::elastic_group::join_simulated(const membership::view& v) {
+  auto ctx = sim.context(v);
+  target->add(ctx);
+  transport::group_members members{v.epoch, {}};
+  for (const auto& m : v.members)
+    members.names.push_back(to_string(m.task));
+  auto cross = std::make_shared<transport::communicator>(
+      std::move(ctx), static_cast<int>(devices.size()), members, mw.close_timeout);
+  cross->set_change_grace(mw.peer_timeout + mw.heartbeat_interval);
+  target->add(cross);
+  return cross;
+}
+
 std::unique_ptr<detail::runtime>
 detail::elastic_group::connect(const membership::view& v,
                                std::shared_ptr<transport::tcp::context> ctx) {
@@ -471,7 +492,7 @@ detail::elastic_group::connect(const membership::view& v,
   // An elastic group of one worker needs no mesh.
   std::shared_ptr<transport::communicator> cross;
   if (size > 1)
-    cross = join_mesh(v, std::move(ctx));
+    cross = sim.context ? join_simulated(v) : join_mesh(v, std::move(ctx));
   transport::group_members members{v.epoch, {}};
   for (const auto& m : v.members)
     members.names.push_back(to_string(m.task));
@@ -498,7 +519,7 @@ detail::elastic_group::connect(const membership::view& v,
   if (retired)
     retired->store(true); // the previous epoch's engine, shut down once this one replaces it
   retired = std::make_shared<std::atomic<bool>>(false);
-  if (rank != 0)
+  if (rank != 0 && service)
     setup.chief_clock = [svc = std::weak_ptr<membership::service>(service)] {
       auto s = svc.lock();
       return s ? s->chief_clock_offset() : clock_offset{};
@@ -508,7 +529,8 @@ detail::elastic_group::connect(const membership::view& v,
       return; // an earlier epoch's engine: the worker stays in the cluster
     if (closed)
       log(to_consort_error(closed, "leaving the other workers").what());
-    svc->leave("shutdown");
+    if (svc) // none under consort::testing
+      svc->leave("shutdown");
   };
   view = v;
   formed_any = true;
@@ -517,6 +539,8 @@ detail::elastic_group::connect(const membership::view& v,
 
 std::pair<membership::view, std::unique_ptr<port_reservation>>
 detail::elastic_group::next_view(uint64_t after) {
+  if (sim.next_view)
+    return {sim.next_view(after), nullptr};
   auto reserved = std::make_unique<port_reservation>(own_host);
   auto v = service->next_view(after, reserved->address(),
                               std::chrono::steady_clock::now() + mw.rendezvous_timeout);
@@ -532,7 +556,7 @@ detail::elastic_group::form(membership::view v, std::shared_ptr<transport::tcp::
   for (;;) {
     target->begin(v.epoch);
     try {
-      if (!ctx && v.members.size() > 1)
+      if (!ctx && v.members.size() > 1 && !sim.context)
         ctx = listen_for(*this, v, rank_in(v, me), reserved->address());
       if (reserved)
         reserved->release();
@@ -825,13 +849,73 @@ std::unique_ptr<multi_worker_mirrored_strategy> detail::strategy_access::simulat
       new multi_worker_mirrored_strategy(std::move(joined)));
 }
 
+std::unique_ptr<multi_worker_mirrored_strategy> detail::strategy_access::simulated_elastic_worker(
+    const strategy_options& opts, int task, int workers, std::vector<std::string> devices,
+    int min_workers, simulated_membership membership, const membership::view& first,
+    std::chrono::milliseconds close_timeout, std::chrono::milliseconds change_grace,
+    std::function<void(const std::string&)> log) {
+  detail::validated(opts);
+  const auto recorder_entries = detail::flight_recorder::entries_for(opts.flight_recorder_entries);
+  (void)detail::flight_recorder::straggler_rule_for(opts.straggler_share, opts.straggler_steps);
+  if (min_workers < 1 || min_workers > workers)
+    throw_error(errc::invalid_argument, "elastic_min_workers is " + std::to_string(min_workers) +
+                                            "; expected 1 to the number of workers (" +
+                                            std::to_string(workers) + ")");
+  std::map<int, std::string> addresses;
+  for (int w = 0; w < workers; ++w)
+    addresses[w] = "sim-worker-" + std::to_string(w) + ":0";
+  auto joined = std::make_unique<detail::joined_cluster>();
+  joined->resolver = std::make_shared<simple_cluster_resolver>(
+      cluster_spec{cluster_spec::job_map{{"worker", std::move(addresses)}}}, "worker", task);
+  auto group = std::make_shared<detail::elastic_group>();
+  group->opts = opts;
+  group->mw.elastic_min_workers = min_workers;
+  group->mw.close_timeout = close_timeout;
+  group->mw.peer_timeout = change_grace;
+  group->mw.heartbeat_interval = std::chrono::milliseconds{0};
+  group->devices = detail::canonical_devices(devices);
+  for (int w = 0; w < workers; ++w)
+    group->tasks.push_back(task_id{"worker", w});
+  group->me = task_id{"worker", task};
+  group->log = std::move(log);
+  group->recorder_entries = recorder_entries;
+  group->sim = std::move(membership);
+  joined->rt = group->form(first, nullptr, nullptr);
+  joined->group = std::move(group);
+  return std::unique_ptr<multi_worker_mirrored_strategy>(
+      new multi_worker_mirrored_strategy(std::move(joined)));
+}
+
+void detail::strategy_access::membership_event(multi_worker_mirrored_strategy& s, uint64_t next,
+                                               const std::string& cause) {
+  if (!s.group_)
+    throw_error(errc::invalid_argument, "membership_event: the strategy is not elastic");
+  auto& g = *s.group_;
+  if (next > 0) {
+    const auto why =
+        "the group of workers changed: " + cause + "; it re-forms as epoch " + std::to_string(next);
+    g.log(why);
+    g.target->end(next, why, errc::membership_changed);
+  } else {
+    const auto why = "lost " + cause;
+    g.log(why);
+    g.target->end(0, why, errc::peer_lost);
+  }
+}
+
 void detail::strategy_access::advance_step_clock(multi_worker_mirrored_strategy& s,
                                                  std::chrono::nanoseconds by) {
+  std::unique_lock<std::mutex> guard;
+  if (s.group_) // its engine may be swapped meanwhile (reform)
+    guard = std::unique_lock<std::mutex>{s.group_->rt_mtx};
   s.runtime().advance_step_clock(by);
 }
 
 std::optional<std::pair<uint64_t, std::chrono::nanoseconds>>
 detail::strategy_access::oldest_running_step(multi_worker_mirrored_strategy& s) {
+  std::unique_lock<std::mutex> guard;
+  if (s.group_)
+    guard = std::unique_lock<std::mutex>{s.group_->rt_mtx};
   return s.runtime().oldest_running_step();
 }
 
@@ -898,7 +982,7 @@ multi_worker_mirrored_strategy::membership_change multi_worker_mirrored_strategy
     if (!has(before, m.task) || (rejoined && m.task == group_->me))
       change.joined.push_back(to_string(m.task));
   // The previous epoch's engine goes without leaving the cluster (form retired it).
-  replace_runtime(std::move(rt));
+  replace_runtime(std::move(rt), &group_->rt_mtx);
   return change;
 }
 

@@ -121,14 +121,20 @@ strategy::strategy(std::unique_ptr<detail::runtime> rt, kind k)
     cross_device_ops_ = std::make_unique<collective_all_reduce>(*rt_);
 }
 
-void strategy::replace_runtime(std::unique_ptr<detail::runtime> rt) {
-  auto previous = std::move(rt_);
-  rt_ = std::move(rt);
-  rt_->set_owner(this);
-  if (auto* collective = dynamic_cast<collective_all_reduce*>(cross_device_ops_.get()))
-    collective->rebind(*rt_);
-  if (variables_)
-    detail::set_variable_replicas(*variables_, rt_->num_replicas_in_sync());
+void strategy::replace_runtime(std::unique_ptr<detail::runtime> rt, std::mutex* swap_mtx) {
+  std::unique_ptr<detail::runtime> previous;
+  {
+    std::unique_lock<std::mutex> guard;
+    if (swap_mtx != nullptr)
+      guard = std::unique_lock<std::mutex>{*swap_mtx};
+    previous = std::move(rt_);
+    rt_ = std::move(rt);
+    rt_->set_owner(this);
+    if (auto* collective = dynamic_cast<collective_all_reduce*>(cross_device_ops_.get()))
+      collective->rebind(*rt_);
+    if (variables_)
+      detail::set_variable_replicas(*variables_, rt_->num_replicas_in_sync());
+  }
   if (previous)
     previous->shutdown();
 }

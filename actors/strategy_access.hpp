@@ -5,9 +5,12 @@
 // mesh (docs/testing.md).
 
 #include <consort/strategy.hpp>
+#include <consort/transport/membership.hpp>
 #include <consort/transport/pair.hpp>
 
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +28,32 @@ struct strategy_access {
   simulated_worker(const strategy_options& opts, int rank, int workers,
                    std::vector<std::string> devices, transport::context_ptr network,
                    std::chrono::milliseconds close_timeout);
+
+  /// What an elastic group of simulated workers has in place of its membership service and its
+  /// mesh: the harness plays the chief (consort::testing::cluster with elastic_min_workers).
+  struct simulated_membership {
+    /// The view after epoch `after` that names this worker (its members' ranks are their
+    /// positions in it); throws error(peer_lost) when the group ended.
+    std::function<transport::membership::view(uint64_t after)> next_view;
+    /// This worker's context for the epoch of `v`, of `v.members.size()` ranks.
+    std::function<transport::context_ptr(const transport::membership::view& v)> context;
+  };
+
+  /// Worker `task` (task "worker:`task`") of an elastic group of `workers` tasks that goes on
+  /// while `min_workers` remain, formed in `first` (epoch 1) over the contexts of `membership`;
+  /// its calls fail with membership_changed when `membership_event` says so, and `reform` takes
+  /// the next view from `membership`. A call that loses a peer waits up to `change_grace` (real
+  /// time) for that verdict. @throws as `simulated_worker`.
+  static std::unique_ptr<multi_worker_mirrored_strategy> simulated_elastic_worker(
+      const strategy_options& opts, int task, int workers, std::vector<std::string> devices,
+      int min_workers, simulated_membership membership, const transport::membership::view& first,
+      std::chrono::milliseconds close_timeout, std::chrono::milliseconds change_grace,
+      std::function<void(const std::string&)> log);
+  /// The membership's verdict to `s`'s elastic group: it re-forms as epoch `next` (its calls in
+  /// flight fail with membership_changed), or, `next` 0, it ended (peer_lost), because of
+  /// `cause` ("worker:2 (rank 2): connection closed ...").
+  static void membership_event(multi_worker_mirrored_strategy& s, uint64_t next,
+                               const std::string& cause);
 
   /// Moves the clock of `s`'s step deadlines (strategy_options::step_timeout) forward by `by`.
   static void advance_step_clock(multi_worker_mirrored_strategy& s, std::chrono::nanoseconds by);

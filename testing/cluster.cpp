@@ -4,12 +4,21 @@
 #include <consort/testing.hpp>
 
 #include "actors/strategy_access.hpp"
+#include "testing/sim_membership.hpp"
 #include "testing/sim_transport.hpp"
 
 #include <algorithm>
 #include <set>
 
 namespace consort::testing {
+
+namespace {
+
+/// How long a call of an elastic worker that lost a peer waits (real time) for the membership's
+/// verdict, which the harness gives at once.
+constexpr std::chrono::milliseconds change_grace{5000};
+
+} // namespace
 
 const char* to_string(fate f) noexcept {
   switch (f) {
@@ -43,6 +52,14 @@ cluster::cluster(cluster_options opts) : opts_(std::move(opts)), random_(opts_.s
     throw_error(errc::invalid_argument, who + "rendezvous_timeout is " +
                                             std::to_string(opts_.rendezvous_timeout.count()) +
                                             " ms; expected 0 or more");
+  if (opts_.elastic_min_workers < 0 || opts_.elastic_min_workers > opts_.workers)
+    throw_error(errc::invalid_argument,
+                who + "elastic_min_workers is " + std::to_string(opts_.elastic_min_workers) +
+                    "; expected 0 (not elastic) or 1 to the number of workers (" +
+                    std::to_string(opts_.workers) + ")");
+  if (opts_.elastic_min_workers > 0 && !opts_.late.empty())
+    throw_error(errc::invalid_argument,
+                who + "late workers and elastic_min_workers together are not simulated");
   joined_.assign(static_cast<size_t>(opts_.workers), true);
   for (int w : opts_.late) {
     check_index(w, "late");
@@ -58,15 +75,31 @@ cluster::cluster(cluster_options opts) : opts_(std::move(opts)), random_(opts_.s
 }
 
 void cluster::form() {
-  auto contexts = world_->make_contexts();
   std::vector<std::string> devices;
   for (int d = 0; d < opts_.replicas_per_worker; ++d)
     devices.push_back("CPU:" + std::to_string(d));
   std::vector<std::unique_ptr<multi_worker_mirrored_strategy>> built;
-  for (int w = 0; w < opts_.workers; ++w)
-    built.push_back(consort::detail::strategy_access::simulated_worker(
-        opts_.strategy, w, opts_.workers, devices, contexts[static_cast<size_t>(w)],
-        std::chrono::seconds(1)));
+  if (opts_.elastic_min_workers > 0) {
+    membership_ = std::make_shared<detail::sim_membership>(world_, opts_.workers,
+                                                           opts_.elastic_min_workers, devices);
+    auto log = opts_.log ? opts_.log : [](const std::string&) {
+    };
+    for (int w = 0; w < opts_.workers; ++w)
+      built.push_back(consort::detail::strategy_access::simulated_elastic_worker(
+          opts_.strategy, w, opts_.workers, devices, opts_.elastic_min_workers,
+          membership_->for_worker(w), membership_->first_view(), std::chrono::seconds(1),
+          change_grace, log));
+    std::vector<multi_worker_mirrored_strategy*> raw;
+    for (auto& s : built)
+      raw.push_back(s.get());
+    membership_->set_strategies(std::move(raw));
+  } else {
+    auto contexts = world_->make_contexts();
+    for (int w = 0; w < opts_.workers; ++w)
+      built.push_back(consort::detail::strategy_access::simulated_worker(
+          opts_.strategy, w, opts_.workers, devices, contexts[static_cast<size_t>(w)],
+          std::chrono::seconds(1)));
+  }
   strategies_ = std::move(built);
   // The actors' step deadlines (step_timeout) move with the network's clock, in event order.
   detail::sim_world::worker_hooks hooks;
@@ -78,6 +111,10 @@ void cluster::form() {
     for (auto& s : strategies_)
       consort::detail::strategy_access::advance_step_clock(*s, step);
   };
+  if (membership_)
+    hooks.on_crash = [m = membership_.get()](int w) {
+      m->crashed(w);
+    };
   world_->set_worker_hooks(std::move(hooks));
 }
 
@@ -86,6 +123,10 @@ cluster::~cluster() {
   // No delivery on the ticker's thread while the workers go (it could hold a worker's last
   // reference to its network); then each worker leaves as at the end of its process.
   world_->stop_ticker();
+  // No change of membership while they go.
+  if (membership_)
+    membership_->stop();
+  membership_.reset();
   // Each worker leaves as at the end of its process; the network outlives them all.
   strategies_.clear();
 }
@@ -160,6 +201,21 @@ void cluster::kill(int worker) {
   check_index(worker, "kill");
   checked(worker);
   world_->kill(worker);
+  if (membership_)
+    membership_->lost(worker);
+}
+
+uint64_t cluster::epoch() const {
+  return membership_ ? membership_->epoch() : 1;
+}
+
+std::vector<int> cluster::members() const {
+  if (membership_)
+    return membership_->members();
+  std::vector<int> out;
+  for (int w = 0; w < opts_.workers; ++w)
+    out.push_back(w);
+  return out;
 }
 
 bool cluster::alive(int worker) const {
@@ -168,6 +224,9 @@ bool cluster::alive(int worker) const {
 }
 
 void cluster::partition(std::vector<int> side) {
+  if (opts_.elastic_min_workers > 0)
+    throw_error(errc::unsupported, "consort::testing::cluster::partition: partitions of an "
+                                   "elastic cluster are not simulated (kill a worker instead)");
   std::set<int> members;
   for (int w : side) {
     check_index(w, "partition");

@@ -124,10 +124,20 @@ private:
 
 class sim_context : public transport::context, public std::enable_shared_from_this<sim_context> {
 public:
-  sim_context(std::shared_ptr<sim_world> world, int rank, int size)
-      : world_(std::move(world)), rank_(rank), size_(size), links_(static_cast<std::size_t>(size)) {
-    for (int p = 0; p < size; ++p)
+  /// Rank `rank` of the group `group` (an epoch) whose ranks are the workers `members`.
+  sim_context(std::shared_ptr<sim_world> world, uint64_t group, std::vector<int> members, int rank)
+      : world_(std::move(world)), group_(group), members_(std::move(members)), rank_(rank),
+        size_(static_cast<int>(members_.size())), links_(members_.size()) {
+    for (int p = 0; p < size_; ++p)
       pairs_.push_back(std::make_unique<pair_to>(*this, p));
+  }
+
+  /// The worker of rank `r` of this group, and the rank of worker `w` (-1: not a member).
+  int worker_of(int r) const noexcept { return members_[static_cast<std::size_t>(r)]; }
+  int worker() const noexcept { return worker_of(rank_); }
+  int rank_of(int w) const noexcept {
+    auto it = std::find(members_.begin(), members_.end(), w);
+    return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
   }
 
   ~sim_context() override {
@@ -169,7 +179,7 @@ public:
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || links_[static_cast<std::size_t>(p)].failed)
         continue;
-      world_->notice(rank_, p, "goodbye", reason,
+      world_->notice(group_, worker(), worker_of(p), "goodbye", reason,
                      [&](sim_context& peer) { peer.on_goodbye(rank_, reason); });
     }
     world_->cv_.notify_all();
@@ -180,8 +190,8 @@ public:
     std::size_t total = 0;
     for (const auto& p : parts)
       total += p.size();
-    auto op = std::make_shared<sim_op>(world_, true, tag, rank_, peer, transport::mutable_bytes{},
-                                       false, total);
+    auto op = std::make_shared<sim_op>(world_, true, tag, worker(), peer,
+                                       transport::mutable_bytes{}, false, total);
     world_lock lock(*world_);
     auto& link = links_[static_cast<std::size_t>(peer)];
     if (refused(*op, link))
@@ -195,14 +205,14 @@ public:
     for (const auto& p : parts)
       data.insert(data.end(), p.begin(), p.end());
     op->complete();
-    world_->post(rank_, peer, tag, std::move(data));
+    world_->post(group_, worker(), worker_of(peer), tag, std::move(data));
     world_->cv_.notify_all();
     return op;
   }
 
   transport::operation_ptr recv(int peer, uint64_t tag, transport::mutable_bytes into,
                                 bool at_most) {
-    auto op = std::make_shared<sim_op>(world_, false, tag, rank_, peer, into, at_most, 0);
+    auto op = std::make_shared<sim_op>(world_, false, tag, worker(), peer, into, at_most, 0);
     world_lock lock(*world_);
     auto& link = links_[static_cast<std::size_t>(peer)];
     if (auto it = link.stash.find(tag); it != link.stash.end() && !aborted_ && !closing_) {
@@ -277,7 +287,7 @@ public:
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || links_[static_cast<std::size_t>(p)].failed)
         continue;
-      world_->notice(rank_, p, "abort", why, [&](sim_context& peer) {
+      world_->notice(group_, worker(), worker_of(p), "abort", why, [&](sim_context& peer) {
         peer.fail_link(rank_, code, "rank " + std::to_string(rank_) + " aborted the group: " + why);
       });
     }
@@ -339,6 +349,8 @@ private:
   }
 
   std::shared_ptr<sim_world> world_;
+  const uint64_t group_;
+  const std::vector<int> members_;
   const int rank_;
   const int size_;
   std::vector<std::unique_ptr<pair_to>> pairs_;
@@ -373,11 +385,21 @@ void sim_world::stop_ticker() {
 }
 
 std::vector<transport::context_ptr> sim_world::make_contexts() {
+  std::vector<int> everyone(static_cast<std::size_t>(size_));
+  for (int w = 0; w < size_; ++w)
+    everyone[static_cast<std::size_t>(w)] = w;
+  return make_group(1, everyone);
+}
+
+std::vector<transport::context_ptr> sim_world::make_group(uint64_t group,
+                                                          const std::vector<int>& members) {
   std::vector<transport::context_ptr> out;
   world_lock lock(*this);
-  for (int r = 0; r < size_; ++r) {
-    auto ctx = std::make_shared<sim_context>(shared_from_this(), r, size_);
-    contexts_.push_back(ctx);
+  auto& slots = groups_[group];
+  slots.resize(static_cast<std::size_t>(size_));
+  for (int r = 0; r < static_cast<int>(members.size()); ++r) {
+    auto ctx = std::make_shared<sim_context>(shared_from_this(), group, members, r);
+    slots[static_cast<std::size_t>(members[static_cast<std::size_t>(r)])] = ctx;
     out.push_back(std::move(ctx));
   }
   return out;
@@ -432,21 +454,26 @@ bool sim_world::cut(int a, int b) const {
   return !side_.empty() && (side_.count(a) > 0) != (side_.count(b) > 0);
 }
 
-std::shared_ptr<sim_context> sim_world::context_of(int rank) const {
-  if (dead_[static_cast<std::size_t>(rank)])
+std::shared_ptr<sim_context> sim_world::context_of(uint64_t group, int worker) const {
+  if (dead_[static_cast<std::size_t>(worker)])
     return nullptr;
-  return contexts_[static_cast<std::size_t>(rank)].lock();
+  auto it = groups_.find(group);
+  if (it == groups_.end())
+    return nullptr;
+  return it->second[static_cast<std::size_t>(worker)].lock();
 }
 
-void sim_world::notice(int from, int to, const char* kind, const std::string& reason,
+void sim_world::notice(uint64_t group, int from, int to, const char* kind,
+                       const std::string& reason,
                        const std::function<void(sim_context&)>& deliver_to) {
   message m;
   m.time = now_locked();
+  m.epoch = group;
   m.from = from;
   m.to = to;
   m.kind = kind;
   m.bytes = reason.size();
-  auto peer = context_of(to);
+  auto peer = context_of(group, to);
   if (!peer || dead_[static_cast<std::size_t>(from)]) {
     m.what = fate::refused;
   } else if (cut(from, to)) {
@@ -459,16 +486,17 @@ void sim_world::notice(int from, int to, const char* kind, const std::string& re
   log_.push_back(std::move(m));
 }
 
-void sim_world::post(int from, int to, uint64_t tag, std::vector<std::byte> data) {
+void sim_world::post(uint64_t group, int from, int to, uint64_t tag, std::vector<std::byte> data) {
   message m;
   m.time = now_locked();
+  m.epoch = group;
   m.from = from;
   m.to = to;
   m.kind = "data";
   m.tag = tag;
   m.link_seq = link_seq_[{from, to}]++;
   m.bytes = data.size();
-  auto peer = context_of(to);
+  auto peer = context_of(group, to);
   verdict v;
   if (!peer) {
     m.what = fate::refused;
@@ -501,16 +529,21 @@ void sim_world::post(int from, int to, uint64_t tag, std::vector<std::byte> data
     case verdict::action::crash_sender:
       m.what = fate::dropped;
       kill_locked(from);
+      if (hooks_.on_crash)
+        hooks_.on_crash(from);
       break;
     case verdict::action::corrupt: {
       m.what = fate::corrupted;
-      peer->fail_link(from, errc::peer_lost,
-                      "malformed frame from rank " + std::to_string(from) +
+      const int from_rank = peer->rank_of(from);
+      peer->fail_link(from_rank, errc::peer_lost,
+                      "malformed frame from rank " + std::to_string(from_rank) +
                           " (corrupted by the test harness); the connection was closed");
-      if (auto self = context_of(from))
-        self->fail_link(to, errc::peer_lost,
-                        "rank " + std::to_string(to) +
+      if (auto self = context_of(group, from)) {
+        const int to_rank = self->rank_of(to);
+        self->fail_link(to_rank, errc::peer_lost,
+                        "rank " + std::to_string(to_rank) +
                             " closed the connection (it received a malformed frame)");
+      }
       break;
     }
     case verdict::action::deliver: {
@@ -520,9 +553,9 @@ void sim_world::post(int from, int to, uint64_t tag, std::vector<std::byte> data
         auto due = m.time + m.delay;
         if (!queue.empty())
           due = std::max(due, queue.back().due);
-        queue.push_back({due, from, to, tag, std::move(data)});
+        queue.push_back({due, group, from, to, tag, std::move(data)});
       } else {
-        peer->on_arrive(from, tag, std::move(data));
+        peer->on_arrive(peer->rank_of(from), tag, std::move(data));
       }
       break;
     }
@@ -538,8 +571,8 @@ void sim_world::flush_link(int from, int to) {
   auto queue = std::move(it->second);
   links_.erase(it);
   for (auto& m : queue)
-    if (auto peer = context_of(to); peer && !cut(from, to))
-      peer->on_arrive(from, m.tag, std::move(m.data));
+    if (auto peer = context_of(m.group, to); peer && !cut(from, to))
+      peer->on_arrive(peer->rank_of(from), m.tag, std::move(m.data));
 }
 
 void sim_world::fire_due() {
@@ -549,8 +582,8 @@ void sim_world::fire_due() {
     while (!queue.empty() && queue.front().due <= t) {
       auto m = std::move(queue.front());
       queue.pop_front();
-      if (auto peer = context_of(m.to); peer && !cut(m.from, m.to))
-        peer->on_arrive(m.from, m.tag, std::move(m.data));
+      if (auto peer = context_of(m.group, m.to); peer && !cut(m.from, m.to))
+        peer->on_arrive(peer->rank_of(m.from), m.tag, std::move(m.data));
     }
     it = queue.empty() ? links_.erase(it) : std::next(it);
   }
@@ -558,14 +591,15 @@ void sim_world::fire_due() {
     cut_reported_ = true;
     // Each side's membership finds the other silent: every live worker aborts its group naming
     // the first worker it lost, as the service's on_lost does in production.
-    for (int a = 0; a < size_; ++a)
-      for (int b = 0; b < size_; ++b)
-        if (cut(a, b))
-          if (auto ctx = context_of(a))
-            ctx->abort_locked("lost worker:" + std::to_string(b) + " (rank " + std::to_string(b) +
-                                  "): no heartbeat for " + ms_text(peer_timeout_) +
-                                  " (partitioned by the test harness)",
-                              errc::peer_lost, true);
+    for (const auto& [group, slots] : groups_)
+      for (int a = 0; a < size_; ++a)
+        for (int b = 0; b < size_; ++b)
+          if (cut(a, b))
+            if (auto ctx = context_of(group, a); ctx && ctx->rank_of(b) >= 0)
+              ctx->abort_locked("lost worker:" + std::to_string(b) + " (rank " +
+                                    std::to_string(ctx->rank_of(b)) + "): no heartbeat for " +
+                                    ms_text(peer_timeout_) + " (partitioned by the test harness)",
+                                errc::peer_lost, true);
   }
 }
 
@@ -594,27 +628,31 @@ void sim_world::kill(int rank) {
   kill_locked(rank);
 }
 
-void sim_world::kill_locked(int rank) {
-  if (dead_[static_cast<std::size_t>(rank)])
+void sim_world::kill_locked(int worker) {
+  if (dead_[static_cast<std::size_t>(worker)])
     return;
-  auto victim = contexts_[static_cast<std::size_t>(rank)].lock();
-  dead_[static_cast<std::size_t>(rank)] = true;
   // What was in flight to or from it is lost with it.
   for (auto it = links_.begin(); it != links_.end();)
-    it = it->first.first == rank || it->first.second == rank ? links_.erase(it) : std::next(it);
-  if (victim)
+    it = it->first.first == worker || it->first.second == worker ? links_.erase(it) : std::next(it);
+  dead_[static_cast<std::size_t>(worker)] = true; // notices to it are refused from here on
+  for (const auto& [group, slots] : groups_) {
+    auto victim = slots[static_cast<std::size_t>(worker)].lock();
+    if (!victim)
+      continue;
     victim->abort_locked("this worker was killed by the test harness", errc::peer_lost, false);
-  // Its connections close: every survivor's link to it fails, and its membership connection
-  // too, so every survivor's group is aborted naming it.
-  const auto cause = "lost worker:" + std::to_string(rank) + " (rank " + std::to_string(rank) +
-                     "): connection closed without leave (killed by the test harness)";
-  for (int r = 0; r < size_; ++r)
-    if (auto ctx = context_of(r)) {
-      ctx->fail_link(rank, errc::peer_lost,
-                     "rank " + std::to_string(rank) + " closed the connection (worker:" +
-                         std::to_string(rank) + " was killed by the test harness)");
-      ctx->abort_locked(cause, errc::peer_lost, true);
-    }
+    // Its connections close: every survivor's link to it fails, and its membership connection
+    // too, so every survivor's group is aborted naming it.
+    const int rank = victim->rank();
+    const auto cause = "lost worker:" + std::to_string(worker) + " (rank " + std::to_string(rank) +
+                       "): connection closed without leave (killed by the test harness)";
+    for (int w = 0; w < size_; ++w)
+      if (auto ctx = w == worker ? nullptr : slots[static_cast<std::size_t>(w)].lock()) {
+        ctx->fail_link(rank, errc::peer_lost,
+                       "rank " + std::to_string(rank) + " closed the connection (worker:" +
+                           std::to_string(worker) + " was killed by the test harness)");
+        ctx->abort_locked(cause, errc::peer_lost, true);
+      }
+  }
   cv_.notify_all();
 }
 

@@ -64,8 +64,13 @@ public:
   sim_world(int size, std::chrono::milliseconds peer_timeout);
   ~sim_world();
 
-  /// Rank `r`'s context (made once, by the constructor's caller through `make_contexts`).
+  /// Every worker's context of group 1 (epoch 1), rank r for worker r (made once, by the
+  /// constructor's caller).
   std::vector<transport::context_ptr> make_contexts();
+  /// The contexts of group `group` (an elastic group's epoch) of the workers `members`, in rank
+  /// order: messages between them are routed to this group's contexts, logged with the workers'
+  /// indices and `group` as the epoch.
+  std::vector<transport::context_ptr> make_group(uint64_t group, const std::vector<int>& members);
 
   /// Stops the thread that delivers delayed messages on time (the destructor does too); the
   /// owner calls it before it lets go of the workers, so that no delivery runs while they go.
@@ -83,6 +88,9 @@ public:
         oldest_step;
     /// Moves every worker's step-deadline clock by one step of `advance`.
     std::function<void(std::chrono::nanoseconds)> on_advanced;
+    /// A filter's verdict killed worker `worker` (crash_sender); called with mu_ held: it must
+    /// only take note.
+    std::function<void(int worker)> on_crash;
   };
   void set_worker_hooks(worker_hooks hooks);
   bool wait_blocked(int rank, std::chrono::nanoseconds within);
@@ -99,25 +107,27 @@ public:
   mutable std::mutex mu_;
   std::condition_variable cv_;
 
-  // mu_ held:
+  // mu_ held (`from` and `to` are workers, `group` the group of the sending context):
   /// A data message: logged, then filtered, delayed, dropped or handed to the receiver.
-  void post(int from, int to, uint64_t tag, std::vector<std::byte> data);
+  void post(uint64_t group, int from, int to, uint64_t tag, std::vector<std::byte> data);
   /// A control message (`kind` "goodbye" or "abort"): logged, and `deliver_to(receiver)` runs
   /// unless the receiver is dead or cut off. It follows the data of its link.
-  void notice(int from, int to, const char* kind, const std::string& reason,
+  void notice(uint64_t group, int from, int to, const char* kind, const std::string& reason,
               const std::function<void(sim_context&)>& deliver_to);
 
 private:
   friend class sim_context;
   struct in_flight {
     std::chrono::nanoseconds due;
+    uint64_t group;
     int from, to;
     uint64_t tag;
     std::vector<std::byte> data;
   };
 
   // mu_ held:
-  std::shared_ptr<sim_context> context_of(int rank) const; // null when dead or gone
+  /// Worker `worker`'s context of `group`; null when dead, gone or not a member.
+  std::shared_ptr<sim_context> context_of(uint64_t group, int worker) const;
   void flush_link(int from, int to); // delivers the delayed messages of a link now
   void fire_due();                   // delayed messages and the failure detector
   bool cut(int a, int b) const;      // a partition separates a and b
@@ -133,13 +143,14 @@ private:
   const std::chrono::milliseconds peer_timeout_;
   const transport::clock::time_point epoch_;
   std::chrono::nanoseconds advanced_{0};
-  std::vector<std::weak_ptr<sim_context>> contexts_;
-  std::vector<bool> dead_;
-  // Per rank: the operations that threads wait for inside wait(). One that is done may still be
+  /// Per group (epoch), each worker's context (empty when not a member).
+  std::map<uint64_t, std::vector<std::weak_ptr<sim_context>>> groups_;
+  std::vector<bool> dead_; // per worker
+  // Per worker: the operations that threads wait for inside wait(). One that is done may still be
   // listed until its thread wakes up; `blocked` counts only those not done yet.
   std::vector<std::vector<const sim_op*>> waiting_;
-  std::multimap<std::chrono::nanoseconds, int> deadlines_; // of the waits in progress, by rank
-  std::vector<uint64_t> waits_begun_;                      // per rank
+  std::multimap<std::chrono::nanoseconds, int> deadlines_; // of the waits in progress, by worker
+  std::vector<uint64_t> waits_begun_;                      // per worker
   worker_hooks hooks_;
   std::set<int> side_; // the partitioned side (empty: none)
   std::chrono::nanoseconds cut_at_{0};

@@ -17,7 +17,7 @@
 # What runs (the rest is left out for time, or because it cannot work; docs/sanitizers.md has the
 # reasons):
 #   address: consort_core_tests, consort_actors_tests, consort_transport_tests and
-#            consort_testing_tests (its fuzz test at 200 seeds), all but the
+#            consort_testing_tests (its fuzz test and its elastic scenarios at 200 seeds), all but the
 #            1M-element all-reduce sweeps and the sweeps over shared memory (`large_sweeps`), and
 #            multiworker.collectives_* (mw_job under tools/consort-launch, 2-4 workers x 1-2
 #            replicas) and multiworker.elastic_{loss,rejoin,chief-loss,chief-then-rejoin,
@@ -79,7 +79,7 @@ export LSAN_OPTIONS="suppressions=${root}/tools/lsan.supp:print_suppressions=0"
 # would hide a use after free from ASan: it is off under ASan (its own tests check both modes).
 # TSan keeps it: its mutex is part of what TSan should see.
 # The harness's fuzz test runs 200 of its 1000 seeds (each seed builds three strategies).
-asan_env=(env CONSORT_HOST_CACHE_MB=0 CONSORT_HARNESS_SEEDS=200)
+asan_env=(env CONSORT_HOST_CACHE_MB=0 CONSORT_HARNESS_SEEDS=200 CONSORT_ELASTIC_SEEDS=200)
 export TSAN_OPTIONS="suppressions=${root}/tools/tsan.supp:second_deadlock_stack=1:history_size=4:print_suppressions=0"
 # Wall-clock upper bounds in the tests ("returned at once, not at the deadline") are margins times
 # this factor in both tiers (tests/support/time_scale.hpp): sanitized code on 2 cores with 3 test

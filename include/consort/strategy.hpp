@@ -14,6 +14,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -338,7 +339,8 @@ protected:
 
   /// Runs on `rt` from now on (an elastic group's next epoch): the variables count its replicas,
   /// and the previous engine is shut down (its calls still pending fail with error(shutdown)).
-  void replace_runtime(std::unique_ptr<detail::runtime> rt);
+  /// The swap holds `swap_mtx` when given (not the shutdown after it).
+  void replace_runtime(std::unique_ptr<detail::runtime> rt, std::mutex* swap_mtx = nullptr);
 
 private:
   template <class F, class... Args>

@@ -48,6 +48,7 @@ namespace consort::testing {
 
 namespace detail {
 class sim_world;
+class sim_membership;
 } // namespace detail
 
 /// What became of one message.
@@ -64,6 +65,9 @@ const char* to_string(fate f) noexcept;
 /// One message between two workers, as the log records it.
 struct message {
   std::chrono::nanoseconds time{0}; ///< simulated time when it was sent
+  /// The membership epoch of the group it belongs to: 1, and one more at each re-formation of an
+  /// elastic cluster (`cluster_options::elastic_min_workers`). `from` and `to` are workers.
+  uint64_t epoch = 1;
   int from = 0;
   int to = 0;
   std::string kind; ///< "data", "goodbye" (a clean close) or "abort" (an abort's notice)
@@ -129,6 +133,16 @@ struct cluster_options {
   /// fails with error(collective_timeout) naming the workers that did not join (as
   /// multi_worker_options::rendezvous_timeout).
   std::chrono::milliseconds rendezvous_timeout{std::chrono::seconds(60)};
+  /// Elastic (as multi_worker_options::elastic_min_workers, docs/testing.md "Elastic
+  /// clusters"): 0, the default, keeps the rule that a lost worker ends the group. n >= 1: when a
+  /// worker dies (`kill`, or a filter's crash_sender), the harness, as the chief, forms the next
+  /// epoch of the survivors at once while n remain; every survivor's calls in flight fail with
+  /// membership_changed and its `reform` continues in that epoch. Partitions of an elastic
+  /// cluster, hung workers' exclusion and restarted workers' joins are not simulated.
+  int elastic_min_workers = 0;
+  /// An elastic cluster's membership lines (the workers' `multi_worker_options::log`); empty:
+  /// dropped.
+  std::function<void(const std::string&)> log{};
 };
 
 /// N workers of a multi-worker job in one process, over a simulated network.
@@ -164,6 +178,10 @@ public:
   void join(int worker);
   /// Whether every worker has started (the strategies exist).
   bool formed() const noexcept { return !strategies_.empty(); }
+  /// The membership epoch (1, and one more at each re-formation of an elastic cluster) and its
+  /// members, in rank order.
+  uint64_t epoch() const;
+  std::vector<int> members() const;
 
   /// Starts `fn` on every worker at once (`run_async` on each strategy, as N processes would
   /// call `run`) and returns their futures in worker order. @throws as `strategy` before the
@@ -181,12 +199,15 @@ public:
   // -- faults ------------------------------------------------------------------------------------
 
   /// Worker `worker` dies: its connections close, so every other worker's pending and later
-  /// collectives fail with peer_lost naming it, and its own with peer_lost too.
+  /// collectives fail with peer_lost naming it, and its own with peer_lost too. Elastic: the
+  /// others' fail with membership_changed and the next epoch is formed before this returns (or,
+  /// fewer than the minimum left, with peer_lost: the group ended).
   void kill(int worker);
   bool alive(int worker) const;
   /// Cuts the workers in `side` off from the others: their messages vanish and no connection
   /// closes; `peer_timeout` of simulated time later each side declares the other lost
-  /// (peer_lost). One partition at a time; a new one replaces the old.
+  /// (peer_lost). One partition at a time; a new one replaces the old. @throws
+  /// error(unsupported) on an elastic cluster.
   void partition(std::vector<int> side);
   /// Ends the partition (workers already declared lost stay lost, as in production).
   void heal();
@@ -225,6 +246,7 @@ private:
   cluster_options opts_;
   std::mt19937_64 random_;
   std::shared_ptr<detail::sim_world> world_;
+  std::shared_ptr<detail::sim_membership> membership_; // elastic only
   std::vector<std::unique_ptr<multi_worker_mirrored_strategy>> strategies_;
 };
 

@@ -1,0 +1,226 @@
+// The membership of an elastic consort::testing::cluster (see sim_membership.hpp).
+
+#include "testing/sim_membership.hpp"
+
+#include <consort/error.hpp>
+
+#include <algorithm>
+#include <chrono>
+
+namespace consort::testing::detail {
+
+namespace membership = transport::membership;
+using consort::detail::strategy_access;
+
+namespace {
+
+/// How long `reform` waits for a next epoch that never comes (the group did not change), in
+/// real time: the service's rendezvous_timeout.
+constexpr std::chrono::seconds no_change_bound{30};
+
+} // namespace
+
+sim_membership::sim_membership(std::shared_ptr<sim_world> world, int workers, int min_workers,
+                               std::vector<std::string> devices)
+    : world_(std::move(world)), workers_(workers), min_workers_(min_workers),
+      devices_(std::move(devices)), lost_(static_cast<size_t>(workers), false) {
+  for (int w = 0; w < workers_; ++w)
+    members_.push_back(w);
+  auto contexts = world_->make_contexts();
+  for (int w = 0; w < workers_; ++w)
+    pending_[{1, w}] = std::move(contexts[static_cast<size_t>(w)]);
+  thread_ = std::thread([this] { run(); });
+}
+
+sim_membership::~sim_membership() {
+  stop();
+}
+
+void sim_membership::stop() {
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id())
+    thread_.join();
+}
+
+void sim_membership::set_strategies(std::vector<multi_worker_mirrored_strategy*> strategies) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  strategies_ = std::move(strategies);
+}
+
+membership::view sim_membership::view_of(uint64_t epoch, const std::vector<int>& members) const {
+  membership::view v;
+  v.epoch = epoch;
+  v.group_id = 0x5e1a571c00000000ULL + epoch;
+  for (size_t r = 0; r < members.size(); ++r) {
+    membership::member m;
+    m.rank = static_cast<int>(r);
+    m.task = task_id{"worker", members[r]};
+    m.address = "sim-worker-" + std::to_string(members[r]) + ":0";
+    for (const auto& d : devices_)
+      m.devices.push_back({d, false, 0});
+    v.members.push_back(std::move(m));
+  }
+  return v;
+}
+
+membership::view sim_membership::first_view() const {
+  std::vector<int> everyone;
+  for (int w = 0; w < workers_; ++w)
+    everyone.push_back(w);
+  return view_of(1, everyone);
+}
+
+strategy_access::simulated_membership sim_membership::for_worker(int w) {
+  strategy_access::simulated_membership m;
+  // Weak: a worker's strategy may outlive the cluster's membership (it goes first at the end).
+  auto gone = [w] {
+    return error(errc::shutdown,
+                 "worker:" + std::to_string(w) + ": the consort::testing cluster is gone");
+  };
+  m.next_view = [self = weak_from_this(), w, gone](uint64_t after) {
+    auto me = self.lock();
+    if (!me)
+      throw gone();
+    return me->next_view(w, after);
+  };
+  m.context = [self = weak_from_this(), w, gone](const membership::view& v) {
+    auto me = self.lock();
+    if (!me)
+      throw gone();
+    return me->context(w, v);
+  };
+  return m;
+}
+
+membership::view sim_membership::next_view(int w, uint64_t after) {
+  const std::string me = "worker:" + std::to_string(w);
+  std::unique_lock<std::mutex> lock{mtx_};
+  const auto until = std::chrono::steady_clock::now() + no_change_bound;
+  for (;;) {
+    if (lost_[static_cast<size_t>(w)])
+      throw_error(errc::peer_lost,
+                  me + " was killed by the test harness; it takes part in no later epoch");
+    if (ended_)
+      throw_error(errc::peer_lost, "the elastic group ended: " + end_cause_);
+    if (stopping_)
+      throw_error(errc::shutdown, me + ": the consort::testing cluster is going");
+    if (epoch_ > after)
+      return view_of(epoch_, members_);
+    if (cv_.wait_until(lock, until) == std::cv_status::timeout && epoch_ <= after && !ended_)
+      throw_error(errc::collective_timeout,
+                  "re-forming the group after epoch " + std::to_string(after) + " as " + me +
+                      ": no next epoch formed within " + std::to_string(no_change_bound.count()) +
+                      " s (the group did not change)");
+  }
+}
+
+transport::context_ptr sim_membership::context(int w, const membership::view& v) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto it = pending_.find({v.epoch, w});
+  if (it == pending_.end())
+    throw_error(errc::invalid_argument, "consort::testing: worker " + std::to_string(w) +
+                                            " has no context of epoch " + std::to_string(v.epoch) +
+                                            " (taken already?)");
+  auto ctx = std::move(it->second);
+  pending_.erase(it);
+  return ctx;
+}
+
+void sim_membership::lost(int w) {
+  std::lock_guard<std::mutex> change{change_mtx_};
+  std::vector<int> next_members;
+  std::string cause;
+  uint64_t next = 0;
+  multi_worker_mirrored_strategy* victim = nullptr;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (lost_[static_cast<size_t>(w)])
+      return;
+    lost_[static_cast<size_t>(w)] = true;
+    if (static_cast<size_t>(w) < strategies_.size())
+      victim = strategies_[static_cast<size_t>(w)];
+  }
+  // The dead worker's own calls end at once (a killed process waits for nothing); its thread
+  // lives on here.
+  if (victim)
+    strategy_access::membership_event(
+        *victim, 0, "worker:" + std::to_string(w) + ": this worker was killed by the test harness");
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    auto it = std::find(members_.begin(), members_.end(), w);
+    if (ended_ || it == members_.end()) {
+      cv_.notify_all(); // its own reform, if waiting, learns it is out
+      return;
+    }
+    cause = "worker:" + std::to_string(w) + " (rank " + std::to_string(it - members_.begin()) +
+            "): connection closed without leave (killed by the test harness)";
+    next_members = members_;
+    next_members.erase(next_members.begin() + (it - members_.begin()));
+    if (static_cast<int>(next_members.size()) >= min_workers_)
+      next = epoch_ + 1;
+  }
+  // The next epoch's contexts exist before any survivor hears of it.
+  std::vector<transport::context_ptr> contexts;
+  if (next > 0)
+    contexts = world_->make_group(next, next_members);
+  std::vector<multi_worker_mirrored_strategy*> told;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (next > 0) {
+      epoch_ = next;
+      for (size_t r = 0; r < next_members.size(); ++r)
+        pending_[{next, next_members[r]}] = std::move(contexts[r]);
+    } else {
+      ended_ = true;
+      cause += "; " + std::to_string(next_members.size()) +
+               " workers remain, fewer than the minimum of " + std::to_string(min_workers_);
+      end_cause_ = cause;
+    }
+    members_ = next_members;
+    for (int m : next_members)
+      if (static_cast<size_t>(m) < strategies_.size() && strategies_[static_cast<size_t>(m)])
+        told.push_back(strategies_[static_cast<size_t>(m)]);
+  }
+  cv_.notify_all();
+  for (auto* s : told)
+    strategy_access::membership_event(*s, next, cause);
+}
+
+void sim_membership::crashed(int w) {
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    crashes_.push_back(w);
+  }
+  cv_.notify_all();
+}
+
+uint64_t sim_membership::epoch() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return epoch_;
+}
+
+std::vector<int> sim_membership::members() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return members_;
+}
+
+void sim_membership::run() {
+  std::unique_lock<std::mutex> lock{mtx_};
+  while (!stopping_) {
+    if (crashes_.empty()) {
+      cv_.wait(lock);
+      continue;
+    }
+    const int w = crashes_.front();
+    crashes_.pop_front();
+    lock.unlock();
+    lost(w);
+    lock.lock();
+  }
+}
+
+} // namespace consort::testing::detail

@@ -1,0 +1,351 @@
+// Elastic groups under consort::testing (docs/testing.md, "Elastic clusters"): workers killed
+// between steps, inside a collective (a filter's crash_sender at an exact message) and during a
+// re-formation; the survivors re-form, roll back to their last commit and finish, or, with fewer
+// than the minimum left, every one fails with peer_lost. Nothing hangs, every survivor ends with
+// the same weights, and a scenario run twice with its seed ends with the same weights.
+
+#include <consort/consort.hpp>
+#include <consort/testing.hpp>
+
+#include "support/expect_error.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <future>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace consort {
+namespace {
+
+using namespace std::chrono_literals;
+using consort::test::fails_with;
+using testing::cluster;
+
+tensor one_sum(replica_context& ctx) {
+  return ctx.all_reduce("SUM", tensor::scalar<float>(1.0f));
+}
+
+TEST(ElasticCluster, AKilledWorkerLeavesTheOthersToGoOnInTheNextEpoch) {
+  cluster c({.workers = 3, .replicas_per_worker = 2, .seed = 1, .elastic_min_workers = 2});
+  for (auto& f : c.run_all(one_sum))
+    for (const auto& t : f.get())
+      EXPECT_EQ(t.item<float>(), 6.0f);
+  EXPECT_EQ(c.epoch(), 1u);
+  c.kill(1);
+  EXPECT_EQ(c.epoch(), 2u);
+  EXPECT_EQ(c.members(), (std::vector<int>{0, 2}));
+  EXPECT_FALSE(c.alive(1));
+  // The survivors' next calls fail with membership_changed naming the lost worker.
+  for (int w : {0, 2})
+    EXPECT_TRUE(fails_with(
+        [&] { c.strategy(w).run(one_sum); }, errc::membership_changed,
+        {"worker:1 (rank 1): connection closed without leave", "it re-forms as epoch 2"}));
+  for (int w : {0, 2}) {
+    auto change = c.strategy(w).reform();
+    EXPECT_EQ(change.epoch_before, 1u);
+    EXPECT_EQ(change.epoch, 2u);
+    EXPECT_EQ(change.workers_before, 3);
+    EXPECT_EQ(change.workers, 2);
+    EXPECT_EQ(change.lost, (std::vector<std::string>{"worker:1"}));
+    EXPECT_TRUE(change.joined.empty());
+  }
+  EXPECT_EQ(c.strategy(0).worker_rank(), 0);
+  EXPECT_EQ(c.strategy(2).worker_rank(), 1);
+  EXPECT_EQ(c.strategy(2).num_replicas_in_sync(), 4);
+  auto a = c.strategy(0).run_async(one_sum);
+  auto b = c.strategy(2).run_async(one_sum);
+  for (auto* f : {&a, &b})
+    for (const auto& t : f->get())
+      EXPECT_EQ(t.item<float>(), 4.0f);
+  // The second epoch's messages are logged with it.
+  bool second = false;
+  for (const auto& m : c.messages())
+    second = second || (m.epoch == 2 && m.from == 2 && m.to == 0);
+  EXPECT_TRUE(second);
+}
+
+TEST(ElasticCluster, ALostChiefIsSucceededByTheNextWorker) {
+  cluster c({.workers = 3, .seed = 2, .elastic_min_workers = 1});
+  for (auto& f : c.run_all(one_sum))
+    f.get();
+  c.kill(0);
+  EXPECT_EQ(c.members(), (std::vector<int>{1, 2}));
+  for (int w : {1, 2})
+    c.strategy(w).reform();
+  EXPECT_EQ(c.strategy(1).worker_rank(), 0);
+  EXPECT_EQ(c.strategy(2).worker_rank(), 1);
+  auto a = c.strategy(1).run_async(one_sum);
+  auto b = c.strategy(2).run_async(one_sum);
+  EXPECT_EQ(a.get().values().front().item<float>(), 2.0f);
+  EXPECT_EQ(b.get().values().front().item<float>(), 2.0f);
+}
+
+TEST(ElasticCluster, BelowTheMinimumTheGroupEndsWithPeerLostAndReformSaysSo) {
+  cluster c({.workers = 2, .seed = 3, .elastic_min_workers = 2});
+  for (auto& f : c.run_all(one_sum))
+    f.get();
+  c.kill(1);
+  EXPECT_EQ(c.epoch(), 1u);
+  EXPECT_TRUE(fails_with([&] { c.strategy(0).run(one_sum); }, errc::peer_lost,
+                         {"lost worker:1 (rank 1)", "fewer than the minimum of 2"}));
+  EXPECT_TRUE(fails_with([&] { c.strategy(0).reform(); }, errc::peer_lost,
+                         {"the elastic group ended", "fewer than the minimum of 2"}));
+}
+
+TEST(ElasticCluster, AMalformedMinimumOrAPartitionIsRefused) {
+  EXPECT_TRUE(fails_with([] { cluster c({.workers = 2, .elastic_min_workers = 3}); },
+                         errc::invalid_argument,
+                         {"elastic_min_workers is 3", "1 to the number of workers (2)"}));
+  EXPECT_TRUE(fails_with([] { cluster c({.workers = 2, .elastic_min_workers = -1}); },
+                         errc::invalid_argument, {"elastic_min_workers is -1"}));
+  cluster c({.workers = 3, .elastic_min_workers = 2});
+  EXPECT_TRUE(fails_with([&] { c.partition({1}); }, errc::unsupported,
+                         {"partitions of an elastic cluster are not simulated"}));
+}
+
+// -- seeded scenarios ------------------------------------------------------------------------
+
+/// One scenario: who dies where. Steps add 1 to every element of `w` (MEAN over the replicas:
+/// whatever the group's size, `w` ends at `steps` only if every roll-back went back to one
+/// commit) and the number of replicas in sync to `u` (SUM: it records the group's size at each
+/// step kept, so two runs agree only if they lost their workers at the same steps).
+struct scenario {
+  int workers = 3;
+  int replicas = 1;
+  int min_workers = 1;
+  int steps = 8;
+  int commit_every = 2;
+  enum class kind { between_steps, in_collective } how = kind::between_steps;
+  int victim = 0;
+  int at = 0;      // between_steps: the step it dies before; in_collective: its message on the link
+  int peer = 0;    // in_collective: the link's receiver
+  int second = -1; // a worker that dies when it learns of the first change (during re-formation)
+
+  std::string describe(uint64_t seed) const {
+    return "seed " + std::to_string(seed) + ": " + std::to_string(workers) + " workers x " +
+           std::to_string(replicas) + ", min " + std::to_string(min_workers) + ", " +
+           std::to_string(steps) + " steps, commit every " + std::to_string(commit_every) +
+           ", worker " + std::to_string(victim) +
+           (how == kind::between_steps ? " dies before step " + std::to_string(at)
+                                       : " dies sending its message " + std::to_string(at) +
+                                             " to worker " + std::to_string(peer)) +
+           (second >= 0 ? ", worker " + std::to_string(second) + " dies during re-formation" : "");
+  }
+};
+
+scenario make_scenario(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  scenario s;
+  s.workers = 2 + static_cast<int>(rng() % 3);
+  s.replicas = 1 + static_cast<int>(rng() % 2);
+  s.min_workers = 1 + static_cast<int>(rng() % static_cast<uint64_t>(s.workers - 1));
+  s.steps = 4 + static_cast<int>(rng() % 6);
+  s.commit_every = 1 + static_cast<int>(rng() % 3);
+  s.how = rng() % 2 == 0 ? scenario::kind::between_steps : scenario::kind::in_collective;
+  s.victim = static_cast<int>(rng() % static_cast<uint64_t>(s.workers));
+  s.at = static_cast<int>(rng() % static_cast<uint64_t>(s.steps));
+  s.peer =
+      (s.victim + 1 + static_cast<int>(rng() % static_cast<uint64_t>(s.workers - 1))) % s.workers;
+  if (s.workers > 2 && rng() % 3 == 0)
+    s.second =
+        (s.victim + 1 + static_cast<int>(rng() % static_cast<uint64_t>(s.workers - 1))) % s.workers;
+  return s;
+}
+
+/// How one worker's loop ended.
+struct result {
+  bool killed = false;    // it died as the scenario said
+  errc code = errc::none; // what ended it otherwise (none: it finished)
+  std::string text;
+  std::vector<float> w, u;
+  uint64_t epoch = 0;
+  int64_t step = 0;
+};
+
+/// The training loop of elastic_job, on worker `me` of `c`. Every worker makes its variables
+/// and its first commit, then waits at `ready` for the others: faults come after (a death while
+/// the variables are made is not recovered by a roll-back: there is no commit yet).
+result worker_loop(cluster& c, int me, const scenario& s,
+                   std::barrier<std::function<void()>>& ready) {
+  result r;
+  auto& st = c.strategy(me);
+  auto w = st.create_variable("w", tensor::zeros(dtype::float32, {4}),
+                              {variable_synchronization::on_write, variable_aggregation::mean});
+  auto u = st.create_variable("u", tensor::zeros(dtype::float32, {1}),
+                              {variable_synchronization::on_write, variable_aggregation::sum});
+  elastic_state state{st};
+  state.commit(nest::dict({{"step", tensor::scalar<int64_t>(0)}}));
+  ready.arrive_and_wait();
+  int64_t step = 0;
+  bool synced = true;
+  bool second_dies = me == s.second;
+  while (step < s.steps || !synced) {
+    try {
+      if (!synced) {
+        step = state.sync()["step"].as_tensor().item<int64_t>();
+        synced = true;
+        continue;
+      }
+      if (s.how == scenario::kind::between_steps && me == s.victim && step == s.at) {
+        c.kill(me);
+        r.killed = true;
+        return r;
+      }
+      st.run([&w, &u](replica_context& ctx) {
+        ctx.assign_add(w, tensor::from<float>({1, 1, 1, 1}, {4}));
+        ctx.assign_add(u, tensor::from<float>({1}, {1}));
+        return nest{};
+      });
+      ++step;
+      if (step % s.commit_every == 0)
+        state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}}));
+    } catch (const error& e) {
+      if (!c.alive(me)) { // the filter's crash_sender
+        r.killed = true;
+        return r;
+      }
+      if (e.code() != errc::membership_changed) {
+        r.code = e.code();
+        r.text = e.what();
+        return r;
+      }
+      if (second_dies) {
+        c.kill(me);
+        r.killed = true;
+        return r;
+      }
+      try {
+        st.reform();
+      } catch (const error& e2) {
+        r.code = e2.code();
+        r.text = e2.what();
+        return r;
+      }
+      synced = false;
+    }
+  }
+  r.w = w.value().to_vector<float>();
+  r.u = u.value().to_vector<float>();
+  r.epoch = st.membership_epoch();
+  r.step = step;
+  return r;
+}
+
+/// Runs `s` on a fresh cluster; every worker's loop on its own thread, each bounded.
+std::vector<result> run_scenario(const scenario& s, uint64_t seed) {
+  testing::cluster_options opts;
+  opts.workers = s.workers;
+  opts.replicas_per_worker = s.replicas;
+  opts.seed = seed;
+  opts.elastic_min_workers = s.min_workers;
+  opts.strategy.collective_timeout = 20s;
+  cluster c(opts);
+  // The victim dies sending its `at`-th message to `peer` after the set-up (counted when every
+  // worker is ready, before any sends a step's message).
+  auto armed_at = std::make_shared<std::atomic<uint64_t>>(UINT64_MAX);
+  if (s.how == scenario::kind::in_collective) {
+    const int victim = s.victim, peer = s.peer;
+    c.on_message([victim, peer, armed_at](const testing::message& m) {
+      return m.epoch == 1 && m.from == victim && m.to == peer && m.link_seq == armed_at->load()
+                 ? testing::verdict::crash_sender()
+                 : testing::verdict::deliver();
+    });
+  }
+  std::barrier<std::function<void()>> ready(s.workers, [&] {
+    if (s.how != scenario::kind::in_collective)
+      return;
+    uint64_t sent = 0;
+    for (const auto& m : c.messages())
+      sent += m.kind == "data" && m.from == s.victim && m.to == s.peer ? 1 : 0;
+    armed_at->store(sent + static_cast<uint64_t>(s.at));
+  });
+  std::vector<std::future<result>> loops;
+  for (int w = 0; w < s.workers; ++w)
+    loops.push_back(std::async(std::launch::async,
+                               [&c, w, &s, &ready] { return worker_loop(c, w, s, ready); }));
+  std::vector<result> out;
+  for (auto& f : loops) {
+    if (f.wait_for(60s) != std::future_status::ready) {
+      ADD_FAILURE() << "a worker's loop did not end within 60 s: " << s.describe(seed);
+      std::abort(); // its thread holds the cluster: nothing to unwind
+    }
+    out.push_back(f.get());
+  }
+  return out;
+}
+
+/// Checks one run: every worker died as planned, finished with the same weights, or (the group
+/// ended) failed with peer_lost.
+void check_run(const scenario& s, uint64_t seed, const std::vector<result>& run) {
+  SCOPED_TRACE(s.describe(seed));
+  const result* finished = nullptr;
+  int ended = 0;
+  for (int w = 0; w < s.workers; ++w) {
+    const auto& r = run[static_cast<size_t>(w)];
+    if (r.killed) {
+      EXPECT_TRUE(w == s.victim || w == s.second) << "worker " << w << " was not to die";
+      continue;
+    }
+    if (r.code != errc::none) {
+      EXPECT_EQ(r.code, errc::peer_lost) << "worker " << w << ": " << r.text;
+      EXPECT_NE(r.text.find("fewer than the minimum of " + std::to_string(s.min_workers)),
+                std::string::npos)
+          << r.text;
+      ++ended;
+      continue;
+    }
+    EXPECT_EQ(r.step, s.steps) << "worker " << w;
+    EXPECT_EQ(r.w, std::vector<float>(4, static_cast<float>(s.steps)))
+        << "worker " << w << ": a step applied twice or lost";
+    if (finished) {
+      EXPECT_EQ(r.u, finished->u) << "worker " << w << " and another ended apart";
+      EXPECT_EQ(r.epoch, finished->epoch);
+    }
+    finished = &r;
+  }
+  EXPECT_TRUE(finished == nullptr || ended == 0) << "some finished while others saw the end";
+}
+
+TEST(ElasticCluster, SeededKillsAtEveryPointOfAStepLoseNothingAndReplayTheSame) {
+  int seeds = 1000;
+  if (const char* env = std::getenv("CONSORT_ELASTIC_SEEDS"))
+    seeds = std::atoi(env);
+  int first_seed = 0;
+  if (const char* env = std::getenv("CONSORT_ELASTIC_FIRST_SEED"))
+    first_seed = std::atoi(env);
+  for (int seed = first_seed; seed < first_seed + seeds; ++seed) {
+    const auto s = make_scenario(static_cast<uint64_t>(seed));
+    const auto first = run_scenario(s, static_cast<uint64_t>(seed));
+    check_run(s, static_cast<uint64_t>(seed), first);
+    // The same seed again: the same workers die at the same points, the same weights.
+    const auto again = run_scenario(s, static_cast<uint64_t>(seed));
+    for (int w = 0; w < s.workers; ++w) {
+      const auto& a = first[static_cast<size_t>(w)];
+      const auto& b = again[static_cast<size_t>(w)];
+      EXPECT_EQ(a.killed, b.killed) << s.describe(static_cast<uint64_t>(seed)) << ", worker " << w;
+      EXPECT_EQ(a.code, b.code) << s.describe(static_cast<uint64_t>(seed)) << ", worker " << w;
+      // A death between steps leaves every survivor at the same commit; one inside a
+      // collective may let some survivors finish that step (they had every part) before the loss
+      // reaches them, as between processes, so the commit they roll back to can differ by a step.
+      if (s.how == scenario::kind::between_steps) {
+        EXPECT_EQ(a.u, b.u) << s.describe(static_cast<uint64_t>(seed)) << ", worker " << w;
+      }
+      EXPECT_EQ(a.w, b.w) << s.describe(static_cast<uint64_t>(seed)) << ", worker " << w;
+      EXPECT_EQ(a.epoch, b.epoch) << s.describe(static_cast<uint64_t>(seed)) << ", worker " << w;
+    }
+    if (::testing::Test::HasFailure())
+      break;
+  }
+}
+
+} // namespace
+} // namespace consort
