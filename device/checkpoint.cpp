@@ -14,6 +14,7 @@
 #include <bit>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -695,14 +696,21 @@ std::string checkpoint_manager::save(const std::vector<named_tensor>& tensors,
   auto all = checkpoints();
   for (size_t i = 0; i + options_.max_to_keep < all.size(); ++i)
     ::unlink(all[i].c_str());
-  // Temporary files of a writer that was killed mid-write (one writer per directory, so none is
-  // being written now).
+  // Temporary files of a writer that was killed mid-write: those untouched for a minute. One
+  // writer per directory is the rule, but a chief that was stopped or cut off, and replaced,
+  // may still be finishing a save; its file is being written now, so it is recent, and is left
+  // to it.
   const std::string temp_head = "." + options_.prefix + "-";
+  const auto stale_before = std::filesystem::file_time_type::clock::now() - std::chrono::minutes(1);
   std::error_code ec;
   for (const auto& item : std::filesystem::directory_iterator(directory_, ec)) {
     const std::string name = item.path().filename().string();
-    if (name.compare(0, temp_head.size(), temp_head) == 0 &&
-        name.find(".safetensors.tmp-") != std::string::npos)
+    if (name.compare(0, temp_head.size(), temp_head) != 0 ||
+        name.find(".safetensors.tmp-") == std::string::npos)
+      continue;
+    std::error_code time_ec;
+    const auto written = std::filesystem::last_write_time(item.path(), time_ec);
+    if (!time_ec && written < stale_before)
       std::filesystem::remove(item.path(), ec);
   }
   return path;

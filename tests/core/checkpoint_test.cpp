@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -281,8 +282,20 @@ TEST_F(CheckpointTest, ATornNewestIsSkippedForThePreviousGoodOne) {
 TEST_F(CheckpointTest, TheManagerRemovesATemporaryFileAKilledWriterLeft) {
   checkpoint_manager manager(dir_);
   write_file(path(".ckpt-3.safetensors.tmp-99999-0"), "half a checkpoint");
+  fs::last_write_time(path(".ckpt-3.safetensors.tmp-99999-0"),
+                      fs::file_time_type::clock::now() - std::chrono::minutes(2));
   manager.save(consort::named_leaves(model()), at_step(4));
   EXPECT_EQ(files(), std::vector<std::string>{"ckpt-4.safetensors"});
+}
+
+// A replaced chief (stopped or cut off, then let go on) may still be finishing a save into the
+// directory: the new chief's save leaves its temporary file, which is being written now.
+TEST_F(CheckpointTest, TheManagerLeavesATemporaryFileAnotherWriterIsWritingNow) {
+  checkpoint_manager manager(dir_);
+  write_file(path(".ckpt-3.safetensors.tmp-99999-0"), "a checkpoint on its way");
+  manager.save(consort::named_leaves(model()), at_step(4));
+  EXPECT_EQ(files(),
+            (std::vector<std::string>{".ckpt-3.safetensors.tmp-99999-0", "ckpt-4.safetensors"}));
 }
 
 TEST_F(CheckpointTest, TheManagerRefusesBadOptions) {
