@@ -825,17 +825,26 @@ std::unique_ptr<detail::joined_cluster> join_cluster(strategy_options opts,
 }
 } // namespace
 
+namespace {
+
+/// The cluster of consort::testing's workers: tasks "worker:N" at "sim-worker-N:0".
+std::shared_ptr<const cluster_resolver> simulated_resolver(int workers, int task) {
+  std::map<int, std::string> addresses;
+  for (int w = 0; w < workers; ++w)
+    addresses[w] = "sim-worker-" + std::to_string(w) + ":0";
+  return std::make_shared<simple_cluster_resolver>(
+      cluster_spec{cluster_spec::job_map{{"worker", std::move(addresses)}}}, "worker", task);
+}
+
+} // namespace
+
 std::unique_ptr<multi_worker_mirrored_strategy> detail::strategy_access::simulated_worker(
     const strategy_options& opts, int rank, int workers, std::vector<std::string> devices,
     transport::context_ptr network, std::chrono::milliseconds close_timeout) {
   detail::validated(opts);
   devices = detail::canonical_devices(devices);
-  std::map<int, std::string> tasks;
-  for (int w = 0; w < workers; ++w)
-    tasks[w] = "sim-worker-" + std::to_string(w) + ":0";
   auto joined = std::make_unique<detail::joined_cluster>();
-  joined->resolver = std::make_shared<simple_cluster_resolver>(
-      cluster_spec{cluster_spec::job_map{{"worker", std::move(tasks)}}}, "worker", rank);
+  joined->resolver = simulated_resolver(workers, rank);
   detail::multi_worker_setup setup;
   setup.worker_rank = rank;
   setup.num_workers = workers;
@@ -861,12 +870,8 @@ std::unique_ptr<multi_worker_mirrored_strategy> detail::strategy_access::simulat
     throw_error(errc::invalid_argument, "elastic_min_workers is " + std::to_string(min_workers) +
                                             "; expected 1 to the number of workers (" +
                                             std::to_string(workers) + ")");
-  std::map<int, std::string> addresses;
-  for (int w = 0; w < workers; ++w)
-    addresses[w] = "sim-worker-" + std::to_string(w) + ":0";
   auto joined = std::make_unique<detail::joined_cluster>();
-  joined->resolver = std::make_shared<simple_cluster_resolver>(
-      cluster_spec{cluster_spec::job_map{{"worker", std::move(addresses)}}}, "worker", task);
+  joined->resolver = simulated_resolver(workers, task);
   auto group = std::make_shared<detail::elastic_group>();
   group->opts = opts;
   group->mw.elastic_min_workers = min_workers;

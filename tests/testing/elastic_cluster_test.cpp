@@ -11,10 +11,14 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <memory>
@@ -171,11 +175,30 @@ struct result {
   int64_t step = 0;
 };
 
+/// A directory of its own for a run's checkpoints, removed at the end.
+struct checkpoint_dir {
+  std::filesystem::path path;
+  explicit checkpoint_dir(uint64_t seed) {
+    static std::atomic<int> runs{0};
+    path = std::filesystem::temp_directory_path() /
+           ("consort-elastic-" + std::to_string(::getpid()) + "-" + std::to_string(seed) + "-" +
+            std::to_string(runs++));
+  }
+  ~checkpoint_dir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
 /// The training loop of elastic_job, on worker `me` of `c`. Every worker makes its variables
 /// and its first commit, then waits at `ready` for the others: faults come after (a death while
-/// the variables are made is not recovered by a roll-back: there is no commit yet).
+/// the variables are made is not recovered by a roll-back: there is no commit yet). At each
+/// commit the group's chief of the moment saves the variables into `checkpoints`.
 result worker_loop(cluster& c, int me, const scenario& s,
-                   std::barrier<std::function<void()>>& ready) {
+                   std::barrier<std::function<void()>>& ready, const std::string& checkpoints) {
+  checkpoint_manager_options keep;
+  keep.max_to_keep = 3;
+  checkpoint_manager manager(checkpoints, keep);
   result r;
   auto& st = c.strategy(me);
   auto w = st.create_variable("w", tensor::zeros(dtype::float32, {4}),
@@ -206,8 +229,17 @@ result worker_loop(cluster& c, int me, const scenario& s,
         return nest{};
       });
       ++step;
-      if (step % s.commit_every == 0)
+      if (step % s.commit_every == 0) {
         state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}}));
+        auto values = st.variable_values(); // a collective: every worker takes part
+        if (st.worker_rank() == 0) {
+          checkpoint_metadata meta;
+          meta.step = step;
+          meta.num_workers = st.num_workers();
+          meta.num_replicas_in_sync = st.num_replicas_in_sync();
+          manager.save(values, meta);
+        }
+      }
     } catch (const error& e) {
       if (!c.alive(me)) { // the filter's crash_sender
         r.killed = true;
@@ -249,6 +281,7 @@ std::vector<result> run_scenario(const scenario& s, uint64_t seed) {
   opts.elastic_min_workers = s.min_workers;
   opts.strategy.collective_timeout = 20s;
   cluster c(opts);
+  checkpoint_dir checkpoints(seed);
   // The victim dies sending its `at`-th message to `peer` after the set-up (counted when every
   // worker is ready, before any sends a step's message).
   auto armed_at = std::make_shared<std::atomic<uint64_t>>(UINT64_MAX);
@@ -270,8 +303,9 @@ std::vector<result> run_scenario(const scenario& s, uint64_t seed) {
   });
   std::vector<std::future<result>> loops;
   for (int w = 0; w < s.workers; ++w)
-    loops.push_back(std::async(std::launch::async,
-                               [&c, w, &s, &ready] { return worker_loop(c, w, s, ready); }));
+    loops.push_back(std::async(std::launch::async, [&c, w, &s, &ready, &checkpoints] {
+      return worker_loop(c, w, s, ready, checkpoints.path.string());
+    }));
   std::vector<result> out;
   for (auto& f : loops) {
     if (f.wait_for(60s) != std::future_status::ready) {
@@ -279,6 +313,33 @@ std::vector<result> run_scenario(const scenario& s, uint64_t seed) {
       std::abort(); // its thread holds the cluster: nothing to unwind
     }
     out.push_back(f.get());
+  }
+  // Whoever wrote them, whoever died meanwhile: every checkpoint kept loads, its checksums hold,
+  // and it holds the weights of its step (every step adds 1 to every element of `w`); a group
+  // that finished on a commit step kept that step's.
+  const auto kept = checkpoint_manager(checkpoints.path.string()).checkpoints();
+  const bool finished = std::any_of(
+      out.begin(), out.end(), [](const result& r) { return !r.killed && r.code == errc::none; });
+  if (finished && s.steps % s.commit_every == 0) {
+    EXPECT_FALSE(kept.empty()) << s.describe(seed);
+    if (!kept.empty()) {
+      EXPECT_EQ(load_checkpoint(kept.back()).metadata.step, s.steps) << s.describe(seed);
+    }
+  }
+  for (const auto& path : kept) {
+    SCOPED_TRACE(s.describe(seed) + ": " + path);
+    try {
+      auto data = load_checkpoint(path);
+      const auto* w = data.find("w");
+      EXPECT_NE(w, nullptr);
+      if (w) {
+        EXPECT_EQ(w->to_vector<float>(),
+                  std::vector<float>(4, static_cast<float>(data.metadata.step)));
+      }
+      EXPECT_GE(data.metadata.num_workers, s.min_workers);
+    } catch (const error& e) {
+      ADD_FAILURE() << e.what();
+    }
   }
   return out;
 }
