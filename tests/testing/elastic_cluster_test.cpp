@@ -22,6 +22,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -201,12 +202,24 @@ result worker_loop(cluster& c, int me, const scenario& s,
   checkpoint_manager manager(checkpoints, keep);
   result r;
   auto& st = c.strategy(me);
-  auto w = st.create_variable("w", tensor::zeros(dtype::float32, {4}),
-                              {variable_synchronization::on_write, variable_aggregation::mean});
-  auto u = st.create_variable("u", tensor::zeros(dtype::float32, {1}),
-                              {variable_synchronization::on_write, variable_aggregation::sum});
+  std::optional<variable> made_w, made_u;
   elastic_state state{st};
-  state.commit(nest::dict({{"step", tensor::scalar<int64_t>(0)}}));
+  try {
+    made_w = st.create_variable("w", tensor::zeros(dtype::float32, {4}),
+                                {variable_synchronization::on_write, variable_aggregation::mean});
+    made_u = st.create_variable("u", tensor::zeros(dtype::float32, {1}),
+                                {variable_synchronization::on_write, variable_aggregation::sum});
+    state.commit(nest::dict({{"step", tensor::scalar<int64_t>(0)}}));
+  } catch (const error& e) {
+    // No fault comes before the barrier, so this is the test's failure: the others go on
+    // without this worker (and fail in their first collective), never stranded at the barrier.
+    ready.arrive_and_drop();
+    r.code = e.code();
+    r.text = std::string{"the set-up failed: "} + e.what();
+    return r;
+  }
+  auto& w = *made_w;
+  auto& u = *made_u;
   ready.arrive_and_wait();
   int64_t step = 0;
   bool synced = true;
