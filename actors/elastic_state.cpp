@@ -4,7 +4,17 @@
 #include <consort/elastic.hpp>
 #include <consort/error.hpp>
 
+#include <cstdint>
+#include <limits>
+
 namespace consort {
+
+namespace {
+
+/// What a worker offers in the sync's choice when its commit is not the group's state.
+constexpr int32_t no_state = std::numeric_limits<int32_t>::max();
+
+} // namespace
 
 void elastic_state::commit(nest extra) {
   if (committed_) {
@@ -16,6 +26,7 @@ void elastic_state::commit(nest extra) {
     variables_.clear();
     for (const auto& v : strategy_->variables())
       variables_.push_back({v.name(), v.local_values().front()});
+    fresh_ = strategy_->joined_running_group();
   }
   extra_ = std::move(extra);
   const bool first = !committed_;
@@ -36,8 +47,16 @@ nest elastic_state::sync() {
     values.emplace(v.name, nest{v.value});
   auto packed = nest::dict({{"variables", nest::dict(std::move(values))}, {"extra", extra_}});
   if (strategy_->num_workers() > 1) {
+    const int per_worker = strategy_->num_replicas_in_sync() / strategy_->num_workers();
+    const int32_t offered = fresh_ ? no_state : strategy_->worker_rank();
     auto out = strategy_->run(
-        [](replica_context& ctx, const nest& mine) { return ctx.broadcast(mine, 0); }, packed);
+        [offered, per_worker](replica_context& ctx, const nest& mine) {
+          // The first worker whose commit is the group's state; worker 0 when none is.
+          const auto first = ctx.all_reduce("MIN", tensor::scalar<int32_t>(offered));
+          const int32_t root = first.item<int32_t>() == no_state ? 0 : first.item<int32_t>();
+          return ctx.broadcast(mine, root * per_worker);
+        },
+        packed);
     packed = out.values().front();
   }
   std::vector<named_tensor> synced;
@@ -46,6 +65,7 @@ nest elastic_state::sync() {
   strategy_->assign_variables(synced);
   variables_ = std::move(synced);
   extra_ = packed["extra"];
+  fresh_ = false;
   return extra_;
 }
 

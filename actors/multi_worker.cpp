@@ -348,6 +348,9 @@ struct detail::elastic_group {
   /// Whether this process formed an epoch yet (a first view of a later epoch: it joined a
   /// running group).
   bool formed_any = false;
+  /// Whether this process's first epoch was a later one (multi_worker_mirrored_strategy::
+  /// joined_running_group).
+  bool joined = false;
   /// Set when the runtime of the current epoch is retired: its shutdown must not leave.
   std::shared_ptr<std::atomic<bool>> retired;
   /// Set when the chief left this worker out of the group (membership::lost_event::left_out):
@@ -533,6 +536,8 @@ detail::elastic_group::connect(const membership::view& v,
       svc->leave("shutdown");
   };
   view = v;
+  if (!formed_any)
+    joined = setup.joined_running_group;
   formed_any = true;
   return std::make_unique<detail::runtime>(devices, opts, std::move(setup));
 }
@@ -968,7 +973,8 @@ multi_worker_mirrored_strategy::membership_change multi_worker_mirrored_strategy
       throw_error(errc::peer_lost, "reform: this worker was left out, and joining again found "
                                    "no elastic group");
     rt = std::move(joined->rt);
-    group_ = std::move(joined->group); // the previous service, and its ended group, go
+    joined->group->joined = group_->joined; // the same process: its state is what it was
+    group_ = std::move(joined->group);      // the previous service, and its ended group, go
     rejoined = true;
   }
   membership_change change;
@@ -1013,6 +1019,10 @@ void multi_worker_mirrored_strategy::step_boundary() {
   // This epoch's engine has nothing in flight: it ends here, as after a notice.
   group_->target->end(epoch + 1, cause, errc::membership_changed);
   throw_error(errc::membership_changed, cause);
+}
+
+bool multi_worker_mirrored_strategy::joined_running_group() const noexcept {
+  return group_ && group_->joined;
 }
 
 int multi_worker_mirrored_strategy::worker_rank() const noexcept {

@@ -489,7 +489,7 @@ void arrange_checkpoints(options& o, std::optional<checkpoint_manager>& manager,
 /// Trains; with --elastic, goes on through changes of the group (docs/train.md, "Elastic
 /// training"): every --commit-every steps each worker commits the step and the model's variables in
 /// memory; a change fails the step in flight with membership_changed, the workers take part in
-/// the group's next epoch (reform), every one takes worker 0's commit (sync), and training goes
+/// the group's next epoch (reform), every one takes the group's commit (sync), and training goes
 /// on from there on the new group, its dataset split over the new replicas. A worker that joins
 /// the running group takes the group's commit the same way. Each change prints one line on every
 /// worker of the group, once the first step after it completed.
@@ -559,7 +559,7 @@ train::outcome train_through_changes(multi_worker_mirrored_strategy& strategy, c
   };
   for (;;) {
     run.start_step = extra["step"].as_tensor().item<int64_t>();
-    run.initial_params = model.params_on_host(); // worker 0's, as the sync left them
+    run.initial_params = model.params_on_host(); // the group's, as the sync left them
     try {
       auto result = train::train_on(strategy, run, data, trace, strategy.worker_rank(), progress());
       if (!result.snapshot.is_dict())

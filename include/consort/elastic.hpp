@@ -4,7 +4,8 @@
 // Horovod's `hvd.elastic.State`: the loop commits its state every few steps; when the group of
 // workers changes, a call fails with error(membership_changed), the loop re-forms the group
 // (`multi_worker_mirrored_strategy::reform`) and every worker takes worker 0's last commit
-// (`sync`), so that the workers that remain, and one that joins, go on from the same state.
+// (`sync`: the first worker's that is no newcomer), so that the workers that remain, and one
+// that joins, go on from the same state.
 //
 //   consort::elastic_state state{strategy};
 //   state.commit(nest::dict({{"step", tensor::scalar<int64_t>(0)}}));
@@ -12,7 +13,7 @@
 //   for (int64_t step = 0; step < steps;) {
 //     try {
 //       if (!synced) {
-//         step = first_step(state.sync());      // worker 0's commit, everywhere
+//         step = first_step(state.sync());      // the group's commit, everywhere
 //         synced = true;
 //       }
 //       strategy.run(train_step, next_batch());
@@ -60,13 +61,17 @@ public:
   /// Whether anything was committed.
   bool committed() const noexcept { return committed_; }
 
-  /// Makes worker 0's commit everyone's: one broadcast step carries its variables and extra to
-  /// every worker, which assigns them to its variables and keeps them as its commit. Every worker
-  /// of the group calls it (after `reform`, and once at the start, where a worker that joined a
-  /// running group takes the group's state). Every worker's commit must have the same variables
-  /// and an `extra` of the same structure, shapes and dtypes (a joining worker commits its
-  /// freshly created variables first).
-  /// @returns the extra of worker 0's commit.
+  /// Makes the group's commit everyone's: one step agrees on the first worker (by rank) whose
+  /// commit is the group's state, and broadcasts its variables and extra to every worker, which
+  /// assigns them to its variables and keeps them as its commit. The group's state is any
+  /// commit but the fresh one of a process that joined a running group and has not synced yet
+  /// (`multi_worker_mirrored_strategy::joined_running_group`): such a worker is rank 0 when the
+  /// chief is lost while it joins, and its fresh variables must not replace the others'. Worker
+  /// 0's when every worker is such a process. Every worker of the group calls it (after `reform`,
+  /// and once at the start, where a worker that joined a running group takes the group's state).
+  /// Every worker's commit must have the same variables and an `extra` of the same structure,
+  /// shapes and dtypes (a joining worker commits its freshly created variables first).
+  /// @returns the extra of the commit that was taken.
   /// @throws error(invalid_argument) before any commit; the errors of `strategy::run` (a commit
   ///         of another structure fails the broadcast's descriptor check on every worker;
   ///         another change of the group fails it with error(membership_changed)).
@@ -77,6 +82,7 @@ private:
   std::vector<named_tensor> variables_;
   nest extra_;
   bool committed_ = false;
+  bool fresh_ = false; // the first commit of a process that joined a running group, not synced
 };
 
 } // namespace consort

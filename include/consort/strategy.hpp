@@ -506,6 +506,13 @@ public:
   /// change of an elastic group. A worker that joined a running group starts at a later one.
   uint64_t membership_epoch() const noexcept;
 
+  /// Whether this process started in a group that was already running: a restarted or new
+  /// worker of an elastic group, whose first epoch is a later one (a worker that the others left
+  /// out and that joined them again keeps what it was). Its variables hold its own initial values
+  /// until `elastic_state::sync` gives it the group's state, so no other worker takes its commit
+  /// while one that did not join this way can give it.
+  bool joined_running_group() const noexcept;
+
   /// What a re-formation changed.
   struct membership_change {
     uint64_t epoch_before = 0;
