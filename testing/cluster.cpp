@@ -92,7 +92,11 @@ void cluster::form() {
     std::vector<multi_worker_mirrored_strategy*> raw;
     for (auto& s : built)
       raw.push_back(s.get());
-    membership_->set_strategies(std::move(raw));
+    membership_->set_strategies(
+        raw, [this](int w, const transport::membership::view& v) { return restarted(w, v); });
+    std::lock_guard<std::mutex> guard{restarts_mtx_};
+    current_ = std::move(raw);
+    restarts_.assign(static_cast<size_t>(opts_.workers), 0);
   } else {
     auto contexts = world_->make_contexts();
     for (int w = 0; w < opts_.workers; ++w)
@@ -104,16 +108,23 @@ void cluster::form() {
   // The actors' step deadlines (step_timeout) move with the network's clock, in event order.
   detail::sim_world::worker_hooks hooks;
   hooks.oldest_step = [this](int rank) {
-    return consort::detail::strategy_access::oldest_running_step(
-        *strategies_[static_cast<size_t>(rank)]);
+    return consort::detail::strategy_access::oldest_running_step(checked(rank));
   };
   hooks.on_advanced = [this](std::chrono::nanoseconds step) {
+    std::vector<multi_worker_mirrored_strategy*> every;
     for (auto& s : strategies_)
+      every.push_back(s.get());
+    {
+      std::lock_guard<std::mutex> guard{restarts_mtx_};
+      for (auto& s : restarted_)
+        every.push_back(s.get());
+    }
+    for (auto* s : every)
       consort::detail::strategy_access::advance_step_clock(*s, step);
   };
   if (membership_)
-    hooks.on_crash = [m = membership_.get()](int w) {
-      m->crashed(w);
+    hooks.on_crash = [m = membership_.get()](int w, bool restart) {
+      return m->crashed(w, restart);
     };
   world_->set_worker_hooks(std::move(hooks));
 }
@@ -128,7 +139,48 @@ cluster::~cluster() {
     membership_->stop();
   membership_.reset();
   // Each worker leaves as at the end of its process; the network outlives them all.
+  {
+    std::lock_guard<std::mutex> guard{restarts_mtx_};
+    current_.clear();
+  }
+  restarted_.clear();
   strategies_.clear();
+}
+
+multi_worker_mirrored_strategy* cluster::restarted(int worker,
+                                                   const transport::membership::view& v) {
+  std::vector<std::string> devices;
+  for (int d = 0; d < opts_.replicas_per_worker; ++d)
+    devices.push_back("CPU:" + std::to_string(d));
+  auto log = opts_.log ? opts_.log : [](const std::string&) {
+  };
+  auto fresh = consort::detail::strategy_access::simulated_elastic_worker(
+      opts_.strategy, worker, opts_.workers, devices, opts_.elastic_min_workers,
+      membership_->for_worker(worker), v, std::chrono::seconds(1), change_grace, log);
+  std::lock_guard<std::mutex> guard{restarts_mtx_};
+  auto* raw = fresh.get();
+  restarted_.push_back(std::move(fresh));
+  current_[static_cast<size_t>(worker)] = raw;
+  ++restarts_[static_cast<size_t>(worker)];
+  restarted_cv_.notify_all();
+  return raw;
+}
+
+multi_worker_mirrored_strategy& cluster::await_restart(int worker, int restarts,
+                                                       std::chrono::milliseconds within) {
+  check_index(worker, "await_restart");
+  std::unique_lock<std::mutex> lock{restarts_mtx_};
+  const auto enough = [&] {
+    return !restarts_.empty() && restarts_[static_cast<size_t>(worker)] >= restarts;
+  };
+  if (!restarted_cv_.wait_for(lock, within, enough))
+    throw_error(errc::collective_timeout,
+                "consort::testing::cluster::await_restart: worker " + std::to_string(worker) +
+                    " was restarted " +
+                    std::to_string(restarts_.empty() ? 0 : restarts_[static_cast<size_t>(worker)]) +
+                    " times within " + std::to_string(within.count()) + " ms; expected " +
+                    std::to_string(restarts));
+  return *current_[static_cast<size_t>(worker)];
 }
 
 void cluster::check_rendezvous() {
@@ -181,6 +233,9 @@ multi_worker_mirrored_strategy& cluster::checked(int worker) const {
                 "consort::testing::cluster: worker " + std::to_string(worker) +
                     " has not started: the cluster is still forming (join the late workers, or "
                     "advance past the rendezvous timeout)");
+  std::lock_guard<std::mutex> guard{restarts_mtx_};
+  if (!current_.empty())
+    return *current_[static_cast<size_t>(worker)];
   return *strategies_[static_cast<size_t>(worker)];
 }
 
@@ -203,6 +258,27 @@ void cluster::kill(int worker) {
   world_->kill(worker);
   if (membership_)
     membership_->lost(worker);
+}
+
+void cluster::restart(int worker) {
+  check_index(worker, "restart");
+  checked(worker);
+  if (!membership_)
+    throw_error(errc::unsupported,
+                "consort::testing::cluster::restart: the cluster is not elastic "
+                "(cluster_options::elastic_min_workers is 0): there is no running group for a new "
+                "process to join (kill the worker instead)");
+  errc code = errc::none;
+  if (auto why = membership_->restart_refusal(worker, &code); !why.empty())
+    throw_error(code, "consort::testing::cluster::restart: " + why);
+  world_->kill(worker);
+  membership_->lost(worker, true);
+}
+
+int cluster::restarts(int worker) const {
+  check_index(worker, "restarts");
+  std::lock_guard<std::mutex> guard{restarts_mtx_};
+  return restarts_.empty() ? 0 : restarts_[static_cast<size_t>(worker)];
 }
 
 uint64_t cluster::epoch() const {

@@ -23,7 +23,8 @@ constexpr std::chrono::seconds no_change_bound{30};
 sim_membership::sim_membership(std::shared_ptr<sim_world> world, int workers, int min_workers,
                                std::vector<std::string> devices)
     : world_(std::move(world)), workers_(workers), min_workers_(min_workers),
-      devices_(std::move(devices)), lost_(static_cast<size_t>(workers), false) {
+      devices_(std::move(devices)), lost_(static_cast<size_t>(workers), false),
+      incarnation_(static_cast<size_t>(workers), 0) {
   for (int w = 0; w < workers_; ++w)
     members_.push_back(w);
   auto contexts = world_->make_contexts();
@@ -46,9 +47,11 @@ void sim_membership::stop() {
     thread_.join();
 }
 
-void sim_membership::set_strategies(std::vector<multi_worker_mirrored_strategy*> strategies) {
+void sim_membership::set_strategies(std::vector<multi_worker_mirrored_strategy*> strategies,
+                                    restarter restart) {
   std::lock_guard<std::mutex> guard{mtx_};
   strategies_ = std::move(strategies);
+  restart_ = std::move(restart);
 }
 
 membership::view sim_membership::view_of(uint64_t epoch, const std::vector<int>& members) const {
@@ -76,16 +79,21 @@ membership::view sim_membership::first_view() const {
 
 strategy_access::simulated_membership sim_membership::for_worker(int w) {
   strategy_access::simulated_membership m;
+  int incarnation = 0;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    incarnation = incarnation_[static_cast<size_t>(w)];
+  }
   // Weak: a worker's strategy may outlive the cluster's membership (it goes first at the end).
   auto gone = [w] {
     return error(errc::shutdown,
                  "worker:" + std::to_string(w) + ": the consort::testing cluster is gone");
   };
-  m.next_view = [self = weak_from_this(), w, gone](uint64_t after) {
+  m.next_view = [self = weak_from_this(), w, incarnation, gone](uint64_t after) {
     auto me = self.lock();
     if (!me)
       throw gone();
-    return me->next_view(w, after);
+    return me->next_view(w, incarnation, after);
   };
   m.context = [self = weak_from_this(), w, gone](const membership::view& v) {
     auto me = self.lock();
@@ -96,11 +104,15 @@ strategy_access::simulated_membership sim_membership::for_worker(int w) {
   return m;
 }
 
-membership::view sim_membership::next_view(int w, uint64_t after) {
+membership::view sim_membership::next_view(int w, int incarnation, uint64_t after) {
   const std::string me = "worker:" + std::to_string(w);
   std::unique_lock<std::mutex> lock{mtx_};
   const auto until = std::chrono::steady_clock::now() + no_change_bound;
   for (;;) {
+    if (incarnation != incarnation_[static_cast<size_t>(w)])
+      throw_error(errc::peer_lost, "this process of " + me +
+                                       " was killed by the test harness; a new process of its "
+                                       "task took its place in the group");
     if (lost_[static_cast<size_t>(w)])
       throw_error(errc::peer_lost,
                   me + " was killed by the test harness; it takes part in no later epoch");
@@ -130,7 +142,31 @@ transport::context_ptr sim_membership::context(int w, const membership::view& v)
   return ctx;
 }
 
-void sim_membership::lost(int w) {
+std::string sim_membership::restart_refusal_locked(int w, errc* code) const {
+  const std::string me = "worker:" + std::to_string(w);
+  if (code)
+    *code = errc::invalid_argument;
+  if (ended_)
+    return me + " cannot rejoin: the elastic group ended (" + end_cause_ + ")";
+  auto it = std::find(members_.begin(), members_.end(), w);
+  if (lost_[static_cast<size_t>(w)] || it == members_.end())
+    return me + " is not a live member of the group (epoch " + std::to_string(epoch_) +
+           "); a restart replaces a live member's process";
+  if (code)
+    *code = errc::unsupported;
+  if (it == members_.begin())
+    return me + " is the group's chief (rank 0 of epoch " + std::to_string(epoch_) +
+           "), and a restarted chief does not rejoin (docs/multi_worker.md, \"What is not "
+           "done\"): kill it instead";
+  return {};
+}
+
+std::string sim_membership::restart_refusal(int w, errc* code) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return restart_refusal_locked(w, code);
+}
+
+void sim_membership::lost(int w, bool restart) {
   std::lock_guard<std::mutex> change{change_mtx_};
   std::vector<int> next_members;
   std::string cause;
@@ -140,6 +176,7 @@ void sim_membership::lost(int w) {
     std::lock_guard<std::mutex> guard{mtx_};
     if (lost_[static_cast<size_t>(w)])
       return;
+    restart = restart && restart_ && restart_refusal_locked(w, nullptr).empty();
     lost_[static_cast<size_t>(w)] = true;
     if (static_cast<size_t>(w) < strategies_.size())
       victim = strategies_[static_cast<size_t>(w)];
@@ -159,15 +196,20 @@ void sim_membership::lost(int w) {
     cause = "worker:" + std::to_string(w) + " (rank " + std::to_string(it - members_.begin()) +
             "): connection closed without leave (killed by the test harness)";
     next_members = members_;
-    next_members.erase(next_members.begin() + (it - members_.begin()));
+    if (restart)
+      cause += "; a new process of its task joins in its place";
+    else
+      next_members.erase(next_members.begin() + (it - members_.begin()));
     if (static_cast<int>(next_members.size()) >= min_workers_)
       next = epoch_ + 1;
   }
-  // The next epoch's contexts exist before any survivor hears of it.
+  // The next epoch's contexts exist before any survivor hears of it, and so does a restarted
+  // worker's new process.
   std::vector<transport::context_ptr> contexts;
   if (next > 0)
     contexts = world_->make_group(next, next_members);
   std::vector<multi_worker_mirrored_strategy*> told;
+  restarter make;
   {
     std::lock_guard<std::mutex> guard{mtx_};
     if (next > 0) {
@@ -181,21 +223,43 @@ void sim_membership::lost(int w) {
       end_cause_ = cause;
     }
     members_ = next_members;
+    if (restart) {
+      ++incarnation_[static_cast<size_t>(w)];
+      lost_[static_cast<size_t>(w)] = false;
+      make = restart_;
+    }
     for (int m : next_members)
-      if (static_cast<size_t>(m) < strategies_.size() && strategies_[static_cast<size_t>(m)])
+      if (m != w && static_cast<size_t>(m) < strategies_.size() &&
+          strategies_[static_cast<size_t>(m)])
         told.push_back(strategies_[static_cast<size_t>(m)]);
+  }
+  if (make) {
+    // Its strategy starts in the new epoch (it takes its context there), as a process that
+    // joined a running group; then it lives on the network. In this order, whoever sees the
+    // worker alive again finds its new strategy (cluster::alive, then cluster::restarts).
+    auto* fresh = make(w, view_of(next, next_members));
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      strategies_[static_cast<size_t>(w)] = fresh;
+    }
+    world_->revive(w, next);
   }
   cv_.notify_all();
   for (auto* s : told)
     strategy_access::membership_event(*s, next, cause);
 }
 
-void sim_membership::crashed(int w) {
+std::string sim_membership::crashed(int w, bool restart) {
   {
     std::lock_guard<std::mutex> guard{mtx_};
-    crashes_.push_back(w);
+    if (restart) {
+      if (auto why = restart_refusal_locked(w, nullptr); !why.empty())
+        return why;
+    }
+    crashes_.emplace_back(w, restart);
   }
   cv_.notify_all();
+  return {};
 }
 
 uint64_t sim_membership::epoch() const {
@@ -215,10 +279,10 @@ void sim_membership::run() {
       cv_.wait(lock);
       continue;
     }
-    const int w = crashes_.front();
+    const auto [w, restart] = crashes_.front();
     crashes_.pop_front();
     lock.unlock();
-    lost(w);
+    lost(w, restart);
     lock.lock();
   }
 }

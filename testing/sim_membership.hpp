@@ -6,7 +6,10 @@
 // the membership service's standby is), its contexts are made on the simulated network, and every
 // survivor's group is told: its calls in flight fail with membership_changed, and its `reform`
 // takes the view. With fewer than the minimum left, the group ends: their calls fail with
-// peer_lost, and so does `reform`.
+// peer_lost, and so does `reform`. A worker restarted at once (cluster::restart, or a filter's
+// restart_sender) is a new process of its task that the next view has in the old one's place, as
+// the service does with a process restarted before its loss was seen: the harness builds its
+// strategy, which starts in that epoch as a worker that joined a running group.
 //
 // Threads: `lost` runs on the caller's thread; a death by the filter's verdict is noted under
 // the network's lock and handled on this object's own thread (as the membership service's I/O
@@ -14,6 +17,8 @@
 
 #include "actors/strategy_access.hpp"
 #include "testing/sim_transport.hpp"
+
+#include <consort/error.hpp>
 
 #include <condition_variable>
 #include <deque>
@@ -40,23 +45,35 @@ public:
 
   /// Epoch 1: every worker.
   transport::membership::view first_view() const;
-  /// What worker `w`'s elastic group asks of its membership.
+  /// What the current process of worker `w`'s elastic group asks of its membership.
   consort::detail::strategy_access::simulated_membership for_worker(int w);
 
-  /// The workers' strategies, in worker order, once they exist (they are told of changes).
-  void set_strategies(std::vector<multi_worker_mirrored_strategy*> strategies);
+  /// Builds the strategy of a new process of worker `w` whose first view is `v` (the harness
+  /// owns it) and returns it.
+  using restarter =
+      std::function<multi_worker_mirrored_strategy*(int w, const transport::membership::view& v)>;
+  /// The workers' strategies, in worker order, once they exist (they are told of changes), and
+  /// how a restarted worker's is made.
+  void set_strategies(std::vector<multi_worker_mirrored_strategy*> strategies, restarter restart);
   /// Worker `w` died (the network knows already): the next epoch forms, or the group ends.
-  void lost(int w);
+  /// `restart`: a new process of its task takes its place in the next epoch (when
+  /// `restart_refusal(w)` is empty by then; else it is a plain loss).
+  void lost(int w, bool restart = false);
+  /// Why worker `w` cannot be restarted in place now ("" when it can): it is not a live member,
+  /// the group ended, or it is the group's chief (a restarted chief does not rejoin).
+  /// `code` (when not null) says which error fits: invalid_argument, or unsupported for the chief.
+  std::string restart_refusal(int w, errc* code = nullptr) const;
   /// Called under the network's lock (sim_world::worker_hooks::on_crash): `lost` follows on this
-  /// object's thread.
-  void crashed(int w);
+  /// object's thread. Returns `restart_refusal(w)` when `restart` (then nothing follows).
+  std::string crashed(int w, bool restart);
 
   uint64_t epoch() const;
   std::vector<int> members() const;
 
 private:
   transport::membership::view view_of(uint64_t epoch, const std::vector<int>& members) const;
-  transport::membership::view next_view(int w, uint64_t after);
+  transport::membership::view next_view(int w, int incarnation, uint64_t after);
+  std::string restart_refusal_locked(int w, errc* code) const; // mtx_ held
   transport::context_ptr context(int w, const transport::membership::view& v);
   void run();
 
@@ -72,11 +89,13 @@ private:
   std::vector<multi_worker_mirrored_strategy*> strategies_;
   uint64_t epoch_ = 1;
   std::vector<int> members_;
-  std::vector<bool> lost_;
+  std::vector<bool> lost_;       // per worker: its current process died
+  std::vector<int> incarnation_; // per worker: its current process (0 the first, 1 on restart)
+  restarter restart_;
   bool ended_ = false;
   std::string end_cause_;
   std::map<std::pair<uint64_t, int>, transport::context_ptr> pending_; // (epoch, worker)
-  std::deque<int> crashes_;
+  std::deque<std::pair<int, bool>> crashes_;                           // (worker, restart)
   bool stopping_ = false;
   std::thread thread_;
 };

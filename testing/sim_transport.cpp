@@ -365,8 +365,8 @@ private:
 
 sim_world::sim_world(int size, std::chrono::milliseconds peer_timeout)
     : size_(size), peer_timeout_(peer_timeout), epoch_(transport::clock::now()),
-      dead_(static_cast<std::size_t>(size), false), waiting_(static_cast<std::size_t>(size)),
-      waits_begun_(static_cast<std::size_t>(size), 0) {
+      dead_(static_cast<std::size_t>(size), false), alive_from_(static_cast<std::size_t>(size), 0),
+      waiting_(static_cast<std::size_t>(size)), waits_begun_(static_cast<std::size_t>(size), 0) {
   ticker_ = std::thread([this] { ticker(); });
 }
 
@@ -454,8 +454,13 @@ bool sim_world::cut(int a, int b) const {
   return !side_.empty() && (side_.count(a) > 0) != (side_.count(b) > 0);
 }
 
+bool sim_world::dead_in(uint64_t group, int worker) const {
+  return dead_[static_cast<std::size_t>(worker)] ||
+         group < alive_from_[static_cast<std::size_t>(worker)];
+}
+
 std::shared_ptr<sim_context> sim_world::context_of(uint64_t group, int worker) const {
-  if (dead_[static_cast<std::size_t>(worker)])
+  if (dead_in(group, worker))
     return nullptr;
   auto it = groups_.find(group);
   if (it == groups_.end())
@@ -474,7 +479,7 @@ void sim_world::notice(uint64_t group, int from, int to, const char* kind,
   m.kind = kind;
   m.bytes = reason.size();
   auto peer = context_of(group, to);
-  if (!peer || dead_[static_cast<std::size_t>(from)]) {
+  if (!peer || dead_in(group, from)) {
     m.what = fate::refused;
   } else if (cut(from, to)) {
     m.what = fate::dropped;
@@ -519,6 +524,24 @@ void sim_world::post(uint64_t group, int from, int to, uint64_t tag, std::vector
     }
     v = verdict::deliver();
   }
+  if (m.what == fate::delivered && v.what == verdict::action::restart_sender) {
+    // The sender dies here and a new process of its task takes its place, when the membership
+    // can have it so; else the message is delivered and the test hears why.
+    std::string why = hooks_.on_crash
+                          ? hooks_.on_crash(from, true)
+                          : std::string{"the cluster is not elastic (cluster_options::"
+                                        "elastic_min_workers is 0): there is no running group "
+                                        "for a new process to join"};
+    if (why.empty()) {
+      m.what = fate::dropped;
+      kill_locked(from);
+    } else if (filter_error_.empty()) {
+      filter_error_ = "consort::testing: the filter's verdict::restart_sender for the message " +
+                      std::to_string(m.link_seq) + " from worker " + std::to_string(from) +
+                      " to worker " + std::to_string(to) + " was refused: " + why;
+    }
+    v = verdict::deliver();
+  }
   if (m.what == fate::delivered) {
     switch (v.what) {
     case verdict::action::partition: // handled above
@@ -526,11 +549,13 @@ void sim_world::post(uint64_t group, int from, int to, uint64_t tag, std::vector
     case verdict::action::drop:
       m.what = fate::dropped;
       break;
+    case verdict::action::restart_sender: // handled above
+      break;
     case verdict::action::crash_sender:
       m.what = fate::dropped;
       kill_locked(from);
       if (hooks_.on_crash)
-        hooks_.on_crash(from);
+        (void)hooks_.on_crash(from, false);
       break;
     case verdict::action::corrupt: {
       m.what = fate::corrupted;
@@ -695,6 +720,13 @@ void sim_world::check_filter() {
 void sim_world::heal() {
   world_lock lock(*this);
   side_.clear();
+  cv_.notify_all();
+}
+
+void sim_world::revive(int worker, uint64_t group) {
+  world_lock lock(*this);
+  dead_[static_cast<std::size_t>(worker)] = false;
+  alive_from_[static_cast<std::size_t>(worker)] = group;
   cv_.notify_all();
 }
 

@@ -77,6 +77,9 @@ public:
   void stop_ticker();
   void kill(int rank);
   bool alive(int rank) const;
+  /// A new process of dead worker `worker` starts (cluster::restart): it lives in the groups from
+  /// `group` on, where its contexts are new; its old process's groups stay dead to it.
+  void revive(int worker, uint64_t group);
   void partition(const std::set<int>& side);
   void heal();
   void set_filter(message_filter filter);
@@ -88,9 +91,10 @@ public:
         oldest_step;
     /// Moves every worker's step-deadline clock by one step of `advance`.
     std::function<void(std::chrono::nanoseconds)> on_advanced;
-    /// A filter's verdict killed worker `worker` (crash_sender); called with mu_ held: it must
-    /// only take note.
-    std::function<void(int worker)> on_crash;
+    /// A filter's verdict kills worker `worker` (crash_sender), or kills it and starts a new
+    /// process of its task (`restart`, restart_sender; called before the kill, which follows only
+    /// when it returns ""; else it says why not). Called with mu_ held: it must only take note.
+    std::function<std::string(int worker, bool restart)> on_crash;
   };
   void set_worker_hooks(worker_hooks hooks);
   bool wait_blocked(int rank, std::chrono::nanoseconds within);
@@ -128,6 +132,8 @@ private:
   // mu_ held:
   /// Worker `worker`'s context of `group`; null when dead, gone or not a member.
   std::shared_ptr<sim_context> context_of(uint64_t group, int worker) const;
+  /// Whether the process of worker `worker` that is a member of `group` is dead.
+  bool dead_in(uint64_t group, int worker) const;
   void flush_link(int from, int to); // delivers the delayed messages of a link now
   void fire_due();                   // delayed messages and the failure detector
   bool cut(int a, int b) const;      // a partition separates a and b
@@ -145,7 +151,9 @@ private:
   std::chrono::nanoseconds advanced_{0};
   /// Per group (epoch), each worker's context (empty when not a member).
   std::map<uint64_t, std::vector<std::weak_ptr<sim_context>>> groups_;
-  std::vector<bool> dead_; // per worker
+  std::vector<bool> dead_; // per worker: its current process died
+  /// Per worker: the first group its current process belongs to (0 until it is restarted).
+  std::vector<uint64_t> alive_from_;
   // Per worker: the operations that threads wait for inside wait(). One that is done may still be
   // listed until its thread wakes up; `blocked` counts only those not done yet.
   std::vector<std::vector<const sim_op*>> waiting_;

@@ -37,12 +37,18 @@
 #include <consort/strategy.hpp>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
+
+namespace consort::transport::membership {
+struct view;
+} // namespace consort::transport::membership
 
 namespace consort::testing {
 
@@ -83,7 +89,7 @@ struct message {
 
 /// What the filter does with a message.
 struct verdict {
-  enum class action { deliver, drop, corrupt, crash_sender, partition };
+  enum class action { deliver, drop, corrupt, crash_sender, partition, restart_sender };
   action what = action::deliver;
   /// Delivered this much simulated time later (deliver only). Later messages on the same link
   /// wait behind it: links stay FIFO, as TCP is.
@@ -97,6 +103,11 @@ struct verdict {
   /// The sender dies as it sends this message (as `cluster::kill`; the message is lost with it):
   /// a crash at an exact point of the protocol.
   static verdict crash_sender() { return {action::crash_sender, {}}; }
+  /// The sender dies as it sends this message and a new process of its task starts at once (as
+  /// `cluster::restart`): a restart at an exact point of the protocol. Refused as a partition
+  /// side can be (the message is delivered and the test's next call throws why) where
+  /// `cluster::restart` would refuse it.
+  static verdict restart_sender() { return {action::restart_sender, {}}; }
   static verdict delay_by(std::chrono::nanoseconds d) { return {action::deliver, d}; }
   /// A partition begins as this message is sent (as `cluster::partition(side)` would, but at an
   /// exact point of the protocol): the message vanishes when it crosses the cut and is delivered
@@ -137,8 +148,10 @@ struct cluster_options {
   /// clusters"): 0, the default, keeps the rule that a lost worker ends the group. n >= 1: when a
   /// worker dies (`kill`, or a filter's crash_sender), the harness, as the chief, forms the next
   /// epoch of the survivors at once while n remain; every survivor's calls in flight fail with
-  /// membership_changed and its `reform` continues in that epoch. Partitions of an elastic
-  /// cluster, hung workers' exclusion and restarted workers' joins are not simulated.
+  /// membership_changed and its `reform` continues in that epoch. A worker restarted at once
+  /// (`cluster::restart`, verdict::restart_sender) is in that epoch in its old place. Partitions
+  /// of an elastic cluster, hung workers' exclusion and joins at a step boundary (a worker
+  /// restarted after its loss was seen) are not simulated.
   int elastic_min_workers = 0;
   /// An elastic cluster's membership lines (the workers' `multi_worker_options::log`); empty:
   /// dropped.
@@ -188,11 +201,11 @@ public:
   /// cluster has formed.
   template <class F>
   auto run_all(const F& fn) {
+    std::vector<decltype(strategy(0).run_async(fn))> out;
     strategy(0); // throws while forming, or after a failed rendezvous
-    std::vector<decltype(strategies_.front()->run_async(fn))> out;
-    out.reserve(strategies_.size());
-    for (auto& s : strategies_)
-      out.push_back(s->run_async(fn));
+    out.reserve(static_cast<size_t>(workers()));
+    for (int w = 0; w < workers(); ++w)
+      out.push_back(checked(w).run_async(fn)); // each worker's current process
     return out;
   }
 
@@ -203,7 +216,30 @@ public:
   /// others' fail with membership_changed and the next epoch is formed before this returns (or,
   /// fewer than the minimum left, with peer_lost: the group ended).
   void kill(int worker);
+  /// Whether worker `worker`'s current process lives.
   bool alive(int worker) const;
+  /// Worker `worker` dies and a new process of its task starts at once, before its loss is
+  /// seen (as a supervisor restarts a crashed process; elastic clusters only). The membership
+  /// forms the next epoch with the new process in the old one's place (same members, same
+  /// ranks) before this returns: the others' calls fail with membership_changed ("a new process
+  /// of its task joins in its place"), and `strategy(worker)` is from then on the new process's,
+  /// a worker that joined a running group (`membership_epoch()` > 1; it creates its variables
+  /// without the creation broadcast, and its first `elastic_state::sync` takes the group's
+  /// state). The old process's calls fail with peer_lost, as a killed one's, and its strategy
+  /// object lives on with the cluster. @throws error(unsupported) on a cluster that is not
+  /// elastic, or for the group's chief (rank 0: a restarted chief does not rejoin);
+  /// error(invalid_argument) for a worker that is not a live member.
+  void restart(int worker);
+  /// How many times worker `worker` was restarted (`restart`, verdict::restart_sender): a
+  /// worker's loop that records it can tell that its process was replaced.
+  int restarts(int worker) const;
+  /// Waits (in real time, up to `within`) until worker `worker` was restarted `restarts` times,
+  /// and returns its current process's strategy: a restart by a filter's verdict completes on
+  /// the harness's own thread, after the old process's calls failed. @throws
+  /// error(collective_timeout) when it was not restarted that often in time.
+  multi_worker_mirrored_strategy&
+  await_restart(int worker, int restarts,
+                std::chrono::milliseconds within = std::chrono::seconds(10));
   /// Cuts the workers in `side` off from the others: their messages vanish and no connection
   /// closes; `peer_timeout` of simulated time later each side declares the other lost
   /// (peer_lost). One partition at a time; a new one replaces the old. @throws
@@ -248,6 +284,14 @@ private:
   std::shared_ptr<detail::sim_world> world_;
   std::shared_ptr<detail::sim_membership> membership_; // elastic only
   std::vector<std::unique_ptr<multi_worker_mirrored_strategy>> strategies_;
+  /// Restarted workers (elastic): every new process's strategy, and each worker's current one
+  /// and restart count (all guarded by restarts_mtx_; strategies_ does not change once formed).
+  mutable std::mutex restarts_mtx_;
+  std::condition_variable restarted_cv_;
+  std::vector<std::unique_ptr<multi_worker_mirrored_strategy>> restarted_;
+  std::vector<multi_worker_mirrored_strategy*> current_;
+  std::vector<int> restarts_;
+  multi_worker_mirrored_strategy* restarted(int worker, const transport::membership::view& v);
 };
 
 } // namespace consort::testing

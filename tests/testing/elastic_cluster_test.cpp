@@ -117,6 +117,185 @@ TEST(ElasticCluster, AMalformedMinimumOrAPartitionIsRefused) {
                          {"partitions of an elastic cluster are not simulated"}));
 }
 
+/// Runs `fn(w)` for every worker of `workers` at once, each on its own thread (as N processes
+/// would), and waits for all of them, each bounded.
+template <class F>
+void on_each(const std::vector<int>& workers, F fn) {
+  std::vector<std::future<void>> running;
+  for (int w : workers)
+    running.push_back(std::async(std::launch::async, [&fn, w] { fn(w); }));
+  for (auto& f : running)
+    ASSERT_EQ(f.wait_for(60s), std::future_status::ready) << "a worker did not end within 60 s";
+  for (auto& f : running)
+    f.get();
+}
+
+nest add_one(replica_context& ctx, variable& v) {
+  ctx.assign_add(v, tensor::from<float>({1, 1}, {2}));
+  return nest{};
+}
+
+TEST(ElasticCluster, ARestartedWorkerTakesItsOldPlaceAndTheGroupsState) {
+  cluster c({.workers = 3, .replicas_per_worker = 2, .seed = 4, .elastic_min_workers = 3});
+  std::vector<std::optional<variable>> v(3);
+  std::vector<std::unique_ptr<elastic_state>> state(3);
+  const auto step = [](int64_t n) {
+    return nest::dict({{"step", tensor::scalar<int64_t>(n)}});
+  };
+  on_each({0, 1, 2}, [&](int w) {
+    auto& st = c.strategy(w);
+    v[w] = st.create_variable("w", tensor::zeros(dtype::float32, {2}),
+                              {variable_synchronization::on_write, variable_aggregation::mean});
+    state[w] = std::make_unique<elastic_state>(st);
+    state[w]->commit(step(0));
+    for (int i = 0; i < 2; ++i)
+      st.run([&](replica_context& ctx) { return add_one(ctx, *v[w]); });
+    state[w]->commit(step(2));
+  });
+  auto& old = c.strategy(1);
+  c.restart(1);
+  // With a minimum of 3 a loss would end the group; the new process keeps it whole.
+  EXPECT_EQ(c.epoch(), 2u);
+  EXPECT_EQ(c.members(), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(c.restarts(1), 1);
+  EXPECT_EQ(c.restarts(0), 0);
+  EXPECT_TRUE(c.alive(1));
+  auto& fresh = c.strategy(1);
+  EXPECT_NE(&fresh, &old);
+  EXPECT_EQ(&c.await_restart(1, 1), &fresh);
+  EXPECT_TRUE(
+      fails_with([&] { old.run(one_sum); }, errc::peer_lost, {"killed by the test harness"}));
+  for (int w : {0, 2})
+    EXPECT_TRUE(
+        fails_with([&] { c.strategy(w).run(one_sum); }, errc::membership_changed,
+                   {"worker:1 (rank 1): connection closed without leave",
+                    "a new process of its task joins in its place", "it re-forms as epoch 2"}));
+  EXPECT_EQ(fresh.membership_epoch(), 2u);
+  EXPECT_EQ(fresh.worker_rank(), 1);
+  EXPECT_EQ(fresh.num_replicas_in_sync(), 6);
+  // The new process makes its variables (no creation broadcast: the others make none now) and
+  // commits them; the survivors re-form; every worker's sync takes the group's state.
+  on_each({0, 1, 2}, [&](int w) {
+    auto& st = c.strategy(w);
+    if (w == 1) {
+      v[1] = st.create_variable("w", tensor::from<float>({100, 100}, {2}),
+                                {variable_synchronization::on_write, variable_aggregation::mean});
+      state[1] = std::make_unique<elastic_state>(st);
+      state[1]->commit(step(0));
+    } else {
+      auto change = st.reform();
+      EXPECT_EQ(change.epoch_before, 1u);
+      EXPECT_EQ(change.epoch, 2u);
+      EXPECT_EQ(change.workers_before, 3);
+      EXPECT_EQ(change.workers, 3);
+    }
+    EXPECT_EQ(state[w]->sync()["step"].as_tensor().item<int64_t>(), 2) << "worker " << w;
+    st.run([&](replica_context& ctx) { return add_one(ctx, *v[w]); });
+  });
+  for (int w = 0; w < 3; ++w)
+    EXPECT_EQ(v[w]->value().to_vector<float>(), (std::vector<float>{3, 3})) << "worker " << w;
+}
+
+TEST(ElasticCluster, ASyncTakesTheGroupsStateNotANewProcesssEvenWhenItIsRankZero) {
+  cluster c({.workers = 3, .seed = 7, .elastic_min_workers = 2});
+  std::vector<std::optional<variable>> v(3);
+  std::vector<std::unique_ptr<elastic_state>> state(3);
+  const auto step = [](int64_t n) {
+    return nest::dict({{"step", tensor::scalar<int64_t>(n)}});
+  };
+  const variable_options mean{variable_synchronization::on_write, variable_aggregation::mean};
+  on_each({0, 1, 2}, [&](int w) {
+    auto& st = c.strategy(w);
+    v[w] = st.create_variable("w", tensor::zeros(dtype::float32, {2}), mean);
+    state[w] = std::make_unique<elastic_state>(st);
+    state[w]->commit(step(0));
+    for (int i = 0; i < 2; ++i)
+      st.run([&](replica_context& ctx) { return add_one(ctx, *v[w]); });
+    state[w]->commit(step(2));
+    EXPECT_FALSE(st.joined_running_group());
+  });
+  c.restart(1);
+  auto& fresh = c.strategy(1);
+  EXPECT_TRUE(fresh.joined_running_group());
+  v[1] = fresh.create_variable("w", tensor::from<float>({100, 100}, {2}), mean);
+  state[1] = std::make_unique<elastic_state>(fresh);
+  state[1]->commit(step(0));
+  // The chief is lost before the new process synced: in epoch 3 the new process is rank 0.
+  c.kill(0);
+  EXPECT_EQ(c.members(), (std::vector<int>{1, 2}));
+  on_each({1, 2}, [&](int w) {
+    auto& st = c.strategy(w);
+    EXPECT_EQ(st.reform().epoch, 3u);
+    EXPECT_EQ(state[w]->sync()["step"].as_tensor().item<int64_t>(), 2) << "worker " << w;
+  });
+  EXPECT_EQ(fresh.worker_rank(), 0);
+  for (int w : {1, 2})
+    EXPECT_EQ(v[w]->value().to_vector<float>(), (std::vector<float>{2, 2})) << "worker " << w;
+  // Synced, its commit is the group's state like any other (it is rank 0 now).
+  EXPECT_TRUE(fresh.joined_running_group());
+}
+
+TEST(ElasticCluster, AFilterRestartsASenderInsideACollective) {
+  cluster c({.workers = 3, .seed = 5, .elastic_min_workers = 3});
+  for (auto& f : c.run_all(one_sum))
+    f.get();
+  const auto sent = c.messages().size();
+  c.on_message([](const testing::message& m) {
+    return m.epoch == 1 && m.from == 2 && m.to == 0 ? testing::verdict::restart_sender()
+                                                    : testing::verdict::deliver();
+  });
+  auto calls = c.run_all(one_sum);
+  // Worker 0 never gets worker 2's part: its call fails with the change. Worker 1 may have had
+  // every part before the change reached it; its next call fails then.
+  EXPECT_TRUE(fails_with([&] { calls[0].get(); }, errc::membership_changed,
+                         {"a new process of its task joins in its place"}));
+  EXPECT_TRUE(fails_with([&] { calls[2].get(); }, errc::peer_lost, {"killed by the test harness"}));
+  try {
+    calls[1].get();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::membership_changed) << e.what();
+  }
+  auto& fresh = c.await_restart(2, 1);
+  EXPECT_EQ(c.restarts(2), 1);
+  EXPECT_EQ(fresh.membership_epoch(), 2u);
+  bool dropped = false;
+  for (size_t i = sent; i < c.messages().size(); ++i)
+    dropped =
+        dropped || (c.messages()[i].from == 2 && c.messages()[i].what == testing::fate::dropped);
+  EXPECT_TRUE(dropped) << "the restarting sender's message is lost with its process";
+  on_each({0, 1}, [&](int w) { c.strategy(w).reform(); });
+  for (auto& f : c.run_all(one_sum))
+    EXPECT_EQ(f.get().values().front().item<float>(), 3.0f);
+}
+
+TEST(ElasticCluster, ARestartIsRefusedForTheChiefADeadWorkerAndAClusterThatIsNotElastic) {
+  cluster plain({.workers = 2});
+  EXPECT_TRUE(fails_with([&] { plain.restart(1); }, errc::unsupported,
+                         {"the cluster is not elastic", "kill the worker instead"}));
+  cluster c({.workers = 3, .elastic_min_workers = 1});
+  EXPECT_TRUE(fails_with([&] { c.restart(0); }, errc::unsupported,
+                         {"worker:0 is the group's chief", "a restarted chief does not rejoin"}));
+  c.kill(2);
+  EXPECT_TRUE(fails_with([&] { c.restart(2); }, errc::invalid_argument,
+                         {"worker:2 is not a live member of the group (epoch 2)"}));
+  EXPECT_EQ(c.restarts(2), 0);
+  EXPECT_TRUE(fails_with([&] { c.await_restart(2, 1, 20ms); }, errc::collective_timeout,
+                         {"worker 2 was restarted 0 times within 20 ms; expected 1"}));
+  // A filter's restart of the chief is refused too: the message is delivered, the next call of
+  // the test says why.
+  cluster f({.workers = 2, .seed = 6, .elastic_min_workers = 1});
+  f.on_message([](const testing::message& m) {
+    return m.from == 0 ? testing::verdict::restart_sender() : testing::verdict::deliver();
+  });
+  for (auto& out : f.run_all(one_sum))
+    EXPECT_EQ(out.get().values().front().item<float>(), 2.0f);
+  EXPECT_TRUE(fails_with([&] { f.messages(); }, errc::invalid_argument,
+                         {"verdict::restart_sender", "from worker 0 to worker 1 was refused",
+                          "a restarted chief does not rejoin"}));
+  EXPECT_EQ(f.restarts(0), 0);
+  EXPECT_EQ(f.epoch(), 1u);
+}
+
 // -- seeded scenarios ------------------------------------------------------------------------
 
 /// One scenario: who dies where. Steps add 1 to every element of `w` (MEAN over the replicas:
@@ -134,14 +313,15 @@ struct scenario {
   int at = 0;      // between_steps: the step it dies before; in_collective: its message on the link
   int peer = 0;    // in_collective: the link's receiver
   int second = -1; // a worker that dies when it learns of the first change (during re-formation)
+  bool restart = false; // the victim's process is replaced at once by a new one, which rejoins
 
   std::string describe(uint64_t seed) const {
     return "seed " + std::to_string(seed) + ": " + std::to_string(workers) + " workers x " +
            std::to_string(replicas) + ", min " + std::to_string(min_workers) + ", " +
            std::to_string(steps) + " steps, commit every " + std::to_string(commit_every) +
-           ", worker " + std::to_string(victim) +
-           (how == kind::between_steps ? " dies before step " + std::to_string(at)
-                                       : " dies sending its message " + std::to_string(at) +
+           ", worker " + std::to_string(victim) + (restart ? " restarts" : " dies") +
+           (how == kind::between_steps ? " before step " + std::to_string(at)
+                                       : " sending its message " + std::to_string(at) +
                                              " to worker " + std::to_string(peer)) +
            (second >= 0 ? ", worker " + std::to_string(second) + " dies during re-formation" : "");
   }
@@ -163,6 +343,8 @@ scenario make_scenario(uint64_t seed) {
   if (s.workers > 2 && rng() % 3 == 0)
     s.second =
         (s.victim + 1 + static_cast<int>(rng() % static_cast<uint64_t>(s.workers - 1))) % s.workers;
+  // The first fault comes in epoch 1, where worker 0 is the chief, which is not restarted.
+  s.restart = s.victim != 0 && rng() % 2 == 0;
   return s;
 }
 
@@ -174,6 +356,9 @@ struct result {
   std::vector<float> w, u;
   uint64_t epoch = 0;
   int64_t step = 0;
+  /// The most steps a sync took this worker back from its own last commit: at most the steps
+  /// between two commits, or the group went back further than any survivor's state.
+  int64_t rollback = 0;
 };
 
 /// A directory of its own for a run's checkpoints, removed at the end.
@@ -194,14 +379,17 @@ struct checkpoint_dir {
 /// The training loop of elastic_job, on worker `me` of `c`. Every worker makes its variables
 /// and its first commit, then waits at `ready` for the others: faults come after (a death while
 /// the variables are made is not recovered by a roll-back: there is no commit yet). At each
-/// commit the group's chief of the moment saves the variables into `checkpoints`.
+/// commit the group's chief of the moment saves the variables into `checkpoints`. `joining`: the
+/// loop of the victim's new process (a restart), which starts in a running group and syncs first.
 result worker_loop(cluster& c, int me, const scenario& s,
-                   std::barrier<std::function<void()>>& ready, const std::string& checkpoints) {
+                   std::barrier<std::function<void()>>& ready, const std::string& checkpoints,
+                   bool joining = false) {
   checkpoint_manager_options keep;
   keep.max_to_keep = 3;
   checkpoint_manager manager(checkpoints, keep);
   result r;
-  auto& st = c.strategy(me);
+  auto& st = joining ? c.await_restart(me, 1) : c.strategy(me);
+  const int incarnation = joining ? 1 : 0;
   std::optional<variable> made_w, made_u;
   elastic_state state{st};
   try {
@@ -213,28 +401,45 @@ result worker_loop(cluster& c, int me, const scenario& s,
   } catch (const error& e) {
     // No fault comes before the barrier, so this is the test's failure: the others go on
     // without this worker (and fail in their first collective), never stranded at the barrier.
-    ready.arrive_and_drop();
+    if (!joining)
+      ready.arrive_and_drop();
     r.code = e.code();
     r.text = std::string{"the set-up failed: "} + e.what();
     return r;
   }
   auto& w = *made_w;
   auto& u = *made_u;
-  ready.arrive_and_wait();
+  if (!joining)
+    ready.arrive_and_wait();
   int64_t step = 0;
-  bool synced = true;
+  int64_t last_commit = joining ? -1 : 0; // a new process has no state of its own
+  bool synced = !joining;
   bool second_dies = me == s.second;
+  // This process died: a restart goes on in the new one's loop.
+  const auto died = [&] {
+    if (s.restart && me == s.victim && incarnation == 0)
+      return worker_loop(c, me, s, ready, checkpoints, true);
+    result dead;
+    dead.killed = true;
+    return dead;
+  };
   while (step < s.steps || !synced) {
     try {
       if (!synced) {
         step = state.sync()["step"].as_tensor().item<int64_t>();
+        if (last_commit >= 0)
+          r.rollback = std::max(r.rollback, last_commit - step);
+        last_commit = step;
         synced = true;
         continue;
       }
-      if (s.how == scenario::kind::between_steps && me == s.victim && step == s.at) {
-        c.kill(me);
-        r.killed = true;
-        return r;
+      if (s.how == scenario::kind::between_steps && me == s.victim && incarnation == 0 &&
+          step == s.at) {
+        if (s.restart)
+          c.restart(me);
+        else
+          c.kill(me);
+        return died();
       }
       st.run([&w, &u](replica_context& ctx) {
         ctx.assign_add(w, tensor::from<float>({1, 1, 1, 1}, {4}));
@@ -244,6 +449,7 @@ result worker_loop(cluster& c, int me, const scenario& s,
       ++step;
       if (step % s.commit_every == 0) {
         state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}}));
+        last_commit = step;
         auto values = st.variable_values(); // a collective: every worker takes part
         if (st.worker_rank() == 0) {
           checkpoint_metadata meta;
@@ -254,10 +460,10 @@ result worker_loop(cluster& c, int me, const scenario& s,
         }
       }
     } catch (const error& e) {
-      if (!c.alive(me)) { // the filter's crash_sender
-        r.killed = true;
-        return r;
-      }
+      // The filter's crash_sender or restart_sender (alive first: a restarted worker is alive
+      // again only once its new process's strategy exists, and counted).
+      if (!c.alive(me) || c.restarts(me) != incarnation)
+        return died();
       if (e.code() != errc::membership_changed) {
         r.code = e.code();
         r.text = e.what();
@@ -300,9 +506,11 @@ std::vector<result> run_scenario(const scenario& s, uint64_t seed) {
   auto armed_at = std::make_shared<std::atomic<uint64_t>>(UINT64_MAX);
   if (s.how == scenario::kind::in_collective) {
     const int victim = s.victim, peer = s.peer;
-    c.on_message([victim, peer, armed_at](const testing::message& m) {
+    const auto fault =
+        s.restart ? testing::verdict::restart_sender() : testing::verdict::crash_sender();
+    c.on_message([victim, peer, armed_at, fault](const testing::message& m) {
       return m.epoch == 1 && m.from == victim && m.to == peer && m.link_seq == armed_at->load()
-                 ? testing::verdict::crash_sender()
+                 ? fault
                  : testing::verdict::deliver();
     });
   }
@@ -378,6 +586,8 @@ void check_run(const scenario& s, uint64_t seed, const std::vector<result>& run)
       continue;
     }
     EXPECT_EQ(r.step, s.steps) << "worker " << w;
+    EXPECT_LE(r.rollback, s.commit_every)
+        << "worker " << w << ": a sync went back past the group's last commit";
     EXPECT_EQ(r.w, std::vector<float>(4, static_cast<float>(s.steps)))
         << "worker " << w << ": a step applied twice or lost";
     if (finished) {
