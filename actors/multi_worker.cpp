@@ -913,6 +913,17 @@ void detail::strategy_access::membership_event(multi_worker_mirrored_strategy& s
   }
 }
 
+void detail::strategy_access::membership_boundary(multi_worker_mirrored_strategy& s, uint64_t next,
+                                                  const std::string& joins) {
+  if (!s.group_)
+    throw_error(errc::invalid_argument, "membership_boundary: the strategy is not elastic");
+  auto& g = *s.group_;
+  const auto why = "the group of workers grows: " + joins + "; it re-forms as epoch " +
+                   std::to_string(next) + " at the workers' next step boundary";
+  g.log(why);
+  g.target->at_boundary(next, why);
+}
+
 void detail::strategy_access::advance_step_clock(multi_worker_mirrored_strategy& s,
                                                  std::chrono::nanoseconds by) {
   std::unique_lock<std::mutex> guard;

@@ -54,6 +54,11 @@ struct strategy_access {
   /// `cause` ("worker:2 (rank 2): connection closed ...").
   static void membership_event(multi_worker_mirrored_strategy& s, uint64_t next,
                                const std::string& cause);
+  /// The membership's notice to `s`'s elastic group that a task joins (`joins`: "worker:2 (rank
+  /// 2) joins the group"): it re-forms as epoch `next` at its next step boundary
+  /// (multi_worker_mirrored_strategy::step_boundary), as at the service's Abort.atBoundary.
+  static void membership_boundary(multi_worker_mirrored_strategy& s, uint64_t next,
+                                  const std::string& joins);
 
   /// Moves the clock of `s`'s step deadlines (strategy_options::step_timeout) forward by `by`.
   static void advance_step_clock(multi_worker_mirrored_strategy& s, std::chrono::nanoseconds by);

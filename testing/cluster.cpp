@@ -57,6 +57,11 @@ cluster::cluster(cluster_options opts) : opts_(std::move(opts)), random_(opts_.s
                 who + "elastic_min_workers is " + std::to_string(opts_.elastic_min_workers) +
                     "; expected 0 (not elastic) or 1 to the number of workers (" +
                     std::to_string(opts_.workers) + ")");
+  if (opts_.max_restarts < 0 || (opts_.max_restarts > 0 && opts_.elastic_min_workers == 0))
+    throw_error(errc::invalid_argument,
+                who + "max_restarts is " + std::to_string(opts_.max_restarts) +
+                    "; expected 0, or more on an elastic cluster (elastic_min_workers >= 1): a "
+                    "restarted worker joins a running group");
   if (opts_.elastic_min_workers > 0 && !opts_.late.empty())
     throw_error(errc::invalid_argument,
                 who + "late workers and elastic_min_workers together are not simulated");
@@ -80,8 +85,8 @@ void cluster::form() {
     devices.push_back("CPU:" + std::to_string(d));
   std::vector<std::unique_ptr<multi_worker_mirrored_strategy>> built;
   if (opts_.elastic_min_workers > 0) {
-    membership_ = std::make_shared<detail::sim_membership>(world_, opts_.workers,
-                                                           opts_.elastic_min_workers, devices);
+    membership_ = std::make_shared<detail::sim_membership>(
+        world_, opts_.workers, opts_.elastic_min_workers, opts_.max_restarts, devices);
     auto log = opts_.log ? opts_.log : [](const std::string&) {
     };
     for (int w = 0; w < opts_.workers; ++w)
@@ -268,6 +273,10 @@ void cluster::restart(int worker) {
                 "consort::testing::cluster::restart: the cluster is not elastic "
                 "(cluster_options::elastic_min_workers is 0): there is no running group for a new "
                 "process to join (kill the worker instead)");
+  if (!world_->alive(worker)) {
+    membership_->rejoin(worker); // throws why not
+    return;
+  }
   errc code = errc::none;
   if (auto why = membership_->restart_refusal(worker, &code); !why.empty())
     throw_error(code, "consort::testing::cluster::restart: " + why);

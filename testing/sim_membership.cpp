@@ -21,12 +21,13 @@ constexpr std::chrono::seconds no_change_bound{30};
 } // namespace
 
 sim_membership::sim_membership(std::shared_ptr<sim_world> world, int workers, int min_workers,
-                               std::vector<std::string> devices)
+                               int max_restarts, std::vector<std::string> devices)
     : world_(std::move(world)), workers_(workers), min_workers_(min_workers),
       devices_(std::move(devices)), lost_(static_cast<size_t>(workers), false),
-      incarnation_(static_cast<size_t>(workers), 0) {
+      incarnation_(static_cast<size_t>(workers), 0), restarts_left_(max_restarts) {
   for (int w = 0; w < workers_; ++w)
     members_.push_back(w);
+  epochs_[1] = {members_, false, 0};
   auto contexts = world_->make_contexts();
   for (int w = 0; w < workers_; ++w)
     pending_[{1, w}] = std::move(contexts[static_cast<size_t>(w)]);
@@ -120,8 +121,16 @@ membership::view sim_membership::next_view(int w, int incarnation, uint64_t afte
       throw_error(errc::peer_lost, "the elastic group ended: " + end_cause_);
     if (stopping_)
       throw_error(errc::shutdown, me + ": the consort::testing cluster is going");
-    if (epoch_ > after)
-      return view_of(epoch_, members_);
+    if (epoch_ > after) {
+      // The latest epoch, but for one that a join forms at a step boundary: a worker that has
+      // not reached the epoch it follows goes there first (as the chief's views come in order).
+      auto e = epoch_;
+      for (auto it = epochs_.find(e);
+           it != epochs_.end() && it->second.at_boundary && it->second.base > after;
+           it = epochs_.find(e))
+        e = it->second.base;
+      return view_of(e, epochs_.at(e).members);
+    }
     if (cv_.wait_until(lock, until) == std::cv_status::timeout && epoch_ <= after && !ended_)
       throw_error(errc::collective_timeout,
                   "re-forming the group after epoch " + std::to_string(after) + " as " + me +
@@ -166,17 +175,50 @@ std::string sim_membership::restart_refusal(int w, errc* code) const {
   return restart_refusal_locked(w, code);
 }
 
-void sim_membership::lost(int w, bool restart) {
+std::string sim_membership::rejoin_refusal_locked(int w, errc* code) const {
+  const std::string me = "worker:" + std::to_string(w);
+  if (code)
+    *code = errc::invalid_argument;
+  if (ended_)
+    return me + " cannot rejoin: the elastic group ended (" + end_cause_ + ")";
+  if (!lost_[static_cast<size_t>(w)])
+    return me + " is alive (a restart of a live worker replaces its process in place)";
+  if (code)
+    *code = errc::unsupported;
+  if (w == 0)
+    return me + " is the chief's task, whose new process starts a rendezvous of its own instead "
+                "of joining (docs/multi_worker.md, \"What is not done\"): it is not restarted";
+  return {};
+}
+
+void sim_membership::rejoin(int w) {
+  std::lock_guard<std::mutex> change{change_mtx_};
+  errc code = errc::none;
+  std::vector<int> base_members;
+  uint64_t base = 0;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (auto why = rejoin_refusal_locked(w, &code); !why.empty())
+      throw_error(code, "consort::testing::cluster::restart: " + why);
+    base = epoch_;
+    base_members = members_;
+  }
+  form_join(w, base, base_members, {}, 0, {});
+}
+
+void sim_membership::lost(int w, bool in_place) {
   std::lock_guard<std::mutex> change{change_mtx_};
   std::vector<int> next_members;
   std::string cause;
   uint64_t next = 0;
+  bool at_boundary = false; // a new process of its task joins at the survivors' next boundary
   multi_worker_mirrored_strategy* victim = nullptr;
   {
     std::lock_guard<std::mutex> guard{mtx_};
     if (lost_[static_cast<size_t>(w)])
       return;
-    restart = restart && restart_ && restart_refusal_locked(w, nullptr).empty();
+    in_place = in_place && restart_ && restart_refusal_locked(w, nullptr).empty();
+    at_boundary = !in_place && restart_ && restarts_left_ > 0 && w != 0;
     lost_[static_cast<size_t>(w)] = true;
     if (static_cast<size_t>(w) < strategies_.size())
       victim = strategies_[static_cast<size_t>(w)];
@@ -196,12 +238,15 @@ void sim_membership::lost(int w, bool restart) {
     cause = "worker:" + std::to_string(w) + " (rank " + std::to_string(it - members_.begin()) +
             "): connection closed without leave (killed by the test harness)";
     next_members = members_;
-    if (restart)
+    if (in_place)
       cause += "; a new process of its task joins in its place";
     else
       next_members.erase(next_members.begin() + (it - members_.begin()));
     if (static_cast<int>(next_members.size()) >= min_workers_)
       next = epoch_ + 1;
+    at_boundary = at_boundary && next > 0;
+    if (at_boundary)
+      --restarts_left_;
   }
   // The next epoch's contexts exist before any survivor hears of it, and so does a restarted
   // worker's new process.
@@ -214,6 +259,7 @@ void sim_membership::lost(int w, bool restart) {
     std::lock_guard<std::mutex> guard{mtx_};
     if (next > 0) {
       epoch_ = next;
+      epochs_[next] = {next_members, false, 0};
       for (size_t r = 0; r < next_members.size(); ++r)
         pending_[{next, next_members[r]}] = std::move(contexts[r]);
     } else {
@@ -223,7 +269,7 @@ void sim_membership::lost(int w, bool restart) {
       end_cause_ = cause;
     }
     members_ = next_members;
-    if (restart) {
+    if (in_place) {
       ++incarnation_[static_cast<size_t>(w)];
       lost_[static_cast<size_t>(w)] = false;
       make = restart_;
@@ -232,6 +278,13 @@ void sim_membership::lost(int w, bool restart) {
       if (m != w && static_cast<size_t>(m) < strategies_.size() &&
           strategies_[static_cast<size_t>(m)])
         told.push_back(strategies_[static_cast<size_t>(m)]);
+  }
+  if (at_boundary) {
+    // Restarted under its task (cluster_options::max_restarts): it joins the survivors' epoch
+    // at their next step boundary; they hear of the join before they hear of the loss, as the
+    // chief's notices would reach them if the new process's Join came at once.
+    form_join(w, next, next_members, told, next, cause);
+    return;
   }
   if (make) {
     // Its strategy starts in the new epoch (it takes its context there), as a process that
@@ -247,6 +300,48 @@ void sim_membership::lost(int w, bool restart) {
   cv_.notify_all();
   for (auto* s : told)
     strategy_access::membership_event(*s, next, cause);
+}
+
+void sim_membership::form_join(int w, uint64_t base, std::vector<int> members,
+                               std::vector<multi_worker_mirrored_strategy*> told,
+                               uint64_t loss_epoch, const std::string& loss_cause) {
+  members.insert(std::upper_bound(members.begin(), members.end(), w), w);
+  const auto rank = std::find(members.begin(), members.end(), w) - members.begin();
+  const uint64_t next = base + 1;
+  const std::string joins = "worker:" + std::to_string(w) + " (rank " + std::to_string(rank) +
+                            ") joins the group (a new process of its task, started by the test "
+                            "harness)";
+  auto contexts = world_->make_group(next, members);
+  restarter make;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    epoch_ = next;
+    epochs_[next] = {members, true, base};
+    for (size_t r = 0; r < members.size(); ++r)
+      pending_[{next, members[r]}] = std::move(contexts[r]);
+    members_ = members;
+    ++incarnation_[static_cast<size_t>(w)];
+    lost_[static_cast<size_t>(w)] = false;
+    make = restart_;
+    if (loss_epoch == 0) // a join alone: every member of the base epoch hears of it
+      for (int m : members)
+        if (m != w && static_cast<size_t>(m) < strategies_.size() &&
+            strategies_[static_cast<size_t>(m)])
+          told.push_back(strategies_[static_cast<size_t>(m)]);
+  }
+  // As for a restart in place: the new process's strategy first, then it lives on the network.
+  auto* fresh = make(w, view_of(next, members));
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    strategies_[static_cast<size_t>(w)] = fresh;
+  }
+  world_->revive(w, next);
+  cv_.notify_all();
+  for (auto* s : told) {
+    strategy_access::membership_boundary(*s, next, joins);
+    if (loss_epoch > 0)
+      strategy_access::membership_event(*s, loss_epoch, loss_cause);
+  }
 }
 
 std::string sim_membership::crashed(int w, bool restart) {

@@ -37,7 +37,7 @@ public:
   /// Ends its thread, and every `reform` waiting for a view fails with error(shutdown).
   void stop();
   /// Makes epoch 1's contexts, one per worker, which `for_worker(w).context` hands out.
-  sim_membership(std::shared_ptr<sim_world> world, int workers, int min_workers,
+  sim_membership(std::shared_ptr<sim_world> world, int workers, int min_workers, int max_restarts,
                  std::vector<std::string> devices);
   ~sim_membership();
   sim_membership(const sim_membership&) = delete;
@@ -56,9 +56,17 @@ public:
   /// how a restarted worker's is made.
   void set_strategies(std::vector<multi_worker_mirrored_strategy*> strategies, restarter restart);
   /// Worker `w` died (the network knows already): the next epoch forms, or the group ends.
-  /// `restart`: a new process of its task takes its place in the next epoch (when
-  /// `restart_refusal(w)` is empty by then; else it is a plain loss).
-  void lost(int w, bool restart = false);
+  /// `in_place`: a new process of its task takes its place in the next epoch (when
+  /// `restart_refusal(w)` is empty by then; else it is a plain loss). Otherwise, while restarts
+  /// are left (cluster_options::max_restarts) and it is not worker 0, a new process of its task
+  /// joins the survivors' epoch at their next step boundary (`rejoin`).
+  void lost(int w, bool in_place = false);
+  /// A new process of dead worker `w` joins the group at the members' next step boundary: the
+  /// epoch after the current one, with `w` in its place by task order, forms at once, and every
+  /// member is told to re-form into it at its next boundary (as the service's Abort.atBoundary).
+  /// @throws error(invalid_argument) when `w` lives or the group ended; error(unsupported) for
+  /// worker 0 (the chief's task).
+  void rejoin(int w);
   /// Why worker `w` cannot be restarted in place now ("" when it can): it is not a live member,
   /// the group ended, or it is the group's chief (a restarted chief does not rejoin).
   /// `code` (when not null) says which error fits: invalid_argument, or unsupported for the chief.
@@ -74,6 +82,13 @@ private:
   transport::membership::view view_of(uint64_t epoch, const std::vector<int>& members) const;
   transport::membership::view next_view(int w, int incarnation, uint64_t after);
   std::string restart_refusal_locked(int w, errc* code) const; // mtx_ held
+  std::string rejoin_refusal_locked(int w, errc* code) const;  // mtx_ held
+  /// Forms the epoch after `base` (of `members`) with `w` joining at a step boundary, builds its
+  /// new process, and tells `told` (empty: every member of `base`) of the join, then, when
+  /// `loss_epoch` > 0, of the loss that formed `base`. change_mtx_ held.
+  void form_join(int w, uint64_t base, std::vector<int> members,
+                 std::vector<multi_worker_mirrored_strategy*> told, uint64_t loss_epoch,
+                 const std::string& loss_cause);
   transport::context_ptr context(int w, const transport::membership::view& v);
   void run();
 
@@ -91,6 +106,15 @@ private:
   std::vector<int> members_;
   std::vector<bool> lost_;       // per worker: its current process died
   std::vector<int> incarnation_; // per worker: its current process (0 the first, 1 on restart)
+  int restarts_left_;            // cluster_options::max_restarts, less those made
+  /// Every epoch formed: its members, and whether a join formed it at a step boundary of the
+  /// epoch `base`.
+  struct epoch_info {
+    std::vector<int> members;
+    bool at_boundary = false;
+    uint64_t base = 0;
+  };
+  std::map<uint64_t, epoch_info> epochs_;
   restarter restart_;
   bool ended_ = false;
   std::string end_cause_;

@@ -149,10 +149,17 @@ struct cluster_options {
   /// worker dies (`kill`, or a filter's crash_sender), the harness, as the chief, forms the next
   /// epoch of the survivors at once while n remain; every survivor's calls in flight fail with
   /// membership_changed and its `reform` continues in that epoch. A worker restarted at once
-  /// (`cluster::restart`, verdict::restart_sender) is in that epoch in its old place. Partitions
-  /// of an elastic cluster, hung workers' exclusion and joins at a step boundary (a worker
-  /// restarted after its loss was seen) are not simulated.
+  /// (`cluster::restart`, verdict::restart_sender) is in that epoch in its old place; one
+  /// restarted after its loss (`restart` of a dead worker, `max_restarts`) joins at the next
+  /// step boundary. Partitions of an elastic cluster and hung workers' exclusion are not
+  /// simulated.
   int elastic_min_workers = 0;
+  /// Elastic clusters: how many workers that die (`kill`, a filter's crash_sender) are started
+  /// again under their task, in all, as `consort-launch --max-restarts K` does: while restarts
+  /// are left, the dead worker's loss forms the survivors' next epoch as always, and a new process
+  /// of its task joins them at their next step boundary (see `restart`). Worker 0, the chief's
+  /// task, is not restarted (nor by the launcher).
+  int max_restarts = 0;
   /// An elastic cluster's membership lines (the workers' `multi_worker_options::log`); empty:
   /// dropped.
   std::function<void(const std::string&)> log{};
@@ -192,7 +199,8 @@ public:
   /// Whether every worker has started (the strategies exist).
   bool formed() const noexcept { return !strategies_.empty(); }
   /// The membership epoch (1, and one more at each re-formation of an elastic cluster) and its
-  /// members, in rank order.
+  /// members, in rank order: the latest the harness formed (one that a restarted worker joins at
+  /// a step boundary forms at once; the others reach it at their next boundary).
   uint64_t epoch() const;
   std::vector<int> members() const;
 
@@ -218,17 +226,23 @@ public:
   void kill(int worker);
   /// Whether worker `worker`'s current process lives.
   bool alive(int worker) const;
-  /// Worker `worker` dies and a new process of its task starts at once, before its loss is
-  /// seen (as a supervisor restarts a crashed process; elastic clusters only). The membership
-  /// forms the next epoch with the new process in the old one's place (same members, same
-  /// ranks) before this returns: the others' calls fail with membership_changed ("a new process
-  /// of its task joins in its place"), and `strategy(worker)` is from then on the new process's,
-  /// a worker that joined a running group (`membership_epoch()` > 1; it creates its variables
-  /// without the creation broadcast, and its first `elastic_state::sync` takes the group's
-  /// state). The old process's calls fail with peer_lost, as a killed one's, and its strategy
-  /// object lives on with the cluster. @throws error(unsupported) on a cluster that is not
-  /// elastic, or for the group's chief (rank 0: a restarted chief does not rejoin);
-  /// error(invalid_argument) for a worker that is not a live member.
+  /// A new process of worker `worker`'s task starts (elastic clusters only), and `strategy(worker)`
+  /// is from then on its strategy: a worker that joined a running group (`membership_epoch()` >
+  /// 1, `joined_running_group()`; it creates its variables without the creation broadcast, and
+  /// its first `elastic_state::sync` takes the group's state). Before this returns:
+  /// - a live worker dies first, before its loss is seen, as a supervisor restarts a crashed
+  ///   process. The next epoch has the new process in the old one's place (same members, same
+  ///   ranks): the others' calls fail with membership_changed ("a new process of its task joins
+  ///   in its place"). The old process's calls fail with peer_lost, as a killed one's;
+  /// - a dead worker (killed, its loss seen) joins at the members' next step boundary, as a
+  ///   restarted task joins a running group: the epoch after the current one forms with it, by
+  ///   task order, and every member is told that the group grows (the service's
+  ///   Abort.atBoundary): its next `step_boundary` (every later `elastic_state::commit`) fails
+  ///   with membership_changed once the commit is kept, and `reform` takes it there.
+  /// Old processes' strategy objects live on with the cluster.
+  /// @throws error(unsupported) on a cluster that is not elastic, for the group's chief (rank 0:
+  ///         a restarted chief does not rejoin) and for worker 0 dead (the chief's task);
+  ///         error(invalid_argument) when the group ended.
   void restart(int worker);
   /// How many times worker `worker` was restarted (`restart`, verdict::restart_sender): a
   /// worker's loop that records it can tell that its process was replaced.

@@ -1,8 +1,10 @@
 // Elastic groups under consort::testing (docs/testing.md, "Elastic clusters"): workers killed
 // between steps, inside a collective (a filter's crash_sender at an exact message) and during a
-// re-formation; the survivors re-form, roll back to their last commit and finish, or, with fewer
-// than the minimum left, every one fails with peer_lost. Nothing hangs, every survivor ends with
-// the same weights, and a scenario run twice with its seed ends with the same weights.
+// re-formation, or restarted there (in place, or after their loss, joining at a step boundary);
+// the survivors re-form, roll back to their last commit and finish, a new process takes the
+// group's state and finishes with them, or, with fewer than the minimum left, every one fails
+// with peer_lost. Nothing hangs, every survivor ends with the same weights, and a scenario run
+// twice with its seed ends with the same weights.
 
 #include <consort/consort.hpp>
 #include <consort/testing.hpp>
@@ -268,6 +270,107 @@ TEST(ElasticCluster, AFilterRestartsASenderInsideACollective) {
     EXPECT_EQ(f.get().values().front().item<float>(), 3.0f);
 }
 
+/// Each worker's variable `w` (two floats, MEAN) and its elastic_state, for the restart tests.
+struct trained_workers {
+  explicit trained_workers(cluster& cl) : c(cl), v(4), state(4) {}
+  cluster& c;
+  std::vector<std::optional<variable>> v;
+  std::vector<std::unique_ptr<elastic_state>> state;
+  static nest at(int64_t n) { return nest::dict({{"step", tensor::scalar<int64_t>(n)}}); }
+  /// Worker `w` makes its variable from `initial` and commits it as step 0.
+  void make(int w, float initial) {
+    auto& st = c.strategy(w);
+    v[w] = st.create_variable("w", tensor::from<float>({initial, initial}, {2}),
+                              {variable_synchronization::on_write, variable_aggregation::mean});
+    state[w] = std::make_unique<elastic_state>(st);
+    state[w]->commit(at(0));
+  }
+  void step(int w) {
+    c.strategy(w).run([this, w](replica_context& ctx) { return add_one(ctx, *v[w]); });
+  }
+  int64_t sync(int w) { return state[w]->sync()["step"].as_tensor().item<int64_t>(); }
+  std::vector<float> value(int w) { return v[w]->value().to_vector<float>(); }
+};
+
+TEST(ElasticCluster, AKilledWorkerRestartedJoinsAtTheOthersNextStepBoundary) {
+  cluster c({.workers = 3, .seed = 8, .elastic_min_workers = 2});
+  trained_workers t(c);
+  on_each({0, 1, 2}, [&](int w) {
+    t.make(w, 0);
+    t.step(w);
+    t.state[w]->commit(trained_workers::at(1));
+  });
+  c.kill(2);
+  on_each({0, 1}, [&](int w) {
+    EXPECT_EQ(c.strategy(w).reform().epoch, 2u);
+    EXPECT_EQ(t.sync(w), 1);
+    t.step(w);
+  });
+  c.restart(2);
+  EXPECT_EQ(c.restarts(2), 1);
+  EXPECT_EQ(c.epoch(), 3u);
+  EXPECT_EQ(c.members(), (std::vector<int>{0, 1, 2}));
+  auto& fresh = c.strategy(2);
+  EXPECT_EQ(fresh.membership_epoch(), 3u);
+  EXPECT_TRUE(fresh.joined_running_group());
+  // A join aborts nothing: the others' steps go on in epoch 2 until their next boundary, where
+  // the commit is kept and then fails with the change; nothing is rolled back.
+  on_each({0, 1, 2}, [&](int w) {
+    if (w == 2) {
+      t.make(2, 100);
+    } else {
+      t.step(w);
+      EXPECT_EQ(c.strategy(w).membership_epoch(), 2u);
+      EXPECT_TRUE(fails_with([&] { t.state[w]->commit(trained_workers::at(3)); },
+                             errc::membership_changed,
+                             {"the group of workers grows: worker:2 (rank 2) joins the group",
+                              "it re-forms as epoch 3 at the workers' next step boundary"}));
+      auto change = c.strategy(w).reform();
+      EXPECT_EQ(change.epoch_before, 2u);
+      EXPECT_EQ(change.epoch, 3u);
+      EXPECT_EQ(change.joined, (std::vector<std::string>{"worker:2"}));
+    }
+    EXPECT_EQ(t.sync(w), 3) << "worker " << w;
+    t.step(w);
+  });
+  for (int w = 0; w < 3; ++w)
+    EXPECT_EQ(t.value(w), (std::vector<float>{4, 4})) << "worker " << w;
+}
+
+TEST(ElasticCluster, WithMaxRestartsAKilledWorkerIsLostThenJoinsAtTheNextBoundary) {
+  cluster c({.workers = 3, .seed = 9, .elastic_min_workers = 2, .max_restarts = 1});
+  trained_workers t(c);
+  on_each({0, 1, 2}, [&](int w) { t.make(w, 0); });
+  c.kill(1);
+  // Its loss forms epoch 2 of workers 0 and 2; its new process joins them in epoch 3.
+  EXPECT_EQ(c.restarts(1), 1);
+  EXPECT_EQ(c.epoch(), 3u);
+  EXPECT_TRUE(c.alive(1));
+  on_each({0, 1, 2}, [&](int w) {
+    if (w == 1) {
+      t.make(1, 100);
+    } else {
+      EXPECT_TRUE(fails_with(
+          [&] { t.step(w); }, errc::membership_changed,
+          {"worker:1 (rank 1): connection closed without leave", "it re-forms as epoch 2"}));
+      EXPECT_EQ(c.strategy(w).reform().epoch, 2u); // the loss first
+      EXPECT_EQ(t.sync(w), 0);
+      t.step(w);
+      EXPECT_TRUE(fails_with([&] { t.state[w]->commit(trained_workers::at(1)); },
+                             errc::membership_changed, {"worker:1 (rank 1) joins the group"}));
+      EXPECT_EQ(c.strategy(w).reform().epoch, 3u); // then the join
+    }
+    EXPECT_EQ(t.sync(w), 1) << "worker " << w;
+  });
+  for (int w = 0; w < 3; ++w)
+    EXPECT_EQ(t.value(w), (std::vector<float>{1, 1})) << "worker " << w;
+  // No restart is left: the next death is a loss alone.
+  c.kill(2);
+  EXPECT_EQ(c.restarts(2), 0);
+  EXPECT_EQ(c.epoch(), 4u);
+  EXPECT_EQ(c.members(), (std::vector<int>{0, 1}));
+}
+
 TEST(ElasticCluster, ARestartIsRefusedForTheChiefADeadWorkerAndAClusterThatIsNotElastic) {
   cluster plain({.workers = 2});
   EXPECT_TRUE(fails_with([&] { plain.restart(1); }, errc::unsupported,
@@ -275,12 +378,22 @@ TEST(ElasticCluster, ARestartIsRefusedForTheChiefADeadWorkerAndAClusterThatIsNot
   cluster c({.workers = 3, .elastic_min_workers = 1});
   EXPECT_TRUE(fails_with([&] { c.restart(0); }, errc::unsupported,
                          {"worker:0 is the group's chief", "a restarted chief does not rejoin"}));
-  c.kill(2);
-  EXPECT_TRUE(fails_with([&] { c.restart(2); }, errc::invalid_argument,
-                         {"worker:2 is not a live member of the group (epoch 2)"}));
-  EXPECT_EQ(c.restarts(2), 0);
-  EXPECT_TRUE(fails_with([&] { c.await_restart(2, 1, 20ms); }, errc::collective_timeout,
-                         {"worker 2 was restarted 0 times within 20 ms; expected 1"}));
+  c.kill(0);
+  EXPECT_TRUE(fails_with([&] { c.restart(0); }, errc::unsupported,
+                         {"worker:0 is the chief's task", "it is not restarted"}));
+  EXPECT_EQ(c.restarts(0), 0);
+  EXPECT_TRUE(fails_with([] { cluster bad({.workers = 2, .max_restarts = 1}); },
+                         errc::invalid_argument,
+                         {"max_restarts is 1", "more on an elastic cluster"}));
+  EXPECT_TRUE(
+      fails_with([] { cluster bad({.workers = 2, .elastic_min_workers = 1, .max_restarts = -1}); },
+                 errc::invalid_argument, {"max_restarts is -1"}));
+  cluster ended({.workers = 2, .elastic_min_workers = 2});
+  ended.kill(1);
+  EXPECT_TRUE(fails_with([&] { ended.restart(1); }, errc::invalid_argument,
+                         {"worker:1 cannot rejoin: the elastic group ended"}));
+  EXPECT_TRUE(fails_with([&] { c.await_restart(0, 1, 20ms); }, errc::collective_timeout,
+                         {"worker 0 was restarted 0 times within 20 ms; expected 1"}));
   // A filter's restart of the chief is refused too: the message is delivered, the next call of
   // the test says why.
   cluster f({.workers = 2, .seed = 6, .elastic_min_workers = 1});
@@ -313,13 +426,19 @@ struct scenario {
   int at = 0;      // between_steps: the step it dies before; in_collective: its message on the link
   int peer = 0;    // in_collective: the link's receiver
   int second = -1; // a worker that dies when it learns of the first change (during re-formation)
-  bool restart = false; // the victim's process is replaced at once by a new one, which rejoins
+  /// What becomes of the victim: it dies; or a new process of its task takes its place at once
+  /// (cluster::restart, verdict::restart_sender); or its loss is seen and then a new process
+  /// joins at the survivors' next step boundary (cluster_options::max_restarts 1).
+  enum class rebirth { none, in_place, after_loss } restart = rebirth::none;
 
   std::string describe(uint64_t seed) const {
     return "seed " + std::to_string(seed) + ": " + std::to_string(workers) + " workers x " +
            std::to_string(replicas) + ", min " + std::to_string(min_workers) + ", " +
            std::to_string(steps) + " steps, commit every " + std::to_string(commit_every) +
-           ", worker " + std::to_string(victim) + (restart ? " restarts" : " dies") +
+           ", worker " + std::to_string(victim) +
+           (restart == rebirth::in_place     ? " restarts in place"
+            : restart == rebirth::after_loss ? " dies, then rejoins"
+                                             : " dies") +
            (how == kind::between_steps ? " before step " + std::to_string(at)
                                        : " sending its message " + std::to_string(at) +
                                              " to worker " + std::to_string(peer)) +
@@ -344,7 +463,12 @@ scenario make_scenario(uint64_t seed) {
     s.second =
         (s.victim + 1 + static_cast<int>(rng() % static_cast<uint64_t>(s.workers - 1))) % s.workers;
   // The first fault comes in epoch 1, where worker 0 is the chief, which is not restarted.
-  s.restart = s.victim != 0 && rng() % 2 == 0;
+  if (s.victim != 0) {
+    const auto r = rng() % 3;
+    s.restart = r == 0   ? scenario::rebirth::in_place
+                : r == 1 ? scenario::rebirth::after_loss
+                         : scenario::rebirth::none;
+  }
   return s;
 }
 
@@ -417,13 +541,13 @@ result worker_loop(cluster& c, int me, const scenario& s,
   bool second_dies = me == s.second;
   // This process died: a restart goes on in the new one's loop.
   const auto died = [&] {
-    if (s.restart && me == s.victim && incarnation == 0)
+    if (s.restart != scenario::rebirth::none && me == s.victim && incarnation == 0)
       return worker_loop(c, me, s, ready, checkpoints, true);
     result dead;
     dead.killed = true;
     return dead;
   };
-  while (step < s.steps || !synced) {
+  for (;;) {
     try {
       if (!synced) {
         step = state.sync()["step"].as_tensor().item<int64_t>();
@@ -433,12 +557,18 @@ result worker_loop(cluster& c, int me, const scenario& s,
         synced = true;
         continue;
       }
+      if (step == s.steps) {
+        // A last step boundary, where a worker that waits to join comes in (it syncs with the
+        // others, who then pass here again).
+        st.step_boundary();
+        break;
+      }
       if (s.how == scenario::kind::between_steps && me == s.victim && incarnation == 0 &&
           step == s.at) {
-        if (s.restart)
+        if (s.restart == scenario::rebirth::in_place)
           c.restart(me);
         else
-          c.kill(me);
+          c.kill(me); // with max_restarts 1 (after_loss), a new process then joins
         return died();
       }
       st.run([&w, &u](replica_context& ctx) {
@@ -448,8 +578,8 @@ result worker_loop(cluster& c, int me, const scenario& s,
       });
       ++step;
       if (step % s.commit_every == 0) {
-        state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}}));
-        last_commit = step;
+        // The checkpoint first: a commit that is a boundary where a worker joins fails once it
+        // is kept.
         auto values = st.variable_values(); // a collective: every worker takes part
         if (st.worker_rank() == 0) {
           checkpoint_metadata meta;
@@ -458,6 +588,8 @@ result worker_loop(cluster& c, int me, const scenario& s,
           meta.num_replicas_in_sync = st.num_replicas_in_sync();
           manager.save(values, meta);
         }
+        state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}}));
+        last_commit = step;
       }
     } catch (const error& e) {
       // The filter's crash_sender or restart_sender (alive first: a restarted worker is alive
@@ -498,6 +630,7 @@ std::vector<result> run_scenario(const scenario& s, uint64_t seed) {
   opts.replicas_per_worker = s.replicas;
   opts.seed = seed;
   opts.elastic_min_workers = s.min_workers;
+  opts.max_restarts = s.restart == scenario::rebirth::after_loss ? 1 : 0;
   opts.strategy.collective_timeout = 20s;
   cluster c(opts);
   checkpoint_dir checkpoints(seed);
@@ -506,8 +639,8 @@ std::vector<result> run_scenario(const scenario& s, uint64_t seed) {
   auto armed_at = std::make_shared<std::atomic<uint64_t>>(UINT64_MAX);
   if (s.how == scenario::kind::in_collective) {
     const int victim = s.victim, peer = s.peer;
-    const auto fault =
-        s.restart ? testing::verdict::restart_sender() : testing::verdict::crash_sender();
+    const auto fault = s.restart == scenario::rebirth::in_place ? testing::verdict::restart_sender()
+                                                                : testing::verdict::crash_sender();
     c.on_message([victim, peer, armed_at, fault](const testing::message& m) {
       return m.epoch == 1 && m.from == victim && m.to == peer && m.link_seq == armed_at->load()
                  ? fault
