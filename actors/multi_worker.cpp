@@ -913,6 +913,17 @@ void detail::strategy_access::membership_event(multi_worker_mirrored_strategy& s
   }
 }
 
+void detail::strategy_access::membership_left_out(multi_worker_mirrored_strategy& s,
+                                                  const std::string& cause) {
+  if (!s.group_)
+    throw_error(errc::invalid_argument, "membership_left_out: the strategy is not elastic");
+  auto& g = *s.group_;
+  const auto why = cause + "; reform() joins the group again";
+  g.log(why);
+  g.left_out->store(true);
+  g.target->end(0, why, errc::membership_changed);
+}
+
 void detail::strategy_access::membership_boundary(multi_worker_mirrored_strategy& s, uint64_t next,
                                                   const std::string& joins) {
   if (!s.group_)
@@ -973,6 +984,14 @@ multi_worker_mirrored_strategy::membership_change multi_worker_mirrored_strategy
       group_->log(to_string(group_->me) + ": left out of the next epoch (" + e.what() +
                   "); joining the group again");
     }
+  }
+  if (!rt && group_->sim.rejoin) {
+    // consort::testing: the harness forms the epoch it joins (at the members' next boundary).
+    auto v = group_->sim.rejoin();
+    group_->target = std::make_shared<loss_target>(); // the ended one aborts every epoch
+    group_->left_out->store(false);
+    rt = group_->form(std::move(v), nullptr, nullptr);
+    rejoined = true;
   }
   if (!rt) {
     // The others went on without this worker: it joins them again as a new member of its task,

@@ -37,6 +37,9 @@ struct strategy_access {
     std::function<transport::membership::view(uint64_t after)> next_view;
     /// This worker's context for the epoch of `v`, of `v.members.size()` ranks.
     std::function<transport::context_ptr(const transport::membership::view& v)> context;
+    /// For a worker the others left out (`membership_left_out`): the view it joins again, at the
+    /// members' next step boundary; throws error(peer_lost) when the group ended.
+    std::function<transport::membership::view()> rejoin;
   };
 
   /// Worker `task` (task "worker:`task`") of an elastic group of `workers` tasks that goes on
@@ -54,6 +57,10 @@ struct strategy_access {
   /// `cause` ("worker:2 (rank 2): connection closed ...").
   static void membership_event(multi_worker_mirrored_strategy& s, uint64_t next,
                                const std::string& cause);
+  /// The membership's word to `s`'s elastic group that the others left it out (it hung past the
+  /// peer timeout; `cause` says so): its calls fail with membership_changed, and its `reform`
+  /// joins the group again, as the service's lost_event::left_out does.
+  static void membership_left_out(multi_worker_mirrored_strategy& s, const std::string& cause);
   /// The membership's notice to `s`'s elastic group that a task joins (`joins`: "worker:2 (rank
   /// 2) joins the group"): it re-forms as epoch `next` at its next step boundary
   /// (multi_worker_mirrored_strategy::step_boundary), as at the service's Abort.atBoundary.

@@ -85,8 +85,9 @@ void cluster::form() {
     devices.push_back("CPU:" + std::to_string(d));
   std::vector<std::unique_ptr<multi_worker_mirrored_strategy>> built;
   if (opts_.elastic_min_workers > 0) {
-    membership_ = std::make_shared<detail::sim_membership>(
-        world_, opts_.workers, opts_.elastic_min_workers, opts_.max_restarts, devices);
+    membership_ =
+        std::make_shared<detail::sim_membership>(world_, opts_.workers, opts_.elastic_min_workers,
+                                                 opts_.max_restarts, opts_.peer_timeout, devices);
     auto log = opts_.log ? opts_.log : [](const std::string&) {
     };
     for (int w = 0; w < opts_.workers; ++w)
@@ -127,10 +128,14 @@ void cluster::form() {
     for (auto* s : every)
       consort::detail::strategy_access::advance_step_clock(*s, step);
   };
-  if (membership_)
+  if (membership_) {
     hooks.on_crash = [m = membership_.get()](int w, bool restart) {
       return m->crashed(w, restart);
     };
+    hooks.on_silent = [m = membership_.get()](int w) {
+      m->silent(w);
+    };
+  }
   world_->set_worker_hooks(std::move(hooks));
 }
 
@@ -326,6 +331,25 @@ void cluster::partition(std::vector<int> side) {
   world_->partition(members);
 }
 
+void cluster::hang(int worker) {
+  check_index(worker, "hang");
+  checked(worker);
+  if (!world_->alive(worker))
+    throw_error(errc::invalid_argument,
+                "consort::testing::cluster::hang: worker " + std::to_string(worker) + " is dead");
+  world_->hang(worker);
+}
+
+void cluster::resume(int worker) {
+  check_index(worker, "resume");
+  if (!world_->hung(worker))
+    throw_error(errc::invalid_argument, "consort::testing::cluster::resume: worker " +
+                                            std::to_string(worker) + " does not hang");
+  world_->resume(worker);
+  if (membership_)
+    membership_->resumed(worker);
+}
+
 void cluster::heal() {
   world_->heal();
 }
@@ -344,6 +368,8 @@ void cluster::advance(std::chrono::nanoseconds by) {
                 "consort::testing::cluster::advance: " + std::to_string(by.count()) +
                     " ns; time only moves forward");
   world_->advance(by);
+  if (membership_)
+    membership_->settle(); // what the failure detector found is handled
   check_rendezvous();
   check_filter();
 }

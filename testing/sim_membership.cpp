@@ -21,10 +21,14 @@ constexpr std::chrono::seconds no_change_bound{30};
 } // namespace
 
 sim_membership::sim_membership(std::shared_ptr<sim_world> world, int workers, int min_workers,
-                               int max_restarts, std::vector<std::string> devices)
+                               int max_restarts, std::chrono::milliseconds peer_timeout,
+                               std::vector<std::string> devices)
     : world_(std::move(world)), workers_(workers), min_workers_(min_workers),
-      devices_(std::move(devices)), lost_(static_cast<size_t>(workers), false),
-      incarnation_(static_cast<size_t>(workers), 0), restarts_left_(max_restarts) {
+      peer_timeout_(peer_timeout), devices_(std::move(devices)),
+      lost_(static_cast<size_t>(workers), false), incarnation_(static_cast<size_t>(workers), 0),
+      restarts_left_(max_restarts), left_out_(static_cast<size_t>(workers), false),
+      left_cause_(static_cast<size_t>(workers)),
+      left_as_chief_(static_cast<size_t>(workers), false) {
   for (int w = 0; w < workers_; ++w)
     members_.push_back(w);
   epochs_[1] = {members_, false, 0};
@@ -96,6 +100,12 @@ strategy_access::simulated_membership sim_membership::for_worker(int w) {
       throw gone();
     return me->next_view(w, incarnation, after);
   };
+  m.rejoin = [self = weak_from_this(), w, gone] {
+    auto me = self.lock();
+    if (!me)
+      throw gone();
+    return me->rejoin_left_out(w);
+  };
   m.context = [self = weak_from_this(), w, gone](const membership::view& v) {
     auto me = self.lock();
     if (!me)
@@ -129,7 +139,14 @@ membership::view sim_membership::next_view(int w, int incarnation, uint64_t afte
            it != epochs_.end() && it->second.at_boundary && it->second.base > after;
            it = epochs_.find(e))
         e = it->second.base;
-      return view_of(e, epochs_.at(e).members);
+      const auto& members = epochs_.at(e).members;
+      if (std::find(members.begin(), members.end(), w) == members.end())
+        throw_error(errc::peer_lost, "the group's epoch " + std::to_string(e) + " leaves " + me +
+                                         " out" +
+                                         (left_out_[static_cast<size_t>(w)]
+                                              ? ": " + left_cause_[static_cast<size_t>(w)]
+                                              : ""));
+      return view_of(e, members);
     }
     if (cv_.wait_until(lock, until) == std::cv_status::timeout && epoch_ <= after && !ended_)
       throw_error(errc::collective_timeout,
@@ -203,25 +220,35 @@ void sim_membership::rejoin(int w) {
     base = epoch_;
     base_members = members_;
   }
-  form_join(w, base, base_members, {}, 0, {});
+  form_join(w, base, base_members, {}, 0, {}, true);
 }
 
 void sim_membership::lost(int w, bool in_place) {
+  remove(w, in_place ? removal::killed_restarted : removal::killed);
+}
+
+void sim_membership::remove(int w, removal how) {
   std::lock_guard<std::mutex> change{change_mtx_};
   std::vector<int> next_members;
   std::string cause;
   uint64_t next = 0;
+  bool in_place = how == removal::killed_restarted;
   bool at_boundary = false; // a new process of its task joins at the survivors' next boundary
   multi_worker_mirrored_strategy* victim = nullptr;
   {
     std::lock_guard<std::mutex> guard{mtx_};
-    if (lost_[static_cast<size_t>(w)])
+    if (lost_[static_cast<size_t>(w)] || left_out_[static_cast<size_t>(w)])
       return;
-    in_place = in_place && restart_ && restart_refusal_locked(w, nullptr).empty();
-    at_boundary = !in_place && restart_ && restarts_left_ > 0 && w != 0;
-    lost_[static_cast<size_t>(w)] = true;
-    if (static_cast<size_t>(w) < strategies_.size())
-      victim = strategies_[static_cast<size_t>(w)];
+    if (how == removal::silent) {
+      // Not dead: left out, and told so when it resumes (`resumed`).
+      left_out_[static_cast<size_t>(w)] = true;
+    } else {
+      in_place = in_place && restart_ && restart_refusal_locked(w, nullptr).empty();
+      at_boundary = !in_place && restart_ && restarts_left_ > 0 && w != 0;
+      lost_[static_cast<size_t>(w)] = true;
+      if (static_cast<size_t>(w) < strategies_.size())
+        victim = strategies_[static_cast<size_t>(w)];
+    }
   }
   // The dead worker's own calls end at once (a killed process waits for nothing); its thread
   // lives on here.
@@ -235,8 +262,16 @@ void sim_membership::lost(int w, bool in_place) {
       cv_.notify_all(); // its own reform, if waiting, learns it is out
       return;
     }
-    cause = "worker:" + std::to_string(w) + " (rank " + std::to_string(it - members_.begin()) +
-            "): connection closed without leave (killed by the test harness)";
+    cause =
+        "worker:" + std::to_string(w) + " (rank " + std::to_string(it - members_.begin()) +
+        (how == removal::silent ? "): no heartbeat for " + std::to_string(peer_timeout_.count()) +
+                                      " ms" + " (hung by the test harness)"
+                                : "): connection closed without leave (killed by the test "
+                                  "harness)");
+    if (how == removal::silent) {
+      left_cause_[static_cast<size_t>(w)] = cause;
+      left_as_chief_[static_cast<size_t>(w)] = it == members_.begin();
+    }
     next_members = members_;
     if (in_place)
       cause += "; a new process of its task joins in its place";
@@ -283,7 +318,7 @@ void sim_membership::lost(int w, bool in_place) {
     // Restarted under its task (cluster_options::max_restarts): it joins the survivors' epoch
     // at their next step boundary; they hear of the join before they hear of the loss, as the
     // chief's notices would reach them if the new process's Join came at once.
-    form_join(w, next, next_members, told, next, cause);
+    form_join(w, next, next_members, told, next, cause, true);
     return;
   }
   if (make) {
@@ -302,15 +337,18 @@ void sim_membership::lost(int w, bool in_place) {
     strategy_access::membership_event(*s, next, cause);
 }
 
-void sim_membership::form_join(int w, uint64_t base, std::vector<int> members,
-                               std::vector<multi_worker_mirrored_strategy*> told,
-                               uint64_t loss_epoch, const std::string& loss_cause) {
+membership::view sim_membership::form_join(int w, uint64_t base, std::vector<int> members,
+                                           std::vector<multi_worker_mirrored_strategy*> told,
+                                           uint64_t loss_epoch, const std::string& loss_cause,
+                                           bool new_process) {
   members.insert(std::upper_bound(members.begin(), members.end(), w), w);
   const auto rank = std::find(members.begin(), members.end(), w) - members.begin();
   const uint64_t next = base + 1;
   const std::string joins = "worker:" + std::to_string(w) + " (rank " + std::to_string(rank) +
-                            ") joins the group (a new process of its task, started by the test "
-                            "harness)";
+                            ") joins the group" +
+                            (new_process ? " (a new process of its task, started by the test "
+                                           "harness)"
+                                         : " again (left out while it hung)");
   auto contexts = world_->make_group(next, members);
   restarter make;
   {
@@ -320,28 +358,35 @@ void sim_membership::form_join(int w, uint64_t base, std::vector<int> members,
     for (size_t r = 0; r < members.size(); ++r)
       pending_[{next, members[r]}] = std::move(contexts[r]);
     members_ = members;
-    ++incarnation_[static_cast<size_t>(w)];
-    lost_[static_cast<size_t>(w)] = false;
-    make = restart_;
+    if (new_process) {
+      ++incarnation_[static_cast<size_t>(w)];
+      lost_[static_cast<size_t>(w)] = false;
+      make = restart_;
+    }
     if (loss_epoch == 0) // a join alone: every member of the base epoch hears of it
       for (int m : members)
         if (m != w && static_cast<size_t>(m) < strategies_.size() &&
             strategies_[static_cast<size_t>(m)])
           told.push_back(strategies_[static_cast<size_t>(m)]);
   }
-  // As for a restart in place: the new process's strategy first, then it lives on the network.
-  auto* fresh = make(w, view_of(next, members));
-  {
-    std::lock_guard<std::mutex> guard{mtx_};
-    strategies_[static_cast<size_t>(w)] = fresh;
+  const auto v = view_of(next, members);
+  if (make) {
+    // As for a restart in place: the new process's strategy first, then it lives on the
+    // network.
+    auto* fresh = make(w, v);
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      strategies_[static_cast<size_t>(w)] = fresh;
+    }
+    world_->revive(w, next);
   }
-  world_->revive(w, next);
   cv_.notify_all();
   for (auto* s : told) {
     strategy_access::membership_boundary(*s, next, joins);
     if (loss_epoch > 0)
       strategy_access::membership_event(*s, loss_epoch, loss_cause);
   }
+  return v;
 }
 
 std::string sim_membership::crashed(int w, bool restart) {
@@ -351,10 +396,78 @@ std::string sim_membership::crashed(int w, bool restart) {
       if (auto why = restart_refusal_locked(w, nullptr); !why.empty())
         return why;
     }
-    crashes_.emplace_back(w, restart);
+    crashes_.push_back({w, restart ? removal::killed_restarted : removal::killed});
   }
   cv_.notify_all();
   return {};
+}
+
+void sim_membership::silent(int w) {
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    crashes_.push_back({w, removal::silent});
+  }
+  cv_.notify_all();
+}
+
+void sim_membership::settle() {
+  std::unique_lock<std::mutex> lock{mtx_};
+  // Bounded: a change tells strategies, which never wait for the test's thread.
+  cv_.wait_for(lock, no_change_bound,
+               [this] { return (crashes_.empty() && !handling_) || stopping_; });
+}
+
+void sim_membership::resumed(int w) {
+  settle(); // a silence found before it resumed is handled first
+  multi_worker_mirrored_strategy* s = nullptr;
+  std::string cause;
+  bool chief = false;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (!left_out_[static_cast<size_t>(w)] || static_cast<size_t>(w) >= strategies_.size())
+      return;
+    s = strategies_[static_cast<size_t>(w)];
+    chief = left_as_chief_[static_cast<size_t>(w)];
+    cause = chief ? "worker:" + std::to_string(w) +
+                        ": the others went on under a successor while "
+                        "this worker, their chief, was stopped (" +
+                        left_cause_[static_cast<size_t>(w)] +
+                        "); a stopped chief is replaced, "
+                        "not waited for"
+                  : "the chief left this worker out of the group: " +
+                        left_cause_[static_cast<size_t>(w)] +
+                        "; the others went on without it (a new process of this task joins them)";
+  }
+  if (!s)
+    return;
+  if (chief) // as in production: it ends with peer_lost
+    strategy_access::membership_event(*s, 0, cause);
+  else
+    strategy_access::membership_left_out(*s, cause);
+}
+
+membership::view sim_membership::rejoin_left_out(int w) {
+  std::lock_guard<std::mutex> change{change_mtx_};
+  uint64_t base = 0;
+  std::vector<int> base_members;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    const std::string me = "worker:" + std::to_string(w);
+    if (!left_out_[static_cast<size_t>(w)])
+      throw_error(errc::invalid_argument,
+                  me + " was not left out of the group: it has no group to join again");
+    if (ended_)
+      throw_error(errc::peer_lost,
+                  me + " was left out, and joining again found no elastic group: " + end_cause_);
+    if (left_as_chief_[static_cast<size_t>(w)])
+      throw_error(errc::peer_lost, me + " was the group's chief when the others left it out, and "
+                                        "a deposed chief does not rejoin (docs/multi_worker.md, "
+                                        "\"What is not done\")");
+    left_out_[static_cast<size_t>(w)] = false;
+    base = epoch_;
+    base_members = members_;
+  }
+  return form_join(w, base, base_members, {}, 0, {}, false);
 }
 
 uint64_t sim_membership::epoch() const {
@@ -374,11 +487,14 @@ void sim_membership::run() {
       cv_.wait(lock);
       continue;
     }
-    const auto [w, restart] = crashes_.front();
+    const auto [w, how] = crashes_.front();
     crashes_.pop_front();
+    handling_ = true;
     lock.unlock();
-    lost(w, restart);
+    remove(w, how);
     lock.lock();
+    handling_ = false;
+    cv_.notify_all();
   }
 }
 

@@ -38,7 +38,7 @@ public:
   void stop();
   /// Makes epoch 1's contexts, one per worker, which `for_worker(w).context` hands out.
   sim_membership(std::shared_ptr<sim_world> world, int workers, int min_workers, int max_restarts,
-                 std::vector<std::string> devices);
+                 std::chrono::milliseconds peer_timeout, std::vector<std::string> devices);
   ~sim_membership();
   sim_membership(const sim_membership&) = delete;
   sim_membership& operator=(const sim_membership&) = delete;
@@ -74,6 +74,19 @@ public:
   /// Called under the network's lock (sim_world::worker_hooks::on_crash): `lost` follows on this
   /// object's thread. Returns `restart_refusal(w)` when `restart` (then nothing follows).
   std::string crashed(int w, bool restart);
+  /// Called under the network's lock (sim_world::worker_hooks::on_silent): hung worker `w` was
+  /// silent for the peer timeout. On this object's thread, the next epoch forms without it, as
+  /// for a loss, but it is not dead: it is left out, and told so when it resumes (`resumed`).
+  void silent(int w);
+  /// Waits (bounded) until every death and silence noted so far is handled: the epochs formed
+  /// and the strategies told.
+  void settle();
+  /// Hung worker `w` goes on: when it was left out, its calls fail with membership_changed
+  /// saying so, and its `reform` joins the group again (`rejoin_left_out`).
+  void resumed(int w);
+  /// Worker `w`, left out, joins the group again as the same process at the members' next step
+  /// boundary: the view it joins. @throws error(peer_lost) when the group ended.
+  transport::membership::view rejoin_left_out(int w);
 
   uint64_t epoch() const;
   std::vector<int> members() const;
@@ -86,15 +99,26 @@ private:
   /// Forms the epoch after `base` (of `members`) with `w` joining at a step boundary, builds its
   /// new process, and tells `told` (empty: every member of `base`) of the join, then, when
   /// `loss_epoch` > 0, of the loss that formed `base`. change_mtx_ held.
-  void form_join(int w, uint64_t base, std::vector<int> members,
-                 std::vector<multi_worker_mirrored_strategy*> told, uint64_t loss_epoch,
-                 const std::string& loss_cause);
+  /// `new_process`: a new process of its task (its strategy is made); else the same process,
+  /// left out, comes back. Returns the view of the epoch formed.
+  transport::membership::view form_join(int w, uint64_t base, std::vector<int> members,
+                                        std::vector<multi_worker_mirrored_strategy*> told,
+                                        uint64_t loss_epoch, const std::string& loss_cause,
+                                        bool new_process);
+  /// How a worker leaves the group.
+  enum class removal {
+    killed,           ///< its process died
+    killed_restarted, ///< its process died, and a new one takes its place at once
+    silent,           ///< it hung past the peer timeout: left out, not dead
+  };
+  void remove(int w, removal how);
   transport::context_ptr context(int w, const transport::membership::view& v);
   void run();
 
   const std::shared_ptr<sim_world> world_;
   const int workers_;
   const int min_workers_;
+  const std::chrono::milliseconds peer_timeout_;
   const std::vector<std::string> devices_;
 
   std::mutex change_mtx_; // one change at a time, in order
@@ -115,11 +139,15 @@ private:
     uint64_t base = 0;
   };
   std::map<uint64_t, epoch_info> epochs_;
+  std::vector<bool> left_out_;          // per worker: hung past the peer timeout, left out
+  std::vector<std::string> left_cause_; // why
+  std::vector<bool> left_as_chief_;     // it was rank 0 then: it does not rejoin
   restarter restart_;
   bool ended_ = false;
   std::string end_cause_;
   std::map<std::pair<uint64_t, int>, transport::context_ptr> pending_; // (epoch, worker)
-  std::deque<std::pair<int, bool>> crashes_;                           // (worker, restart)
+  std::deque<std::pair<int, removal>> crashes_; // deaths and silences to handle, in order
+  bool handling_ = false;                       // one of them is being handled
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -450,8 +450,12 @@ bool sim_world::blocked(int rank) const {
   return std::any_of(ops.begin(), ops.end(), [](const sim_op* op) { return !op->done_locked(); });
 }
 
-bool sim_world::cut(int a, int b) const {
+bool sim_world::partitioned(int a, int b) const {
   return !side_.empty() && (side_.count(a) > 0) != (side_.count(b) > 0);
+}
+
+bool sim_world::cut(int a, int b) const {
+  return partitioned(a, b) || (a != b && (hung_.count(a) > 0 || hung_.count(b) > 0));
 }
 
 bool sim_world::dead_in(uint64_t group, int worker) const {
@@ -619,13 +623,59 @@ void sim_world::fire_due() {
     for (const auto& [group, slots] : groups_)
       for (int a = 0; a < size_; ++a)
         for (int b = 0; b < size_; ++b)
-          if (cut(a, b))
+          if (partitioned(a, b))
             if (auto ctx = context_of(group, a); ctx && ctx->rank_of(b) >= 0)
               ctx->abort_locked("lost worker:" + std::to_string(b) + " (rank " +
                                     std::to_string(ctx->rank_of(b)) + "): no heartbeat for " +
                                     ms_text(peer_timeout_) + " (partitioned by the test harness)",
                                 errc::peer_lost, true);
   }
+  for (auto& [w, h] : hung_) {
+    if (h.reported || t < h.since + peer_timeout_)
+      continue;
+    h.reported = true;
+    if (hooks_.on_silent) { // an elastic membership leaves it out
+      hooks_.on_silent(w);
+      continue;
+    }
+    // Every other worker's membership finds it silent and aborts its group naming it; its own
+    // finds that the chief gave it up.
+    const auto why = "no heartbeat for " + ms_text(peer_timeout_) + " (hung by the test harness)";
+    for (const auto& [group, slots] : groups_)
+      for (int a = 0; a < size_; ++a)
+        if (auto ctx = context_of(group, a); ctx && ctx->rank_of(w) >= 0)
+          ctx->abort_locked(a == w ? "the others lost this worker: " + why
+                                   : "lost worker:" + std::to_string(w) + " (rank " +
+                                         std::to_string(ctx->rank_of(w)) + "): " + why,
+                            errc::peer_lost, true);
+  }
+}
+
+std::optional<nanoseconds> sim_world::next_silence() const {
+  std::optional<nanoseconds> next;
+  if (!side_.empty() && !cut_reported_)
+    next = cut_at_ + peer_timeout_;
+  for (const auto& [w, h] : hung_)
+    if (!h.reported)
+      next = next ? std::min(*next, h.since + peer_timeout_) : h.since + peer_timeout_;
+  return next;
+}
+
+void sim_world::hang(int worker) {
+  world_lock lock(*this);
+  hung_.emplace(worker, hang_state{now_locked(), false});
+  cv_.notify_all();
+}
+
+void sim_world::resume(int worker) {
+  world_lock lock(*this);
+  hung_.erase(worker);
+  cv_.notify_all();
+}
+
+bool sim_world::hung(int worker) const {
+  world_lock lock(*this);
+  return hung_.count(worker) > 0;
 }
 
 void sim_world::ticker() {
@@ -638,8 +688,8 @@ void sim_world::ticker() {
     for (const auto& [key, queue] : links_)
       if (!queue.empty())
         next = next ? std::min(*next, queue.front().due) : queue.front().due;
-    if (!side_.empty() && !cut_reported_)
-      next = next ? std::min(*next, cut_at_ + peer_timeout_) : cut_at_ + peer_timeout_;
+    if (auto silence = next_silence())
+      next = next ? std::min(*next, *silence) : *silence;
     if (next)
       cv_.wait_for(lock.get(),
                    std::max(*next - now_locked(), nanoseconds{0}) + std::chrono::microseconds{50});
@@ -787,8 +837,8 @@ void sim_world::advance(nanoseconds by) {
       for (const auto& [key, queue] : links_)
         if (!queue.empty())
           consider(queue.front().due);
-      if (!side_.empty() && !cut_reported_)
-        consider(cut_at_ + peer_timeout_);
+      if (auto silence = next_silence())
+        consider(*silence);
       if (auto it = deadlines_.upper_bound(now); it != deadlines_.end())
         consider(it->first);
       for (const auto& s : before)

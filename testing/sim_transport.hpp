@@ -81,6 +81,12 @@ public:
   /// `group` on, where its contexts are new; its old process's groups stay dead to it.
   void revive(int worker, uint64_t group);
   void partition(const std::set<int>& side);
+  /// Worker `worker` stops (cluster::hang): nothing it sends or is sent arrives from now on, and
+  /// `peer_timeout` later the others find it silent (`worker_hooks::on_silent`, else every group
+  /// with it is aborted with peer_lost). `resume` lets its messages through again.
+  void hang(int worker);
+  void resume(int worker);
+  bool hung(int worker) const;
   void heal();
   void set_filter(message_filter filter);
   void advance(std::chrono::nanoseconds by);
@@ -95,6 +101,9 @@ public:
     /// process of its task (`restart`, restart_sender; called before the kill, which follows only
     /// when it returns ""; else it says why not). Called with mu_ held: it must only take note.
     std::function<std::string(int worker, bool restart)> on_crash;
+    /// Hung worker `worker` has been silent for peer_timeout (an elastic membership leaves it
+    /// out); called with mu_ held: it must only take note.
+    std::function<void(int worker)> on_silent;
   };
   void set_worker_hooks(worker_hooks hooks);
   bool wait_blocked(int rank, std::chrono::nanoseconds within);
@@ -134,10 +143,13 @@ private:
   std::shared_ptr<sim_context> context_of(uint64_t group, int worker) const;
   /// Whether the process of worker `worker` that is a member of `group` is dead.
   bool dead_in(uint64_t group, int worker) const;
-  void flush_link(int from, int to); // delivers the delayed messages of a link now
-  void fire_due();                   // delayed messages and the failure detector
-  bool cut(int a, int b) const;      // a partition separates a and b
-  bool blocked(int rank) const;      // mu_ held: a thread of `rank` waits for an op not yet done
+  void flush_link(int from, int to);    // delivers the delayed messages of a link now
+  void fire_due();                      // delayed messages and the failure detector
+  bool cut(int a, int b) const;         // a partition separates a and b, or one of them hangs
+  bool partitioned(int a, int b) const; // a partition separates a and b
+  /// When the failure detector next finds someone silent (a partition, a hung worker).
+  std::optional<std::chrono::nanoseconds> next_silence() const;
+  bool blocked(int rank) const; // mu_ held: a thread of `rank` waits for an op not yet done
 
   void ticker();
   void kill_locked(int rank);
@@ -163,6 +175,11 @@ private:
   std::set<int> side_; // the partitioned side (empty: none)
   std::chrono::nanoseconds cut_at_{0};
   bool cut_reported_ = false;
+  struct hang_state {
+    std::chrono::nanoseconds since{0};
+    bool reported = false;
+  };
+  std::map<int, hang_state> hung_; // hung workers
   message_filter filter_;
   std::string filter_error_; // a refused verdict, until check_filter throws it
   std::vector<message> log_;

@@ -21,8 +21,10 @@
 //   carries its cause, a connection that closes when a process dies, silence across a partition.
 //   Not simulated: the kernel's socket buffers (a send completes when it is copied), TCP's
 //   timing, shared memory, NCCL;
-// - the membership's failure detector: a worker cut off by a partition is declared lost by the
-//   others `peer_timeout` of simulated time after the cut, as heartbeats would find it; and the
+// - the membership's failure detector: a worker cut off by a partition, or hung, is declared
+//   lost by the others `peer_timeout` of simulated time after the cut, as heartbeats would find
+//   it; an elastic group's chief (the harness) re-forms it, restarts workers (`restart`,
+//   `max_restarts`) and takes them back at a step boundary; and the
 //   outcome of the rendezvous: workers named `late` start only when the test calls `join`, and
 //   past `rendezvous_timeout` every worker's start fails naming the missing ones;
 // - time: simulated time is real time plus what `advance` added; the deadlines of the network
@@ -151,8 +153,8 @@ struct cluster_options {
   /// membership_changed and its `reform` continues in that epoch. A worker restarted at once
   /// (`cluster::restart`, verdict::restart_sender) is in that epoch in its old place; one
   /// restarted after its loss (`restart` of a dead worker, `max_restarts`) joins at the next
-  /// step boundary. Partitions of an elastic cluster and hung workers' exclusion are not
-  /// simulated.
+  /// step boundary. A worker that hangs past the peer timeout (`hang`) is left out and joins
+  /// again when it resumes. Partitions of an elastic cluster are not simulated.
   int elastic_min_workers = 0;
   /// Elastic clusters: how many workers that die (`kill`, a filter's crash_sender) are started
   /// again under their task, in all, as `consort-launch --max-restarts K` does: while restarts
@@ -261,6 +263,21 @@ public:
   void partition(std::vector<int> side);
   /// Ends the partition (workers already declared lost stay lost, as in production).
   void heal();
+  /// Worker `worker`'s process stops (SIGSTOP, a debugger, a stall longer than a heartbeat):
+  /// nothing it sends or is sent arrives from now on, and no connection closes. `peer_timeout`
+  /// of simulated time later (`advance`) the others find it silent. Elastic: the next epoch forms
+  /// without it at once, and the others' calls fail with membership_changed ("worker:1 (rank
+  /// 1): no heartbeat for 5000 ms"); it is not dead. Otherwise every other worker's calls fail
+  /// with peer_lost naming it, and its own too. Its threads are not stopped: the test makes no
+  /// call for it while it hangs. @throws error(invalid_argument) for a dead worker.
+  void hang(int worker);
+  /// Hung worker `worker` goes on; what it sent while it hung is lost. Elastic, when the others
+  /// left it out: its calls fail with membership_changed ("the chief left this worker out of
+  /// the group: ...; reform() joins the group again"), and its `reform` joins the group again
+  /// as the same process, at the members' next step boundary (`membership_change::joined` names
+  /// it; its variables keep their values until its `elastic_state::sync`). @throws
+  /// error(invalid_argument) for a worker that does not hang.
+  void resume(int worker);
   /// Every later data message goes through `filter` (empty: none).
   void on_message(message_filter filter);
   /// Throws the error of a verdict the filter returned and the harness refused (see
@@ -270,7 +287,9 @@ public:
   // -- time and observation ----------------------------------------------------------------------
 
   /// Moves simulated time forward: deadlines, delayed messages and the failure detector see it
-  /// at once. @throws error(invalid_argument) for a negative duration.
+  /// at once (what the detector finds in an elastic cluster is handled before this returns: the
+  /// next epoch formed, the members told). @throws error(invalid_argument) for a negative
+  /// duration.
   void advance(std::chrono::nanoseconds by);
   /// Waits (in real time, up to `within`) until a thread of worker `worker` waits on the
   /// network, e.g. inside a collective that needs a peer; false when none did in time. Call it

@@ -332,6 +332,34 @@ TEST(TestingCluster, APartitionIsFoundAfterThePeerTimeoutOfSimulatedTime) {
   }
 }
 
+TEST(TestingCluster, AHungWorkerIsFoundAfterThePeerTimeoutAndFindsItselfLostWhenItGoesOn) {
+  cluster c({.workers = 3, .seed = 12, .peer_timeout = 30s});
+  c.hang(1);
+  EXPECT_TRUE(fails_with([&] { c.hang(3); }, errc::invalid_argument, {"no worker 3"}));
+  EXPECT_TRUE(fails_with([&] { c.resume(2); }, errc::invalid_argument, {"worker 2 does not hang"}));
+  auto runs = c.run_all(one_sum);
+  EXPECT_FALSE(runs[0].wait_for(20ms)) << "silence: nobody learns anything before the timeout";
+  c.advance(29s);
+  EXPECT_FALSE(runs[2].wait_for(20ms)) << "29 of 30 s: still silent";
+  c.advance(2s);
+  for (int w : {0, 2})
+    EXPECT_TRUE(fails(runs[static_cast<size_t>(w)], errc::peer_lost,
+                      {"lost worker:1 (rank 1): no heartbeat for 30000 ms (hung by the test "
+                       "harness)"}));
+  c.resume(1);
+  EXPECT_TRUE(
+      fails(runs[1], errc::peer_lost, {"the others lost this worker: no heartbeat for 30000 ms"}));
+  EXPECT_TRUE(c.alive(1));
+  // Nothing went to or from it while it hung.
+  for (const auto& m : c.messages()) {
+    if ((m.from == 1) != (m.to == 1) && m.kind == "data") {
+      EXPECT_EQ(m.what, testing::fate::dropped);
+    }
+  }
+  c.kill(2);
+  EXPECT_TRUE(fails_with([&] { c.hang(2); }, errc::invalid_argument, {"worker 2 is dead"}));
+}
+
 TEST(TestingCluster, ACollectiveTimeoutPassesInSimulatedTime) {
   testing::cluster_options opts;
   opts.workers = 2;

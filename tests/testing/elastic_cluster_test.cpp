@@ -371,6 +371,76 @@ TEST(ElasticCluster, WithMaxRestartsAKilledWorkerIsLostThenJoinsAtTheNextBoundar
   EXPECT_EQ(c.members(), (std::vector<int>{0, 1}));
 }
 
+TEST(ElasticCluster, AWorkerHungPastThePeerTimeoutIsLeftOutAndJoinsAgainWhenItGoesOn) {
+  cluster c({.workers = 3, .seed = 10, .elastic_min_workers = 2});
+  trained_workers t(c);
+  on_each({0, 1, 2}, [&](int w) {
+    t.make(w, 0);
+    t.step(w);
+    t.state[w]->commit(trained_workers::at(1));
+  });
+  c.hang(1);
+  // The others' step waits for worker 1 until its silence is found.
+  auto waiting =
+      c.strategy(0).run_async([&](replica_context& ctx) { return add_one(ctx, *t.v[0]); });
+  ASSERT_TRUE(c.wait_blocked(0));
+  EXPECT_EQ(c.epoch(), 1u);
+  c.advance(5001ms); // past the peer timeout (5 s)
+  EXPECT_EQ(c.epoch(), 2u);
+  EXPECT_EQ(c.members(), (std::vector<int>{0, 2}));
+  EXPECT_TRUE(c.alive(1)) << "hung, not dead";
+  EXPECT_TRUE(fails_with([&] { waiting.get(); }, errc::membership_changed,
+                         {"worker:1 (rank 1): no heartbeat for 5000 ms (hung by the test harness)",
+                          "it re-forms as epoch 2"}));
+  // It goes on, learns it was left out, and joins again as the same process.
+  c.resume(1);
+  EXPECT_TRUE(fails_with([&] { t.step(1); }, errc::membership_changed,
+                         {"the chief left this worker out of the group: worker:1 (rank 1): no "
+                          "heartbeat for 5000 ms",
+                          "reform() joins the group again"}));
+  auto back = c.strategy(1).reform();
+  EXPECT_EQ(back.epoch, 3u);
+  EXPECT_EQ(back.joined, (std::vector<std::string>{"worker:1"}));
+  EXPECT_EQ(c.members(), (std::vector<int>{0, 1, 2}));
+  EXPECT_FALSE(c.strategy(1).joined_running_group()) << "the same process, with its state";
+  on_each({0, 1, 2}, [&](int w) {
+    if (w != 1) {
+      EXPECT_EQ(c.strategy(w).reform().epoch, 2u);
+      EXPECT_EQ(t.sync(w), 1);
+      t.step(w);
+      EXPECT_TRUE(fails_with([&] { t.state[w]->commit(trained_workers::at(2)); },
+                             errc::membership_changed,
+                             {"worker:1 (rank 1) joins the group again (left out while it hung)"}));
+      EXPECT_EQ(c.strategy(w).reform().epoch, 3u);
+    }
+    EXPECT_EQ(t.sync(w), 2) << "worker " << w;
+    t.step(w);
+  });
+  for (int w = 0; w < 3; ++w)
+    EXPECT_EQ(t.value(w), (std::vector<float>{3, 3})) << "worker " << w;
+}
+
+TEST(ElasticCluster, AHungChiefIsReplacedAndEndsWhenItGoesOn) {
+  cluster c({.workers = 3, .seed = 11, .elastic_min_workers = 2});
+  for (auto& f : c.run_all(one_sum))
+    f.get();
+  c.hang(0);
+  c.advance(5001ms);
+  EXPECT_EQ(c.members(), (std::vector<int>{1, 2}));
+  c.resume(0);
+  EXPECT_TRUE(fails_with([&] { c.strategy(0).run(one_sum); }, errc::peer_lost,
+                         {"the others went on under a successor while this worker, their chief, "
+                          "was stopped",
+                          "a stopped chief is replaced, not waited for"}));
+  EXPECT_TRUE(fails_with([&] { c.strategy(0).reform(); }, errc::peer_lost, {}));
+  on_each({1, 2}, [&](int w) { c.strategy(w).reform(); });
+  EXPECT_EQ(c.strategy(1).worker_rank(), 0);
+  auto a = c.strategy(1).run_async(one_sum);
+  auto b = c.strategy(2).run_async(one_sum);
+  for (auto* f : {&a, &b})
+    EXPECT_EQ(f->get().values().front().item<float>(), 2.0f);
+}
+
 TEST(ElasticCluster, ARestartIsRefusedForTheChiefADeadWorkerAndAClusterThatIsNotElastic) {
   cluster plain({.workers = 2});
   EXPECT_TRUE(fails_with([&] { plain.restart(1); }, errc::unsupported,
@@ -421,7 +491,9 @@ struct scenario {
   int min_workers = 1;
   int steps = 8;
   int commit_every = 2;
-  enum class kind { between_steps, in_collective } how = kind::between_steps;
+  /// hangs: the victim stops before step `at` past the peer timeout, then goes on (left out,
+  /// it joins again; worker 0, the chief, is replaced and ends).
+  enum class kind { between_steps, in_collective, hangs } how = kind::between_steps;
   int victim = 0;
   int at = 0;      // between_steps: the step it dies before; in_collective: its message on the link
   int peer = 0;    // in_collective: the link's receiver
@@ -439,9 +511,10 @@ struct scenario {
            (restart == rebirth::in_place     ? " restarts in place"
             : restart == rebirth::after_loss ? " dies, then rejoins"
                                              : " dies") +
-           (how == kind::between_steps ? " before step " + std::to_string(at)
-                                       : " sending its message " + std::to_string(at) +
-                                             " to worker " + std::to_string(peer)) +
+           (how == kind::hangs ? " (hangs past the peer timeout) before step " + std::to_string(at)
+            : how == kind::between_steps ? " before step " + std::to_string(at)
+                                         : " sending its message " + std::to_string(at) +
+                                               " to worker " + std::to_string(peer)) +
            (second >= 0 ? ", worker " + std::to_string(second) + " dies during re-formation" : "");
   }
 };
@@ -468,6 +541,10 @@ scenario make_scenario(uint64_t seed) {
     s.restart = r == 0   ? scenario::rebirth::in_place
                 : r == 1 ? scenario::rebirth::after_loss
                          : scenario::rebirth::none;
+  }
+  if (rng() % 4 == 0) {
+    s.how = scenario::kind::hangs; // the same process goes on: no restart
+    s.restart = scenario::rebirth::none;
   }
   return s;
 }
@@ -507,6 +584,7 @@ struct checkpoint_dir {
 /// loop of the victim's new process (a restart), which starts in a running group and syncs first.
 result worker_loop(cluster& c, int me, const scenario& s,
                    std::barrier<std::function<void()>>& ready, const std::string& checkpoints,
+                   std::shared_future<void> back, const std::function<void()>& is_back,
                    bool joining = false) {
   checkpoint_manager_options keep;
   keep.max_to_keep = 3;
@@ -539,10 +617,20 @@ result worker_loop(cluster& c, int me, const scenario& s,
   int64_t last_commit = joining ? -1 : 0; // a new process has no state of its own
   bool synced = !joining;
   bool second_dies = me == s.second;
+  bool hung = false;
+  const auto opts_peer_timeout = std::chrono::milliseconds(5000); // cluster_options' default
+  struct signal_back { // the hung victim tells the others it is back, whatever happens to it
+    const std::function<void()>& done;
+    bool mine;
+    ~signal_back() {
+      if (mine)
+        done();
+    }
+  } tell_back{is_back, s.how == scenario::kind::hangs && me == s.victim};
   // This process died: a restart goes on in the new one's loop.
   const auto died = [&] {
     if (s.restart != scenario::rebirth::none && me == s.victim && incarnation == 0)
-      return worker_loop(c, me, s, ready, checkpoints, true);
+      return worker_loop(c, me, s, ready, checkpoints, back, is_back, true);
     result dead;
     dead.killed = true;
     return dead;
@@ -559,9 +647,22 @@ result worker_loop(cluster& c, int me, const scenario& s,
       }
       if (step == s.steps) {
         // A last step boundary, where a worker that waits to join comes in (it syncs with the
-        // others, who then pass here again).
+        // others, who then pass here again). A hung worker's join comes when it goes on and
+        // re-forms: the job lasts until then (a real job's steps would outlast its pause).
+        if (s.how == scenario::kind::hangs && me != s.victim &&
+            back.wait_for(60s) != std::future_status::ready) {
+          r.code = errc::collective_timeout;
+          r.text = "the hung worker did not come back within 60 s";
+          return r;
+        }
         st.step_boundary();
         break;
+      }
+      if (s.how == scenario::kind::hangs && me == s.victim && step == s.at && !hung) {
+        hung = true;
+        c.hang(me);
+        c.advance(opts_peer_timeout + 1ms); // stopped past the peer timeout: left out
+        c.resume(me);
       }
       if (s.how == scenario::kind::between_steps && me == s.victim && incarnation == 0 &&
           step == s.at) {
@@ -596,12 +697,23 @@ result worker_loop(cluster& c, int me, const scenario& s,
       // again only once its new process's strategy exists, and counted).
       if (!c.alive(me) || c.restarts(me) != incarnation)
         return died();
+      if (hung && me == 0 && e.code() == errc::peer_lost) {
+        r.killed = true; // a stopped chief is replaced, and ends when it goes on
+        return r;
+      }
       if (e.code() != errc::membership_changed) {
         r.code = e.code();
         r.text = e.what();
         return r;
       }
       if (second_dies) {
+        // After a hung worker came back and asked to join, so that the two changes come in the
+        // same order on every run.
+        if (s.how == scenario::kind::hangs && back.wait_for(60s) != std::future_status::ready) {
+          r.code = errc::collective_timeout;
+          r.text = "the hung worker did not come back within 60 s";
+          return r;
+        }
         c.kill(me);
         r.killed = true;
         return r;
@@ -612,6 +724,10 @@ result worker_loop(cluster& c, int me, const scenario& s,
         r.code = e2.code();
         r.text = e2.what();
         return r;
+      }
+      if (hung && tell_back.mine) { // back in the group: its join is under way
+        tell_back.mine = false;
+        is_back();
       }
       synced = false;
     }
@@ -655,11 +771,18 @@ std::vector<result> run_scenario(const scenario& s, uint64_t seed) {
       sent += m.kind == "data" && m.from == s.victim && m.to == s.peer ? 1 : 0;
     armed_at->store(sent + static_cast<uint64_t>(s.at));
   });
+  std::promise<void> back_promise;
+  std::shared_future<void> back = back_promise.get_future().share();
+  std::once_flag once;
+  const std::function<void()> is_back = [&] {
+    std::call_once(once, [&] { back_promise.set_value(); });
+  };
   std::vector<std::future<result>> loops;
   for (int w = 0; w < s.workers; ++w)
-    loops.push_back(std::async(std::launch::async, [&c, w, &s, &ready, &checkpoints] {
-      return worker_loop(c, w, s, ready, checkpoints.path.string());
-    }));
+    loops.push_back(
+        std::async(std::launch::async, [&c, w, &s, &ready, &checkpoints, back, &is_back] {
+          return worker_loop(c, w, s, ready, checkpoints.path.string(), back, is_back);
+        }));
   std::vector<result> out;
   for (auto& f : loops) {
     if (f.wait_for(60s) != std::future_status::ready) {
