@@ -18,8 +18,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <set>
+#include <utility>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -192,6 +195,9 @@ struct fd_guard {
 // The seam of device/checkpoint_seam.hpp: writes past fault_after fail with fault_errno.
 std::atomic<size_t> fault_after{std::numeric_limits<size_t>::max()};
 std::atomic<int> fault_errno{0};
+// The kill of checkpoint_kill_writes_after (set with fault_after; taken once).
+std::mutex fault_mtx;
+std::function<void()> fault_killed;
 
 /// Writes all `n` bytes at the file's position `written` (counted for the seam).
 void write_all(int fd, const void* data, size_t n, size_t& written, const std::string& path) {
@@ -200,9 +206,23 @@ void write_all(int fd, const void* data, size_t n, size_t& written, const std::s
     size_t chunk = std::min<size_t>(n, size_t{1} << 30);
     const size_t limit = fault_after.load(std::memory_order_relaxed);
     if (written + chunk > limit) {
-      if (written >= limit)
+      if (written >= limit) {
+        std::function<void()> killed;
+        {
+          std::lock_guard<std::mutex> guard{fault_mtx};
+          killed = std::exchange(fault_killed, nullptr);
+          if (killed)
+            fault_after.store(std::numeric_limits<size_t>::max());
+        }
+        if (killed) {
+          killed();
+          throw detail::checkpoint_writer_killed(
+              errc::peer_lost, "checkpoint: the writer of \"" + path + "\" was killed after " +
+                                   std::to_string(written) + " bytes (by the test seam)");
+        }
         io_failure("write", path, fault_errno.load(),
                    " after " + std::to_string(written) + " bytes");
+      }
       chunk = limit - written;
     }
     ssize_t got = ::write(fd, p, chunk);
@@ -322,7 +342,15 @@ void checkpoint_fail_writes_after(size_t bytes, int error_number) {
 }
 
 void checkpoint_clear_write_fault() {
+  std::lock_guard<std::mutex> guard{fault_mtx};
+  fault_killed = nullptr;
   fault_after.store(std::numeric_limits<size_t>::max());
+}
+
+void checkpoint_kill_writes_after(size_t bytes, std::function<void()> killed) {
+  std::lock_guard<std::mutex> guard{fault_mtx};
+  fault_killed = std::move(killed);
+  fault_after.store(bytes);
 }
 
 } // namespace detail
@@ -404,6 +432,8 @@ void save_checkpoint(const std::string& path, const std::vector<named_tensor>& t
       io_failure("close", temp, errno);
     if (::rename(temp.c_str(), path.c_str()) != 0)
       io_failure("rename", temp, errno, " to \"" + path + "\"");
+  } catch (const detail::checkpoint_writer_killed&) {
+    throw; // a dead writer removes nothing
   } catch (...) {
     ::unlink(temp.c_str());
     throw;

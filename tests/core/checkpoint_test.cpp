@@ -448,6 +448,29 @@ TEST_F(CheckpointTest, AFullDiskLeavesThePreviousCheckpointAndNoTemporaryFile) {
   EXPECT_EQ(consort::restore_nest(model(), latest->data), model(1.0f));
 }
 
+TEST_F(CheckpointTest, AWriterKilledPartWayLeavesItsTemporaryFileAndThePreviousCheckpoint) {
+  checkpoint_manager manager(dir_);
+  manager.save(consort::named_leaves(model(1.0f)), at_step(1));
+  bool killed = false;
+  consort::detail::checkpoint_kill_writes_after(100, [&] { killed = true; });
+  EXPECT_TRUE(fails_with([&] { manager.save(consort::named_leaves(model(2.0f)), at_step(2)); },
+                         errc::peer_lost, {"ckpt-2.safetensors.tmp-", "killed after 100 bytes"}));
+  EXPECT_TRUE(killed);
+  // What the dead writer left: its temporary file, 100 bytes of it, and the checkpoint before.
+  auto left = files();
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(left[1], "ckpt-1.safetensors");
+  EXPECT_EQ(left[0].rfind(".ckpt-2.safetensors.tmp-", 0), 0u) << left[0];
+  EXPECT_EQ(fs::file_size(path(left[0])), 100u);
+  auto latest = manager.restore_latest();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(consort::restore_nest(model(), latest->data), model(1.0f));
+  // Once: the next save is whole; once the dead writer's file is old, a save removes it.
+  fs::last_write_time(path(left[0]), fs::file_time_type::clock::now() - std::chrono::minutes(2));
+  manager.save(consort::named_leaves(model(3.0f)), at_step(3));
+  EXPECT_EQ(files(), (std::vector<std::string>{"ckpt-1.safetensors", "ckpt-3.safetensors"}));
+}
+
 TEST_F(CheckpointTest, TheKernelsFileSizeLimitFailsTheWriteAndLeavesNothingBehind) {
   // The same as a full disk, from the kernel itself: RLIMIT_FSIZE makes a write past the limit
   // fail (EFBIG once SIGXFSZ is ignored). It binds root too.

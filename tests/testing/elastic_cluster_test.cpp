@@ -9,6 +9,7 @@
 #include <consort/consort.hpp>
 #include <consort/testing.hpp>
 
+#include "device/checkpoint_seam.hpp"
 #include "support/expect_error.hpp"
 
 #include <gtest/gtest.h>
@@ -492,8 +493,11 @@ struct scenario {
   int steps = 8;
   int commit_every = 2;
   /// hangs: the victim stops before step `at` past the peer timeout, then goes on (left out,
-  /// it joins again; worker 0, the chief, is replaced and ends).
-  enum class kind { between_steps, in_collective, hangs } how = kind::between_steps;
+  /// it joins again; worker 0, the chief, is replaced and ends). dies_writing: the victim, the
+  /// chief, dies writing its checkpoint of commit `at` (counted modulo its commits) after
+  /// `write_bytes` bytes.
+  enum class kind { between_steps, in_collective, hangs, dies_writing } how = kind::between_steps;
+  int write_bytes = 0;
   int victim = 0;
   int at = 0;      // between_steps: the step it dies before; in_collective: its message on the link
   int peer = 0;    // in_collective: the link's receiver
@@ -504,17 +508,29 @@ struct scenario {
   enum class rebirth { none, in_place, after_loss } restart = rebirth::none;
 
   std::string describe(uint64_t seed) const {
+    const auto when = [this]() -> std::string {
+      switch (how) {
+      case kind::between_steps:
+        return " before step " + std::to_string(at);
+      case kind::in_collective:
+        return " sending its message " + std::to_string(at) + " to worker " + std::to_string(peer);
+      case kind::hangs:
+        return " hangs past the peer timeout before step " + std::to_string(at);
+      case kind::dies_writing:
+        return " writing its checkpoint of commit " + std::to_string(at) +
+               " (modulo its commits), after " + std::to_string(write_bytes) + " bytes";
+      }
+      return {};
+    };
     return "seed " + std::to_string(seed) + ": " + std::to_string(workers) + " workers x " +
            std::to_string(replicas) + ", min " + std::to_string(min_workers) + ", " +
            std::to_string(steps) + " steps, commit every " + std::to_string(commit_every) +
            ", worker " + std::to_string(victim) +
-           (restart == rebirth::in_place     ? " restarts in place"
+           (how == kind::hangs               ? ""
+            : restart == rebirth::in_place   ? " restarts in place"
             : restart == rebirth::after_loss ? " dies, then rejoins"
                                              : " dies") +
-           (how == kind::hangs ? " (hangs past the peer timeout) before step " + std::to_string(at)
-            : how == kind::between_steps ? " before step " + std::to_string(at)
-                                         : " sending its message " + std::to_string(at) +
-                                               " to worker " + std::to_string(peer)) +
+           when() +
            (second >= 0 ? ", worker " + std::to_string(second) + " dies during re-formation" : "");
   }
 };
@@ -545,6 +561,13 @@ scenario make_scenario(uint64_t seed) {
   if (rng() % 4 == 0) {
     s.how = scenario::kind::hangs; // the same process goes on: no restart
     s.restart = scenario::rebirth::none;
+  } else if (rng() % 4 == 0) {
+    s.how = scenario::kind::dies_writing; // the chief of epoch 1 is the one that writes
+    s.victim = 0;
+    s.restart = scenario::rebirth::none;
+    s.write_bytes = static_cast<int>(rng() % 300); // a checkpoint here is 300-400 bytes
+    if (s.second == 0)
+      s.second = -1;
   }
   return s;
 }
@@ -618,6 +641,8 @@ result worker_loop(cluster& c, int me, const scenario& s,
   bool synced = !joining;
   bool second_dies = me == s.second;
   bool hung = false;
+  int saves = 0;                                                  // this worker's checkpoint saves
+  int64_t last_saved = -1;                                        // and the step of its last
   const auto opts_peer_timeout = std::chrono::milliseconds(5000); // cluster_options' default
   struct signal_back { // the hung victim tells the others it is back, whatever happens to it
     const std::function<void()>& done;
@@ -627,6 +652,15 @@ result worker_loop(cluster& c, int me, const scenario& s,
         done();
     }
   } tell_back{is_back, s.how == scenario::kind::hangs && me == s.victim};
+  // The chief's checkpoint of the step reached.
+  const auto save = [&](const std::vector<named_tensor>& values) {
+    checkpoint_metadata meta;
+    meta.step = step;
+    meta.num_workers = st.num_workers();
+    meta.num_replicas_in_sync = st.num_replicas_in_sync();
+    manager.save(values, meta);
+    last_saved = step;
+  };
   // This process died: a restart goes on in the new one's loop.
   const auto died = [&] {
     if (s.restart != scenario::rebirth::none && me == s.victim && incarnation == 0)
@@ -656,6 +690,11 @@ result worker_loop(cluster& c, int me, const scenario& s,
           return r;
         }
         st.step_boundary();
+        // And a checkpoint of the end, as consort-train saves one (the chief may have died
+        // writing the last commit's, whose commit the others kept).
+        auto values = st.variable_values();
+        if (st.worker_rank() == 0 && last_saved != step)
+          save(values);
         break;
       }
       if (s.how == scenario::kind::hangs && me == s.victim && step == s.at && !hung) {
@@ -683,11 +722,21 @@ result worker_loop(cluster& c, int me, const scenario& s,
         // is kept.
         auto values = st.variable_values(); // a collective: every worker takes part
         if (st.worker_rank() == 0) {
-          checkpoint_metadata meta;
-          meta.step = step;
-          meta.num_workers = st.num_workers();
-          meta.num_replicas_in_sync = st.num_replicas_in_sync();
-          manager.save(values, meta);
+          const int commits = s.steps / s.commit_every;
+          const bool dies = s.how == scenario::kind::dies_writing && me == s.victim &&
+                            incarnation == 0 && saves == s.at % commits;
+          ++saves;
+          if (dies)
+            consort::detail::checkpoint_kill_writes_after(static_cast<size_t>(s.write_bytes),
+                                                          [&c, me] { c.kill(me); });
+          struct disarm { // a save that ended before the byte leaves the seam armed
+            bool on;
+            ~disarm() {
+              if (on)
+                consort::detail::checkpoint_clear_write_fault();
+            }
+          } guard{dies};
+          save(values);
         }
         state.commit(nest::dict({{"step", tensor::scalar<int64_t>(step)}}));
         last_commit = step;
@@ -793,15 +842,32 @@ std::vector<result> run_scenario(const scenario& s, uint64_t seed) {
   }
   // Whoever wrote them, whoever died meanwhile: every checkpoint kept loads, its checksums hold,
   // and it holds the weights of its step (every step adds 1 to every element of `w`); a group
-  // that finished on a commit step kept that step's.
+  // that finished kept its last step's.
   const auto kept = checkpoint_manager(checkpoints.path.string()).checkpoints();
   const bool finished = std::any_of(
       out.begin(), out.end(), [](const result& r) { return !r.killed && r.code == errc::none; });
-  if (finished && s.steps % s.commit_every == 0) {
+  if (finished) {
     EXPECT_FALSE(kept.empty()) << s.describe(seed);
     if (!kept.empty()) {
       EXPECT_EQ(load_checkpoint(kept.back()).metadata.step, s.steps) << s.describe(seed);
     }
+  }
+  // The chief killed writing left its temporary file; the newest good checkpoint is still found.
+  const bool killed_writing = s.how == scenario::kind::dies_writing && out[0].killed;
+  EXPECT_EQ(killed_writing, s.how == scenario::kind::dies_writing)
+      << s.describe(seed) << ": the chief reaches that save, and the byte (a file is larger)";
+  int temporary = 0;
+  for (const auto& item : std::filesystem::directory_iterator(checkpoints.path))
+    temporary += item.path().filename().string().find(".tmp-") != std::string::npos ? 1 : 0;
+  EXPECT_EQ(temporary, killed_writing ? 1 : 0) << s.describe(seed);
+  try {
+    auto latest = checkpoint_manager(checkpoints.path.string()).restore_latest();
+    EXPECT_EQ(latest.has_value(), !kept.empty()) << s.describe(seed);
+    if (latest && !kept.empty()) {
+      EXPECT_EQ(latest->path, kept.back()) << s.describe(seed);
+    }
+  } catch (const error& e) {
+    ADD_FAILURE() << s.describe(seed) << ": restore_latest: " << e.what();
   }
   for (const auto& path : kept) {
     SCOPED_TRACE(s.describe(seed) + ": " + path);
