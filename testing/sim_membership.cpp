@@ -233,6 +233,7 @@ void sim_membership::remove(int w, removal how) {
   std::string cause;
   uint64_t next = 0;
   bool in_place = how == removal::killed_restarted;
+  bool no_quorum = false;
   bool at_boundary = false; // a new process of its task joins at the survivors' next boundary
   multi_worker_mirrored_strategy* victim = nullptr;
   {
@@ -277,7 +278,12 @@ void sim_membership::remove(int w, removal how) {
       cause += "; a new process of its task joins in its place";
     else
       next_members.erase(next_members.begin() + (it - members_.begin()));
-    if (static_cast<int>(next_members.size()) >= min_workers_)
+    // A chief that fell silent may lead on behind a partition: its successor's side needs more
+    // than half of the epoch's members, as the membership service's quorum (docs/multi_worker.md,
+    // "Partitions"; one silent non-chief leaves the chief's side at least half).
+    no_quorum = how == removal::silent && it == members_.begin() &&
+                2 * next_members.size() <= members_.size();
+    if (static_cast<int>(next_members.size()) >= min_workers_ && !no_quorum)
       next = epoch_ + 1;
     at_boundary = at_boundary && next > 0;
     if (at_boundary)
@@ -299,8 +305,14 @@ void sim_membership::remove(int w, removal how) {
         pending_[{next, next_members[r]}] = std::move(contexts[r]);
     } else {
       ended_ = true;
-      cause += "; " + std::to_string(next_members.size()) +
-               " workers remain, fewer than the minimum of " + std::to_string(min_workers_);
+      cause += no_quorum ? "; " + std::to_string(next_members.size()) + " of the " +
+                               std::to_string(members_.size()) + " members of epoch " +
+                               std::to_string(epoch_) +
+                               " remain, not a majority, and the lost chief may go on with the "
+                               "others behind a partition (a successor needs more than half)"
+                         : "; " + std::to_string(next_members.size()) +
+                               " workers remain, fewer than the minimum of " +
+                               std::to_string(min_workers_);
       end_cause_ = cause;
     }
     members_ = next_members;

@@ -22,6 +22,8 @@
 //                         calls reform (a loop slow to react): past reform_timeout, the chief
 //                         leaves it out of the epoch, and its reform joins the group again
 //   --reform-timeout MS   multi_worker_options::reform_timeout (default: the library's, 10 s)
+//   --cut TASK:STEP       worker TASK (in a network namespace) takes its link down inside step
+//                         STEP and goes on: a partition, which nobody sees close; only silence
 //   --commits N:STEP      at step STEP, while the group has fewer than N workers, every worker
 //                         commits again and again without stepping: a joining worker comes in at
 //                         one of these step boundaries (elastic_state::commit), with nothing to
@@ -43,6 +45,7 @@
 #include <ctime>
 #include <iostream>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -138,7 +141,8 @@ int64_t step_of(const nest& extra) {
 int main(int argc, char** argv) {
   if (argc < 4) {
     std::cerr << "usage: elastic_job STEPS COMMIT_EVERY MIN_WORKERS [--die TASK:STEP] "
-                 "[--stop TASK:STEP:MS] [--regrow WORKERS:STEP] [--commits WORKERS:STEP]\n";
+                 "[--stop TASK:STEP:MS] [--cut TASK:STEP] [--regrow WORKERS:STEP] "
+                 "[--commits WORKERS:STEP]\n";
     return 2;
   }
   const int64_t steps = std::stoll(argv[1]);
@@ -150,11 +154,14 @@ int main(int argc, char** argv) {
   int commits_workers = 0, commits_step = -1;
   std::vector<std::pair<int, int>> deaths;       // (task, step)
   std::vector<std::tuple<int, int, int>> stops;  // (task, step, ms)
+  std::vector<std::pair<int, int>> cuts;         // (task, step)
   std::vector<std::pair<int, int>> late_reforms; // (task, ms)
   for (int i = 4; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--die") {
       deaths.push_back(pair_of(argv[i + 1]));
+    } else if (flag == "--cut") {
+      cuts.push_back(pair_of(argv[i + 1]));
     } else if (flag == "--stop") {
       std::string text = argv[i + 1];
       auto last = text.rfind(':');
@@ -189,6 +196,10 @@ int main(int argc, char** argv) {
   for (auto [t, at, ms] : stops)
     if (t == task && !restarted())
       std::tie(stop_step, stop_ms) = std::tuple{at, ms};
+  int64_t cut_step = -1;
+  for (auto [t, at] : cuts)
+    if (t == task)
+      cut_step = at;
   int late_reform_ms = 0;
   for (auto [t, ms] : late_reforms)
     if (t == task)
@@ -242,7 +253,13 @@ int main(int argc, char** argv) {
       }
       const bool dies_now = step == die_step;
       const int stop_now_ms = step == stop_step ? stop_ms : 0;
-      s.run([&w, dies_now, stop_now_ms, task](replica_context& ctx) {
+      const bool cut_now = step == cut_step;
+      s.run([&w, dies_now, stop_now_ms, cut_now, task](replica_context& ctx) {
+        if (cut_now && ctx.local_replica_index() == 0) {
+          say("worker:" + std::to_string(task) + ": cutting its network link");
+          if (std::system("ip link set dev eth0 down") != 0)
+            throw std::runtime_error("could not take eth0 down");
+        }
         if (dies_now && ctx.local_replica_index() == 0) {
           say("worker:" + std::to_string(task) + ": killed at " + std::to_string(now_ns()));
           std::raise(SIGKILL); // inside the step: the others wait in its all-reduce

@@ -1574,6 +1574,52 @@ TEST(ElasticMembershipTest, AMemberThatDoesNotOfferItsPartIsLeftOutAtTheTimeout)
       errc::peer_lost, {"left out of epoch 2"}));
 }
 
+// Partitions: members lost to silence may be alive and go on under the chief's successor on
+// the other side of a cut. The chief's side goes on only with half of the epoch's members (ties
+// go to the chief), a successor's only with more than half, so that two sides never both do
+// (tests/multiworker/elastic_partition_test.sh cuts a successor off with real processes).
+/// elastic(1), where silence is found in 500 ms.
+void elastic_and_quick(membership::options& o) {
+  elastic(1)(o);
+  o.peer_timeout = 500ms;
+}
+
+TEST(ElasticMembershipTest, AChiefLeftWithFewerThanHalfAfterSilencesEndsTheGroup) {
+  cluster c(3, elastic_and_quick);
+  ASSERT_TRUE(c.form());
+  membership::service_test_access::suspend(*c.services[1]);
+  membership::service_test_access::suspend(*c.services[2]);
+  EXPECT_TRUE(has_error(
+      c.services[0]->next_view(1, "127.0.0.1:1", clock_type::now() + consort::test::scaled(10s)),
+      errc::peer_lost,
+      {"1 of the 3 members of epoch 1 remain, fewer than half",
+       "the others may go on under a successor behind a partition"}))
+      << c.logs.all();
+  membership::service_test_access::crash(*c.services[1]);
+  membership::service_test_access::crash(*c.services[2]);
+}
+
+TEST(ElasticMembershipTest, AChiefLeftWithHalfAfterSilencesGoesOnAndCrashesNeedNoQuorum) {
+  cluster half(4, elastic_and_quick);
+  ASSERT_TRUE(half.form());
+  membership::service_test_access::suspend(*half.services[2]);
+  membership::service_test_access::suspend(*half.services[3]);
+  for (auto& v : offer_all(half, {0, 1}, 1)) {
+    ASSERT_TRUE(v) << text_of(v.error()) << half.logs.all();
+    EXPECT_EQ(v->members.size(), 2u);
+  }
+  membership::service_test_access::crash(*half.services[2]);
+  membership::service_test_access::crash(*half.services[3]);
+  // Crashed members (their connections closed) are dead: the chief goes on alone.
+  cluster crashed(3, elastic_and_quick);
+  ASSERT_TRUE(crashed.form());
+  membership::service_test_access::crash(*crashed.services[1]);
+  membership::service_test_access::crash(*crashed.services[2]);
+  auto alone = offer_all(crashed, {0}, 1);
+  ASSERT_TRUE(alone[0]) << text_of(alone[0].error()) << crashed.logs.all();
+  EXPECT_EQ(alone[0]->members.size(), 1u);
+}
+
 TEST(ElasticMembershipTest, FewerMembersThanTheMinimumEndTheGroupEverywhere) {
   cluster c(3, elastic(3));
   ASSERT_TRUE(c.form());

@@ -416,6 +416,7 @@ void service::impl::lose_member(int rank, const std::string& cause, bool silent)
   c->state = phase::lost;
   log_line("lost " + cause + " (connection from " + c->remote() + ")");
   const bool stuck = c->writing() && now() - c->write_started() >= opts_.peer_timeout;
+  const bool maybe_alive = silent || stuck; // no closed connection: perhaps only cut off
   if (!silent || stuck || c->closed()) {
     close(c);
   } else {
@@ -427,7 +428,7 @@ void service::impl::lose_member(int rank, const std::string& cause, bool silent)
   }
   if (elastic()) {
     by_rank_[rank].reset();
-    return start_reform({rank}, -1, cause);
+    return start_reform({rank}, -1, cause, maybe_alive);
   }
   report({rank}, cause);
   for (const auto& other : std::vector<conn_ptr>(conns_.begin(), conns_.end()))
@@ -458,11 +459,12 @@ namespace consort::transport::membership {
 // which aborts the calls in flight.
 
 void service::impl::start_reform(const std::vector<int>& lost, int joining,
-                                 const std::string& cause) {
+                                 const std::string& cause, bool maybe_alive) {
   if (group_ended_ || leaving_ || crashed_)
     return;
   if (!reforming_) {
     reforming_ = true;
+    reform_maybe_split_ = false;
     next_epoch_ = view_.epoch + 1;
     next_set_ = in_view_;
     rejoined_.clear();
@@ -474,6 +476,7 @@ void service::impl::start_reform(const std::vector<int>& lost, int joining,
     at_boundary_ = false;
     reform_cause_ = cause;
   }
+  reform_maybe_split_ = reform_maybe_split_ || (maybe_alive && !lost.empty());
   for (int r : lost) {
     next_set_.erase(r);
     in_view_.erase(r);
@@ -559,6 +562,8 @@ void service::impl::maybe_form_next_view() {
     if (c->state == phase::member && rejoined_.count(r) == 0)
       return;
   }
+  if (auto why = quorum_refusal(); !why.empty())
+    return fail_group("the group of workers ended: " + why);
   view v;
   v.epoch = next_epoch_;
   do {
@@ -593,6 +598,7 @@ void service::impl::maybe_form_next_view() {
       left += (left.empty() ? "" : ", ") + to_string(m.task);
   v.nccl_unique_id = opts_.nccl_unique_id;
   reforming_ = false;
+  succeeding_ = false;
   view_ = v;
   in_view_ = next_set_;
   auto now = this->now();
@@ -610,6 +616,28 @@ void service::impl::maybe_form_next_view() {
     if (by_rank_[static_cast<std::size_t>(r)] &&
         by_rank_[static_cast<std::size_t>(r)]->state == phase::joined)
       start_reform({}, r, name_of(r) + " joins the group");
+}
+
+std::string service::impl::quorum_refusal() const {
+  if (!(succeeding_ ? chief_maybe_alive_ : reform_maybe_split_))
+    return {}; // every member lost is dead (its connection closed): nobody else goes on
+  int kept = 0;
+  for (const auto& m : view_.members) {
+    auto it = std::find(opts_.tasks.begin(), opts_.tasks.end(), m.task);
+    kept +=
+        it != opts_.tasks.end() && next_set_.count(static_cast<int>(it - opts_.tasks.begin())) > 0
+            ? 1
+            : 0;
+  }
+  const int of = static_cast<int>(view_.members.size());
+  if (succeeding_ ? 2 * kept > of : 2 * kept >= of)
+    return {};
+  return std::to_string(kept) + " of the " + std::to_string(of) + " members of epoch " +
+         std::to_string(view_.epoch) + " remain, " +
+         (succeeding_ ? "not a majority, and the lost chief may go on with the others behind a "
+                        "partition (a successor needs more than half)"
+                      : "fewer than half, and the others may go on under a successor behind a "
+                        "partition (the chief needs half)");
 }
 
 void service::impl::reform_timed_out() {
@@ -706,6 +734,7 @@ void service::impl::promote() {
       in_view_.insert(static_cast<int>(it - opts_.tasks.begin()));
   }
   reforming_ = true;
+  succeeding_ = true;
   next_epoch_ = notice_epoch_;
   next_set_ = in_view_;
   rejoined_.clear();

@@ -206,7 +206,16 @@ private:
   void lose_member(int rank, const std::string& cause, bool silent = false);
   /// Elastic: the group changes (`lost` gone, `joining` joins): begins the next epoch's
   /// re-formation, or amends the one under way, and announces it to the members.
-  void start_reform(const std::vector<int>& lost, int joining, const std::string& cause);
+  /// `maybe_alive`: `lost` went silent (no heartbeat, a stuck write) on a connection that did not
+  /// close, so they may only be cut off and go on with another leader: the next epoch then needs
+  /// half of the current one's members (`quorum_refusal`).
+  void start_reform(const std::vector<int>& lost, int joining, const std::string& cause,
+                    bool maybe_alive = false);
+  /// Why the next epoch (next_set_) must not form without a quorum of the current one's members,
+  /// or "" when it may: when members may be alive behind a partition, the chief's side needs half
+  /// of them (ties go to the chief), a successor's more than half, so that two sides never both
+  /// go on.
+  std::string quorum_refusal() const;
   void on_rejoin(const conn_ptr& c, codec::join& j);
   void maybe_form_next_view();
   void reform_timed_out();
@@ -306,15 +315,18 @@ private:
   std::vector<std::byte> chief_nonce_; // worker: the nonce of the chief's Challenge
 
   // Elastic (I/O thread only).
-  std::set<int> in_view_;        // chief: the tasks of view_
-  bool reforming_ = false;       // chief: a change is under way
-  bool at_boundary_ = false;     // chief: ... which the members begin at a step boundary
-  std::string reform_cause_;     // chief: ... and why
-  uint64_t next_epoch_ = 0;      // chief: the epoch it forms
-  std::set<int> next_set_;       // chief: the tasks of that epoch
-  std::set<int> rejoined_;       // chief: members of next_set_ whose Join for it arrived
-  std::set<int> notified_;       // chief: members told of the change under way
-  std::set<int> deferred_joins_; // chief: tasks that joined during it, for the next one
+  std::set<int> in_view_;           // chief: the tasks of view_
+  bool reforming_ = false;          // chief: a change is under way
+  bool at_boundary_ = false;        // chief: ... which the members begin at a step boundary
+  std::string reform_cause_;        // chief: ... and why
+  uint64_t next_epoch_ = 0;         // chief: the epoch it forms
+  std::set<int> next_set_;          // chief: the tasks of that epoch
+  std::set<int> rejoined_;          // chief: members of next_set_ whose Join for it arrived
+  std::set<int> notified_;          // chief: members told of the change under way
+  std::set<int> deferred_joins_;    // chief: tasks that joined during it, for the next one
+  bool reform_maybe_split_ = false; // chief: a member of it was lost without a closed connection
+  bool succeeding_ = false;         // chief: a successor leading the re-formation after the chief
+  bool chief_maybe_alive_ = false;  // worker: the chief was lost without a closed connection
   clock::time_point reform_deadline_{};
   bool group_ended_ = false;
   uint64_t notice_epoch_ = 0; // worker: the newest change announced

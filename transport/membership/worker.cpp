@@ -298,6 +298,7 @@ void service::impl::lose_chief(const std::string& cause, bool silent) {
   c->state = phase::lost;
   log_line("lost the chief: " + cause + " (connection to " + c->remote() + ")");
   const bool stuck = c->writing() && now() - c->write_started() >= opts_.peer_timeout;
+  chief_maybe_alive_ = silent || stuck; // perhaps only cut off, and leading on
   if (elastic() && silent && !stuck && !c->closed()) {
     // The chief may only be stopped or cut off for a while: should it read on, it learns first
     // that the group goes on without it (an Abort of its epoch naming it), so that it does not
