@@ -11,33 +11,13 @@ set -u
 job=$1
 source "$(dirname "$0")/lib.sh"
 tag=cep$$
-bridge=br$tag
 workers=3
+net="10.233.$((($$ % 200) + 1))"
 said=$(mktemp)
-cleanup() {
-  for ((i = 0; i < workers; i++)); do ip netns del "$tag-$i" 2>/dev/null; done
-  ip link del "$bridge" 2>/dev/null
-  rm -f "$said"
-}
-trap cleanup EXIT
-if ! ip link add "$bridge" type bridge 2>/tmp/netns_err.$$; then
-  echo "SKIP: cannot create network namespaces here ($(cat /tmp/netns_err.$$)); needs root"
-  rm -f /tmp/netns_err.$$
-  exit 77
-fi
-rm -f /tmp/netns_err.$$
-ip link set "$bridge" up
+trap 'netns_down "$tag" "$workers"; rm -f "$said"' EXIT
+netns_up "$tag" "$workers" "$net" || exit 77
 hosts=()
-for ((i = 0; i < workers; i++)); do
-  ns="$tag-$i"
-  ip netns add "$ns"
-  ip link add "v$tag$i" type veth peer name eth0 netns "$ns"
-  ip link set "v$tag$i" master "$bridge" up
-  ip -n "$ns" addr add "10.232.$((($$ % 200) + 1)).$((i + 1))/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-  hosts+=("10.232.$((($$ % 200) + 1)).$((i + 1))")
-done
+for ((i = 0; i < workers; i++)); do hosts+=("$net.$((i + 1))"); done
 echo "workers at ${hosts[*]}"
 mw_cluster "$workers" "${hosts[@]}"
 env="CONSORT_TRANSPORT=tcp ELASTIC_JOB_LOG=$said"
@@ -50,11 +30,7 @@ mw_expect 2 0
 mw_finish || { cat "$said"; exit 1; }
 echo "all statuses as expected; what the workers said:"
 cat "$said"
-expect() {
-  local got
-  got=$(grep -cE "$2" "$said")
-  [ "$got" = "$1" ] || { echo "FAIL: $got lines match '$2', expected $1"; exit 1; }
-}
+expect() { mw_lines "$said" "$1" "$2"; }
 expect 1 '^worker:1: cutting its network link$'
 expect 2 '^worker:[02]: membership: 3 -> 2 workers at step [4-6]; training resumed [0-9]+ ms'
 expect 2 '^worker:[02]: final step 40: .*\(ok\)$'

@@ -95,11 +95,7 @@ mw_finish || exit 1
 echo "all statuses as expected; what the workers said:"
 cat "$said"
 # expect COUNT PATTERN: COUNT lines of what the workers said match PATTERN.
-expect() {
-  local got
-  got=$(grep -cE "$2" "$said")
-  [ "$got" = "$1" ] || { echo "FAIL: $got lines match '$2', expected $1"; exit 1; }
-}
+expect() { mw_lines "$said" "$1" "$2"; }
 case "$scenario" in
   loss)
     expect 2 '^worker:[01]: membership: 3 -> 2 workers at step [45]; training resumed [0-9]+ ms'

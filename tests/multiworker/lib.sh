@@ -102,3 +102,38 @@ mw_wait_lines() {
   rm -f "$fifo"
   return "$ok"
 }
+
+# mw_lines FILE COUNT PATTERN: exactly COUNT lines of FILE match PATTERN; else says so and exits
+# the test with status 1.
+mw_lines() {
+  local got
+  got=$(grep -cE "$3" "$1")
+  [ "$got" = "$2" ] || { echo "FAIL: $got lines match '$3', expected $2"; exit 1; }
+}
+
+# netns_up TAG N NET: N network namespaces TAG-0 .. TAG-(N-1) joined by the bridge brTAG, the
+# eth0 of namespace i at NET.(i+1)/24 (NET: three octets). Status 1, having said SKIP, when
+# namespaces cannot be made here (they need root). netns_down TAG N removes them all.
+netns_up() {
+  local tag=$1 n=$2 net=$3 i ns err
+  if ! err=$(ip link add "br$tag" type bridge 2>&1); then
+    echo "SKIP: cannot create network namespaces here ($err); needs root"
+    return 1
+  fi
+  ip link set "br$tag" up
+  for ((i = 0; i < n; i++)); do
+    ns="$tag-$i"
+    ip netns add "$ns"
+    ip link add "v$tag$i" type veth peer name eth0 netns "$ns"
+    ip link set "v$tag$i" master "br$tag" up
+    ip -n "$ns" addr add "$net.$((i + 1))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+  done
+}
+
+netns_down() {
+  local tag=$1 n=$2 i
+  for ((i = 0; i < n; i++)); do ip netns del "$tag-$i" 2>/dev/null; done
+  ip link del "br$tag" 2>/dev/null
+}

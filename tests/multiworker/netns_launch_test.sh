@@ -7,30 +7,12 @@
 #   netns_launch_test.sh CONSORT_LAUNCH CONSORT_TRAIN [WORKERS_PER_NODE]   (needs root)
 set -u
 launch=$1 train=$2 per_node=${3:-1}
+source "$(dirname "$0")/lib.sh"
 tag=cnl$$
-bridge=br$tag
 net="10.232.$((($$ % 200) + 1))"
 logs=$(mktemp -d)
-cleanup() {
-  for i in 0 1; do ip netns del "$tag-$i" 2>/dev/null; done
-  ip link del "$bridge" 2>/dev/null
-  rm -rf "$logs"
-}
-trap cleanup EXIT
-if ! ip link add "$bridge" type bridge 2>"$logs/err"; then
-  echo "SKIP: cannot create network namespaces here ($(cat "$logs/err")); needs root"
-  exit 77
-fi
-ip link set "$bridge" up
-for i in 0 1; do
-  ns="$tag-$i"
-  ip netns add "$ns"
-  ip link add "v$tag$i" type veth peer name eth0 netns "$ns"
-  ip link set "v$tag$i" master "$bridge" up
-  ip -n "$ns" addr add "$net.$((i + 1))/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-done
+trap 'netns_down "$tag" 2; rm -rf "$logs"' EXIT
+netns_up "$tag" 2 "$net" || exit 77
 # The job's secret, the same on both nodes, as a user exports it before starting each launcher.
 CONSORT_CLUSTER_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
 export CONSORT_CLUSTER_SECRET

@@ -8,29 +8,11 @@ set -u
 job=$1 workers=${2:-3}
 source "$(dirname "$0")/lib.sh"
 tag=cst$$
-bridge=br$tag
-cleanup() {
-  for ((i = 0; i < workers; i++)); do ip netns del "$tag-$i" 2>/dev/null; done
-  ip link del "$bridge" 2>/dev/null
-}
-trap cleanup EXIT
-if ! ip link add "$bridge" type bridge 2>/tmp/netns_err.$$; then
-  echo "SKIP: cannot create network namespaces here ($(cat /tmp/netns_err.$$)); needs root"
-  rm -f /tmp/netns_err.$$
-  exit 77
-fi
-ip link set "$bridge" up
+net="10.231.$((($$ % 200) + 1))"
+trap 'netns_down "$tag" "$workers"' EXIT
+netns_up "$tag" "$workers" "$net" || exit 77
 hosts=()
-for ((i = 0; i < workers; i++)); do
-  ns="$tag-$i"
-  ip netns add "$ns"
-  ip link add "v$tag$i" type veth peer name eth0 netns "$ns"
-  ip link set "v$tag$i" master "$bridge" up
-  ip -n "$ns" addr add "10.231.$((($$ % 200) + 1)).$((i + 1))/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-  hosts+=("10.231.$((($$ % 200) + 1)).$((i + 1))")
-done
+for ((i = 0; i < workers; i++)); do hosts+=("$net.$((i + 1))"); done
 echo "workers at ${hosts[*]}"
 status=0
 
