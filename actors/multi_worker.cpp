@@ -897,7 +897,7 @@ std::unique_ptr<multi_worker_mirrored_strategy> detail::strategy_access::simulat
 }
 
 void detail::strategy_access::membership_event(multi_worker_mirrored_strategy& s, uint64_t next,
-                                               const std::string& cause) {
+                                               const std::string& cause, bool names_a_loss) {
   if (!s.group_)
     throw_error(errc::invalid_argument, "membership_event: the strategy is not elastic");
   auto& g = *s.group_;
@@ -907,7 +907,7 @@ void detail::strategy_access::membership_event(multi_worker_mirrored_strategy& s
     g.log(why);
     g.target->end(next, why, errc::membership_changed);
   } else {
-    const auto why = "lost " + cause;
+    const auto why = names_a_loss ? "lost " + cause : cause;
     g.log(why);
     g.target->end(0, why, errc::peer_lost);
   }

@@ -54,9 +54,10 @@ struct strategy_access {
       std::function<void(const std::string&)> log);
   /// The membership's verdict to `s`'s elastic group: it re-forms as epoch `next` (its calls in
   /// flight fail with membership_changed), or, `next` 0, it ended (peer_lost), because of
-  /// `cause` ("worker:2 (rank 2): connection closed ...").
+  /// `cause` ("worker:2 (rank 2): connection closed ...", which an end prefixes with "lost "
+  /// when `names_a_loss`; else it says why itself: "the group of workers ended: ...").
   static void membership_event(multi_worker_mirrored_strategy& s, uint64_t next,
-                               const std::string& cause);
+                               const std::string& cause, bool names_a_loss = true);
   /// The membership's word to `s`'s elastic group that the others left it out (it hung past the
   /// peer timeout; `cause` says so): its calls fail with membership_changed, and its `reform`
   /// joins the group again, as the service's lost_event::left_out does.

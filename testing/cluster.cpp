@@ -135,6 +135,9 @@ void cluster::form() {
     hooks.on_silent = [m = membership_.get()](int w) {
       m->silent(w);
     };
+    hooks.on_split = [m = membership_.get()](const std::set<int>& side) {
+      m->split(side);
+    };
   }
   world_->set_worker_hooks(std::move(hooks));
 }
@@ -314,9 +317,6 @@ bool cluster::alive(int worker) const {
 }
 
 void cluster::partition(std::vector<int> side) {
-  if (opts_.elastic_min_workers > 0)
-    throw_error(errc::unsupported, "consort::testing::cluster::partition: partitions of an "
-                                   "elastic cluster are not simulated (kill a worker instead)");
   std::set<int> members;
   for (int w : side) {
     check_index(w, "partition");

@@ -18,6 +18,14 @@ namespace {
 /// real time: the service's rendezvous_timeout.
 constexpr std::chrono::seconds no_change_bound{30};
 
+/// "worker:1, worker:3".
+std::string names_of(const std::vector<int>& workers) {
+  std::string text;
+  for (int w : workers)
+    text += (text.empty() ? "worker:" : ", worker:") + std::to_string(w);
+  return text;
+}
+
 } // namespace
 
 sim_membership::sim_membership(std::shared_ptr<sim_world> world, int workers, int min_workers,
@@ -426,7 +434,113 @@ void sim_membership::settle() {
   std::unique_lock<std::mutex> lock{mtx_};
   // Bounded: a change tells strategies, which never wait for the test's thread.
   cv_.wait_for(lock, no_change_bound,
-               [this] { return (crashes_.empty() && !handling_) || stopping_; });
+               [this] { return (crashes_.empty() && splits_.empty() && !handling_) || stopping_; });
+}
+
+void sim_membership::split(std::set<int> side) {
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    splits_.push_back(std::move(side));
+  }
+  cv_.notify_all();
+}
+
+void sim_membership::handle_split(const std::set<int>& side) {
+  std::lock_guard<std::mutex> change{change_mtx_};
+  std::vector<int> a, b, kept; // the chief's side, the other, the side that goes on
+  std::string cause;
+  uint64_t next = 0;
+  uint64_t epoch = 0;
+  int successor = -1;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (ended_ || members_.empty())
+      return;
+    const bool chief_cut = side.count(members_.front()) > 0;
+    for (int m : members_)
+      ((side.count(m) > 0) == chief_cut ? a : b).push_back(m);
+    if (b.empty())
+      return; // the cut runs through no epoch's members
+    epoch = epoch_;
+    successor = members_.size() >= 2 ? members_[1] : -1;
+    const auto n = members_.size();
+    const bool successor_on_b = std::find(b.begin(), b.end(), successor) != b.end();
+    if (2 * a.size() >= n) {
+      kept = a; // the chief's side: half or more
+      cause = names_of(b) + " sent no heartbeat for " + std::to_string(peer_timeout_.count()) +
+              " ms (partitioned by the test harness)";
+    } else if (successor_on_b && 2 * b.size() > n) {
+      kept = b; // the successor's side: more than half
+      cause = names_of(a) + " (the chief's side) sent no heartbeat for " +
+              std::to_string(peer_timeout_.count()) +
+              " ms (partitioned by the test harness); worker:" + std::to_string(successor) +
+              " succeeds the chief";
+    }
+    if (!kept.empty() && static_cast<int>(kept.size()) >= min_workers_)
+      next = epoch_ + 1;
+  }
+  // Why a side without its quorum ends (as the service's quorum_refusal says it).
+  const auto n = a.size() + b.size();
+  const auto why_ended = [&](bool chief_side) -> std::string {
+    const auto& mine = chief_side ? a : b;
+    const std::string head = "the group of workers ended: " + std::to_string(mine.size()) +
+                             " of the " + std::to_string(n) + " members of epoch " +
+                             std::to_string(epoch) + " remain, ";
+    if (chief_side)
+      return head + "fewer than half, and the others may go on under a successor behind a "
+                    "partition (the chief needs half)";
+    if (std::find(b.begin(), b.end(), successor) == b.end())
+      return head + "and the chief's successor worker:" + std::to_string(successor) +
+             " is on the other side of the partition";
+    return head + "not a majority, and the lost chief may go on with the others behind a "
+                  "partition (a successor needs more than half)";
+  };
+  std::vector<transport::context_ptr> contexts;
+  if (next > 0)
+    contexts = world_->make_group(next, kept);
+  std::vector<std::pair<multi_worker_mirrored_strategy*, std::string>> ended;
+  std::vector<multi_worker_mirrored_strategy*> told;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    const auto strategy_of = [this](int w) {
+      return static_cast<size_t>(w) < strategies_.size() ? strategies_[static_cast<size_t>(w)]
+                                                         : nullptr;
+    };
+    for (const auto* part : {&a, &b}) {
+      if (*part == kept)
+        continue;
+      for (int w : *part) {
+        lost_[static_cast<size_t>(w)] = true; // its group ended: it is in no later epoch
+        if (auto* s = strategy_of(w))
+          ended.emplace_back(s, why_ended(part == &a));
+      }
+    }
+    if (next > 0) {
+      epoch_ = next;
+      epochs_[next] = {kept, false, 0};
+      for (size_t r = 0; r < kept.size(); ++r)
+        pending_[{next, kept[r]}] = std::move(contexts[r]);
+      members_ = kept;
+      for (int m : kept)
+        if (auto* s = strategy_of(m))
+          told.push_back(s);
+    } else {
+      ended_ = true;
+      end_cause_ = kept.empty() ? "no side of the partition keeps its quorum"
+                                : cause + "; " + std::to_string(kept.size()) +
+                                      " workers remain, fewer than the minimum of " +
+                                      std::to_string(min_workers_);
+      for (int m : kept)
+        if (auto* s = strategy_of(m))
+          ended.emplace_back(s, "the group of workers ended: " + end_cause_);
+      members_.clear();
+    }
+  }
+  cv_.notify_all();
+  for (auto& [s, why] : ended)
+    strategy_access::membership_event(*s, 0, why, false);
+  for (auto* s : told)
+    strategy_access::membership_event(*s, next, cause);
 }
 
 void sim_membership::resumed(int w) {
@@ -495,8 +609,19 @@ std::vector<int> sim_membership::members() const {
 void sim_membership::run() {
   std::unique_lock<std::mutex> lock{mtx_};
   while (!stopping_) {
-    if (crashes_.empty()) {
+    if (crashes_.empty() && splits_.empty()) {
       cv_.wait(lock);
+      continue;
+    }
+    if (crashes_.empty()) { // a partition (crashes_ first: they were noted before)
+      auto side = std::move(splits_.front());
+      splits_.pop_front();
+      handling_ = true;
+      lock.unlock();
+      handle_split(side);
+      lock.lock();
+      handling_ = false;
+      cv_.notify_all();
       continue;
     }
     const auto [w, how] = crashes_.front();

@@ -78,6 +78,13 @@ public:
   /// silent for the peer timeout. On this object's thread, the next epoch forms without it, as
   /// for a loss, but it is not dead: it is left out, and told so when it resumes (`resumed`).
   void silent(int w);
+  /// Called under the network's lock (sim_world::worker_hooks::on_split): a partition cut `side`
+  /// off from the others for the peer timeout. On this object's thread, the side with its quorum
+  /// goes on as the next epoch, as the membership service decides it (docs/multi_worker.md,
+  /// "Partitions": the chief's side with half of the members, else the successor's with more than
+  /// half), and every member of the other side ends with peer_lost saying why; with no side
+  /// that has it, every member does.
+  void split(std::set<int> side);
   /// Waits (bounded) until every death and silence noted so far is handled: the epochs formed
   /// and the strategies told.
   void settle();
@@ -147,7 +154,9 @@ private:
   std::string end_cause_;
   std::map<std::pair<uint64_t, int>, transport::context_ptr> pending_; // (epoch, worker)
   std::deque<std::pair<int, removal>> crashes_; // deaths and silences to handle, in order
-  bool handling_ = false;                       // one of them is being handled
+  std::deque<std::set<int>> splits_;            // partitions to handle, after those
+  void handle_split(const std::set<int>& side);
+  bool handling_ = false; // one of them is being handled
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -616,6 +616,10 @@ void sim_world::fire_due() {
     }
     it = queue.empty() ? links_.erase(it) : std::next(it);
   }
+  if (!side_.empty() && !cut_reported_ && t >= cut_at_ + peer_timeout_ && hooks_.on_split) {
+    cut_reported_ = true;
+    hooks_.on_split(side_); // an elastic membership keeps the side with its quorum
+  }
   if (!side_.empty() && !cut_reported_ && t >= cut_at_ + peer_timeout_) {
     cut_reported_ = true;
     // Each side's membership finds the other silent: every live worker aborts its group naming

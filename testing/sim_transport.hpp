@@ -104,6 +104,9 @@ public:
     /// Hung worker `worker` has been silent for peer_timeout (an elastic membership leaves it
     /// out); called with mu_ held: it must only take note.
     std::function<void(int worker)> on_silent;
+    /// A partition that cut `side` off from the others has lasted peer_timeout (an elastic
+    /// membership keeps the side with its quorum); called with mu_ held: it must only take note.
+    std::function<void(const std::set<int>& side)> on_split;
   };
   void set_worker_hooks(worker_hooks hooks);
   bool wait_blocked(int rank, std::chrono::nanoseconds within);

@@ -154,7 +154,7 @@ struct cluster_options {
   /// (`cluster::restart`, verdict::restart_sender) is in that epoch in its old place; one
   /// restarted after its loss (`restart` of a dead worker, `max_restarts`) joins at the next
   /// step boundary. A worker that hangs past the peer timeout (`hang`) is left out and joins
-  /// again when it resumes. Partitions of an elastic cluster are not simulated.
+  /// again when it resumes. A partition leaves the side with its quorum (`partition`).
   int elastic_min_workers = 0;
   /// Elastic clusters: how many workers that die (`kill`, a filter's crash_sender) are started
   /// again under their task, in all, as `consort-launch --max-restarts K` does: while restarts
@@ -258,8 +258,10 @@ public:
                 std::chrono::milliseconds within = std::chrono::seconds(10));
   /// Cuts the workers in `side` off from the others: their messages vanish and no connection
   /// closes; `peer_timeout` of simulated time later each side declares the other lost
-  /// (peer_lost). One partition at a time; a new one replaces the old. @throws
-  /// error(unsupported) on an elastic cluster.
+  /// (peer_lost). One partition at a time; a new one replaces the old. Elastic: the side with
+  /// its quorum goes on as the next epoch (the chief's side with half of the members, else the
+  /// successor's with more than half, as the membership service decides it), and every worker of
+  /// the other side ends with peer_lost saying why (every worker, when no side has it).
   void partition(std::vector<int> side);
   /// Ends the partition (workers already declared lost stay lost, as in production).
   void heal();

@@ -42,6 +42,24 @@ tensor one_sum(replica_context& ctx) {
   return ctx.all_reduce("SUM", tensor::scalar<float>(1.0f));
 }
 
+/// Runs `fn(w)` for every worker of `workers` at once, each on its own thread (as N processes
+/// would), and waits for all of them, each bounded.
+template <class F>
+void on_each(const std::vector<int>& workers, F fn) {
+  std::vector<std::future<void>> running;
+  for (int w : workers)
+    running.push_back(std::async(std::launch::async, [&fn, w] { fn(w); }));
+  for (auto& f : running)
+    ASSERT_EQ(f.wait_for(60s), std::future_status::ready) << "a worker did not end within 60 s";
+  for (auto& f : running)
+    f.get();
+}
+
+nest add_one(replica_context& ctx, variable& v) {
+  ctx.assign_add(v, tensor::from<float>({1, 1}, {2}));
+  return nest{};
+}
+
 TEST(ElasticCluster, AKilledWorkerLeavesTheOthersToGoOnInTheNextEpoch) {
   cluster c({.workers = 3, .replicas_per_worker = 2, .seed = 1, .elastic_min_workers = 2});
   for (auto& f : c.run_all(one_sum))
@@ -109,33 +127,80 @@ TEST(ElasticCluster, BelowTheMinimumTheGroupEndsWithPeerLostAndReformSaysSo) {
                          {"the elastic group ended", "fewer than the minimum of 2"}));
 }
 
-TEST(ElasticCluster, AMalformedMinimumOrAPartitionIsRefused) {
+TEST(ElasticCluster, AMalformedMinimumIsRefused) {
   EXPECT_TRUE(fails_with([] { cluster c({.workers = 2, .elastic_min_workers = 3}); },
                          errc::invalid_argument,
                          {"elastic_min_workers is 3", "1 to the number of workers (2)"}));
   EXPECT_TRUE(fails_with([] { cluster c({.workers = 2, .elastic_min_workers = -1}); },
                          errc::invalid_argument, {"elastic_min_workers is -1"}));
-  cluster c({.workers = 3, .elastic_min_workers = 2});
-  EXPECT_TRUE(fails_with([&] { c.partition({1}); }, errc::unsupported,
-                         {"partitions of an elastic cluster are not simulated"}));
 }
 
-/// Runs `fn(w)` for every worker of `workers` at once, each on its own thread (as N processes
-/// would), and waits for all of them, each bounded.
-template <class F>
-void on_each(const std::vector<int>& workers, F fn) {
-  std::vector<std::future<void>> running;
-  for (int w : workers)
-    running.push_back(std::async(std::launch::async, [&fn, w] { fn(w); }));
-  for (auto& f : running)
-    ASSERT_EQ(f.wait_for(60s), std::future_status::ready) << "a worker did not end within 60 s";
-  for (auto& f : running)
+// Partitions (docs/multi_worker.md, "Partitions"): the side with its quorum goes on, the chief's
+// with half of the members (ties go to it), a successor's with more than half; the other side's
+// groups end, so that the two never train apart.
+TEST(ElasticCluster, APartitionLeavesTheChiefsSideWithHalfAndEndsTheOther) {
+  cluster c({.workers = 4, .seed = 13, .elastic_min_workers = 1});
+  for (auto& f : c.run_all(one_sum))
     f.get();
+  c.partition({1, 3});
+  c.advance(5001ms);
+  EXPECT_EQ(c.epoch(), 2u);
+  EXPECT_EQ(c.members(), (std::vector<int>{0, 2}));
+  for (int w : {1, 3})
+    EXPECT_TRUE(fails_with([&] { c.strategy(w).run(one_sum); }, errc::peer_lost,
+                           {"the group of workers ended: 2 of the 4 members of epoch 1 remain, "
+                            "not a majority"}))
+        << "worker " << w;
+  for (int w : {0, 2})
+    EXPECT_TRUE(fails_with([&] { c.strategy(w).run(one_sum); }, errc::membership_changed,
+                           {"worker:1, worker:3 sent no heartbeat for 5000 ms (partitioned by the "
+                            "test harness)",
+                            "it re-forms as epoch 2"}));
+  on_each({0, 2}, [&](int w) { EXPECT_EQ(c.strategy(w).reform().epoch, 2u); });
+  auto a = c.strategy(0).run_async(one_sum);
+  auto b = c.strategy(2).run_async(one_sum);
+  for (auto* f : {&a, &b})
+    EXPECT_EQ(f->get().values().front().item<float>(), 2.0f);
+  c.heal();
+  EXPECT_TRUE(fails_with([&] { c.strategy(1).reform(); }, errc::peer_lost, {}));
 }
 
-nest add_one(replica_context& ctx, variable& v) {
-  ctx.assign_add(v, tensor::from<float>({1, 1}, {2}));
-  return nest{};
+TEST(ElasticCluster, APartitionThatCutsTheChiefOffAloneLeavesItsSuccessorToLead) {
+  cluster c({.workers = 3, .seed = 14, .elastic_min_workers = 1});
+  for (auto& f : c.run_all(one_sum))
+    f.get();
+  c.partition({0});
+  c.advance(5001ms);
+  EXPECT_EQ(c.members(), (std::vector<int>{1, 2}));
+  EXPECT_TRUE(fails_with([&] { c.strategy(0).run(one_sum); }, errc::peer_lost,
+                         {"1 of the 3 members of epoch 1 remain, fewer than half"}));
+  for (int w : {1, 2})
+    EXPECT_TRUE(fails_with(
+        [&] { c.strategy(w).run(one_sum); }, errc::membership_changed,
+        {"worker:0 (the chief's side) sent no heartbeat", "worker:1 succeeds the chief"}));
+  on_each({1, 2}, [&](int w) { c.strategy(w).reform(); });
+  EXPECT_EQ(c.strategy(1).worker_rank(), 0);
+  auto a = c.strategy(1).run_async(one_sum);
+  auto b = c.strategy(2).run_async(one_sum);
+  for (auto* f : {&a, &b})
+    EXPECT_EQ(f->get().values().front().item<float>(), 2.0f);
+}
+
+TEST(ElasticCluster, APartitionWithNoSideKeepingItsQuorumEndsEveryWorker) {
+  // Of 5: the chief and its successor (2, fewer than half) against 3 without the successor.
+  cluster c({.workers = 5, .seed = 15, .elastic_min_workers = 1});
+  for (auto& f : c.run_all(one_sum))
+    f.get();
+  c.partition({0, 1});
+  c.advance(5001ms);
+  for (int w : {0, 1})
+    EXPECT_TRUE(fails_with([&] { c.strategy(w).run(one_sum); }, errc::peer_lost,
+                           {"2 of the 5 members of epoch 1 remain, fewer than half"}));
+  for (int w : {2, 3, 4})
+    EXPECT_TRUE(fails_with([&] { c.strategy(w).run(one_sum); }, errc::peer_lost,
+                           {"3 of the 5 members of epoch 1 remain",
+                            "the chief's successor worker:1 is on the other side"}));
+  EXPECT_EQ(c.epoch(), 1u);
 }
 
 TEST(ElasticCluster, ARestartedWorkerTakesItsOldPlaceAndTheGroupsState) {
@@ -504,7 +569,17 @@ struct scenario {
   /// it joins again; worker 0, the chief, is replaced and ends). dies_writing: the victim, the
   /// chief, dies writing its checkpoint of commit `at` (counted modulo its commits) after
   /// `write_bytes` bytes.
-  enum class kind { between_steps, in_collective, hangs, dies_writing } how = kind::between_steps;
+  /// partition: before step `at`, the victim cuts the workers of `cut` off from the others
+  /// (it may be one of them) for the peer timeout: the side with its quorum goes on, the other
+  /// ends with peer_lost.
+  enum class kind {
+    between_steps,
+    in_collective,
+    hangs,
+    dies_writing,
+    partition
+  } how = kind::between_steps;
+  std::vector<int> cut;
   int write_bytes = 0;
   int victim = 0;
   int at = 0;      // between_steps: the step it dies before; in_collective: its message on the link
@@ -527,6 +602,12 @@ struct scenario {
       case kind::dies_writing:
         return " writing its checkpoint of commit " + std::to_string(at) +
                " (modulo its commits), after " + std::to_string(write_bytes) + " bytes";
+      case kind::partition: {
+        std::string side;
+        for (int w : cut)
+          side += (side.empty() ? "" : ",") + std::to_string(w);
+        return " cuts {" + side + "} off before step " + std::to_string(at);
+      }
       }
       return {};
     };
@@ -534,10 +615,10 @@ struct scenario {
            std::to_string(replicas) + ", min " + std::to_string(min_workers) + ", " +
            std::to_string(steps) + " steps, commit every " + std::to_string(commit_every) +
            ", worker " + std::to_string(victim) +
-           (how == kind::hangs               ? ""
-            : restart == rebirth::in_place   ? " restarts in place"
-            : restart == rebirth::after_loss ? " dies, then rejoins"
-                                             : " dies") +
+           (how == kind::hangs || how == kind::partition ? ""
+            : restart == rebirth::in_place               ? " restarts in place"
+            : restart == rebirth::after_loss             ? " dies, then rejoins"
+                                                         : " dies") +
            when() +
            (second >= 0 ? ", worker " + std::to_string(second) + " dies during re-formation" : "");
   }
@@ -576,6 +657,13 @@ scenario make_scenario(uint64_t seed) {
     s.write_bytes = static_cast<int>(rng() % 300); // a checkpoint here is 300-400 bytes
     if (s.second == 0)
       s.second = -1;
+  } else if (rng() % 4 == 0) {
+    s.how = scenario::kind::partition;
+    s.restart = scenario::rebirth::none;
+    const uint64_t mask = 1 + rng() % ((uint64_t{1} << s.workers) - 2); // some, not all
+    for (int w = 0; w < s.workers; ++w)
+      if (mask & (uint64_t{1} << w))
+        s.cut.push_back(w);
   }
   return s;
 }
@@ -649,6 +737,7 @@ result worker_loop(cluster& c, int me, const scenario& s,
   bool synced = !joining;
   bool second_dies = me == s.second;
   bool hung = false;
+  bool cut_made = false;
   int saves = 0;                                                  // this worker's checkpoint saves
   int64_t last_saved = -1;                                        // and the step of its last
   const auto opts_peer_timeout = std::chrono::milliseconds(5000); // cluster_options' default
@@ -711,6 +800,11 @@ result worker_loop(cluster& c, int me, const scenario& s,
         if (st.worker_rank() == 0 && last_saved != step)
           save(values);
         break;
+      }
+      if (s.how == scenario::kind::partition && me == s.victim && step == s.at && !cut_made) {
+        cut_made = true;
+        c.partition(s.cut);
+        c.advance(opts_peer_timeout + 1ms); // past the peer timeout: one side goes on
       }
       if (s.how == scenario::kind::hangs && me == s.victim && step == s.at && !hung) {
         hung = true;
@@ -925,8 +1019,12 @@ void check_run(const scenario& s, uint64_t seed, const std::vector<result>& run)
       // (1 of 2 is no majority: the chief might lead on behind a partition).
       const bool below = r.text.find("fewer than the minimum of " +
                                      std::to_string(s.min_workers)) != std::string::npos;
-      const bool no_quorum = s.how == scenario::kind::hangs && s.victim == 0 &&
-                             r.text.find("not a majority") != std::string::npos;
+      const bool no_quorum =
+          ((s.how == scenario::kind::hangs && s.victim == 0) ||
+           s.how == scenario::kind::partition) &&
+          (r.text.find("not a majority") != std::string::npos ||
+           r.text.find("fewer than half") != std::string::npos ||
+           r.text.find("is on the other side of the partition") != std::string::npos);
       EXPECT_TRUE(below || no_quorum) << r.text;
       ++ended;
       continue;
@@ -942,7 +1040,9 @@ void check_run(const scenario& s, uint64_t seed, const std::vector<result>& run)
     }
     finished = &r;
   }
-  EXPECT_TRUE(finished == nullptr || ended == 0) << "some finished while others saw the end";
+  // (A partition ends one side while the other finishes.)
+  EXPECT_TRUE(finished == nullptr || ended == 0 || s.how == scenario::kind::partition)
+      << "some finished while others saw the end";
 }
 
 /// The seeded scenarios in four parts, which ctest runs side by side (each part a quarter of
