@@ -1620,6 +1620,28 @@ TEST(ElasticMembershipTest, AChiefLeftWithHalfAfterSilencesGoesOnAndCrashesNeedN
   EXPECT_EQ(alone[0]->members.size(), 1u);
 }
 
+// The successor's side: of 2, the other member of a chief that fell silent is no majority (the
+// chief may lead on behind a cut), so it ends the group rather than lead one of its own; a
+// chief that crashed is dead, and its successor leads alone.
+TEST(ElasticMembershipTest, ASuccessorWithoutAMajorityAfterTheChiefFellSilentEndsTheGroup) {
+  cluster c(2, elastic_and_quick);
+  ASSERT_TRUE(c.form());
+  membership::service_test_access::suspend(*c.services[0]);
+  EXPECT_TRUE(has_error(
+      c.services[1]->next_view(1, "127.0.0.1:1", clock_type::now() + consort::test::scaled(10s)),
+      errc::peer_lost,
+      {"1 of the 2 members of epoch 1 remain, not a majority",
+       "the lost chief may go on with the others behind a partition"}))
+      << c.logs.all();
+  membership::service_test_access::crash(*c.services[0]);
+  cluster crashed(2, elastic_and_quick);
+  ASSERT_TRUE(crashed.form());
+  membership::service_test_access::crash(*crashed.services[0]);
+  auto alone = offer_all(crashed, {1}, 1);
+  ASSERT_TRUE(alone[0]) << text_of(alone[0].error()) << crashed.logs.all();
+  EXPECT_EQ(alone[0]->members.size(), 1u);
+}
+
 TEST(ElasticMembershipTest, FewerMembersThanTheMinimumEndTheGroupEverywhere) {
   cluster c(3, elastic(3));
   ASSERT_TRUE(c.form());
