@@ -354,6 +354,14 @@ struct trained_workers {
   void step(int w) {
     c.strategy(w).run([this, w](replica_context& ctx) { return add_one(ctx, *v[w]); });
   }
+  /// Every worker of `ws` at once: its variable from 0, one step, a commit of step 1.
+  void start(const std::vector<int>& ws) {
+    on_each(ws, [this](int w) {
+      make(w, 0);
+      step(w);
+      state[w]->commit(at(1));
+    });
+  }
   int64_t sync(int w) { return state[w]->sync()["step"].as_tensor().item<int64_t>(); }
   std::vector<float> value(int w) { return v[w]->value().to_vector<float>(); }
 };
@@ -361,11 +369,7 @@ struct trained_workers {
 TEST(ElasticCluster, AKilledWorkerRestartedJoinsAtTheOthersNextStepBoundary) {
   cluster c({.workers = 3, .seed = 8, .elastic_min_workers = 2});
   trained_workers t(c);
-  on_each({0, 1, 2}, [&](int w) {
-    t.make(w, 0);
-    t.step(w);
-    t.state[w]->commit(trained_workers::at(1));
-  });
+  t.start({0, 1, 2});
   c.kill(2);
   on_each({0, 1}, [&](int w) {
     EXPECT_EQ(c.strategy(w).reform().epoch, 2u);
@@ -440,11 +444,7 @@ TEST(ElasticCluster, WithMaxRestartsAKilledWorkerIsLostThenJoinsAtTheNextBoundar
 TEST(ElasticCluster, AWorkerHungPastThePeerTimeoutIsLeftOutAndJoinsAgainWhenItGoesOn) {
   cluster c({.workers = 3, .seed = 10, .elastic_min_workers = 2});
   trained_workers t(c);
-  on_each({0, 1, 2}, [&](int w) {
-    t.make(w, 0);
-    t.step(w);
-    t.state[w]->commit(trained_workers::at(1));
-  });
+  t.start({0, 1, 2});
   c.hang(1);
   // The others' step waits for worker 1 until its silence is found.
   auto waiting =
