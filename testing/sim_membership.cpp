@@ -627,7 +627,13 @@ void sim_membership::run() {
     const auto [w, how] = crashes_.front();
     crashes_.pop_front();
     handling_ = true;
+    std::vector<int> others;
+    for (int m : members_)
+      if (m != w)
+        others.push_back(m);
     lock.unlock();
+    if (how != removal::silent) // a filter's crash: the others finish what they can first
+      world_->close_when_quiet(w, others, std::chrono::seconds(2));
     remove(w, how);
     lock.lock();
     handling_ = false;

@@ -509,6 +509,8 @@ void sim_world::post(uint64_t group, int from, int to, uint64_t tag, std::vector
   verdict v;
   if (!peer) {
     m.what = fate::refused;
+  } else if (muted_.count(from) > 0) {
+    m.what = fate::dropped; // its process died; its connections have not closed yet
   } else if (cut(from, to)) {
     m.what = fate::dropped;
   } else if (filter_) {
@@ -538,7 +540,7 @@ void sim_world::post(uint64_t group, int from, int to, uint64_t tag, std::vector
                                         "for a new process to join"};
     if (why.empty()) {
       m.what = fate::dropped;
-      kill_locked(from);
+      mute_locked(from); // the membership closes its connections (close_when_quiet)
     } else if (filter_error_.empty()) {
       filter_error_ = "consort::testing: the filter's verdict::restart_sender for the message " +
                       std::to_string(m.link_seq) + " from worker " + std::to_string(from) +
@@ -557,9 +559,15 @@ void sim_world::post(uint64_t group, int from, int to, uint64_t tag, std::vector
       break;
     case verdict::action::crash_sender:
       m.what = fate::dropped;
-      kill_locked(from);
-      if (hooks_.on_crash)
+      if (hooks_.on_crash) {
+        // Elastic: it sends nothing more, and its connections close once the others are
+        // blocked (close_when_quiet), so that which of them finished the step does not depend on
+        // their threads' timing.
+        mute_locked(from);
         (void)hooks_.on_crash(from, false);
+      } else {
+        kill_locked(from);
+      }
       break;
     case verdict::action::corrupt: {
       m.what = fate::corrupted;
@@ -707,7 +715,27 @@ void sim_world::kill(int rank) {
   kill_locked(rank);
 }
 
+void sim_world::mute_locked(int worker) {
+  // Dead at once: its own calls fail, and nothing it sends arrives; its connections stay open
+  // until close_when_quiet.
+  muted_.insert(worker);
+  for (const auto& [group, slots] : groups_)
+    if (auto self = slots[static_cast<std::size_t>(worker)].lock())
+      self->abort_locked("this worker was killed by the test harness", errc::peer_lost, false);
+  cv_.notify_all();
+}
+
+void sim_world::close_when_quiet(int worker, const std::vector<int>& others, nanoseconds bound) {
+  world_lock lock(*this);
+  cv_.wait_for(lock.get(), bound, [&] {
+    return std::all_of(others.begin(), others.end(),
+                       [this](int w) { return dead_[static_cast<std::size_t>(w)] || blocked(w); });
+  });
+  kill_locked(worker);
+}
+
 void sim_world::kill_locked(int worker) {
+  muted_.erase(worker);
   if (dead_[static_cast<std::size_t>(worker)])
     return;
   // What was in flight to or from it is lost with it.
@@ -786,7 +814,7 @@ void sim_world::revive(int worker, uint64_t group) {
 
 bool sim_world::alive(int rank) const {
   world_lock lock(*this);
-  return !dead_[static_cast<std::size_t>(rank)];
+  return !dead_[static_cast<std::size_t>(rank)] && muted_.count(rank) == 0;
 }
 
 void sim_world::set_filter(message_filter filter) {

@@ -76,6 +76,11 @@ public:
   /// owner calls it before it lets go of the workers, so that no delivery runs while they go.
   void stop_ticker();
   void kill(int rank);
+  /// Worker `worker`, muted by a filter's crash (its messages vanish from then on), dies once
+  /// every worker of `others` waits on the network at once (or `bound` passed): its connections
+  /// close then, as kill. In that order every other worker has finished what it could without
+  /// it, whatever its threads' timing.
+  void close_when_quiet(int worker, const std::vector<int>& others, std::chrono::nanoseconds bound);
   bool alive(int rank) const;
   /// A new process of dead worker `worker` starts (cluster::restart): it lives in the groups from
   /// `group` on, where its contexts are new; its old process's groups stay dead to it.
@@ -166,7 +171,9 @@ private:
   std::chrono::nanoseconds advanced_{0};
   /// Per group (epoch), each worker's context (empty when not a member).
   std::map<uint64_t, std::vector<std::weak_ptr<sim_context>>> groups_;
-  std::vector<bool> dead_; // per worker: its current process died
+  std::vector<bool> dead_;      // per worker: its current process died
+  std::set<int> muted_;         // died at a filter's verdict; connections not closed yet
+  void mute_locked(int worker); // such a death
   /// Per worker: the first group its current process belongs to (0 until it is restarted).
   std::vector<uint64_t> alive_from_;
   // Per worker: the operations that threads wait for inside wait(). One that is done may still be
