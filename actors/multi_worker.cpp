@@ -506,6 +506,7 @@ detail::elastic_group::connect(const membership::view& v,
   setup.cross = std::move(cross);
   setup.epoch = v.epoch;
   setup.joined_running_group = v.epoch > 1 && !formed_any;
+  setup.elastic = elastic();
   for (auto b : v.nccl_unique_id)
     setup.nccl_unique_id.push_back(static_cast<uint8_t>(b));
   if (first_recorder && v.epoch == view.epoch && rank == first_recorder->rank()) {

@@ -310,6 +310,10 @@ bool runtime::joined_running_group() const noexcept {
   return impl_->mw.joined_running_group;
 }
 
+bool runtime::elastic() const noexcept {
+  return impl_->mw.elastic;
+}
+
 void runtime::set_owner(strategy* owner) noexcept {
   impl_->owner.store(owner, std::memory_order_release);
 }

@@ -45,6 +45,9 @@ struct multi_worker_setup {
   /// a group that was running already (an elastic group's later epoch).
   uint64_t epoch = 1;
   bool joined_running_group = false;
+  /// Whether the group is elastic (multi_worker_options::elastic_min_workers): a change of the
+  /// group fails calls with membership_changed, and the training loop re-forms it.
+  bool elastic = false;
   /// The worker's flight recorder when the caller made it (to record membership events); null:
   /// the runtime makes one from the strategy's options.
   std::shared_ptr<flight_recorder> recorder;
@@ -104,6 +107,7 @@ public:
   int num_workers() const noexcept;
   uint64_t membership_epoch() const noexcept;
   bool joined_running_group() const noexcept;
+  bool elastic() const noexcept;
   const strategy_options& options() const noexcept;
 
   /// The strategy object that owns this runtime, given to merge_call's functions; the strategy

@@ -536,13 +536,20 @@ variable strategy::create_variable(const std::string& name, const tensor& initia
       for (const auto& replica : out)
         copies.push_back(replica[name].as_tensor());
     } catch (const error& e) {
-      throw_error(e.code(), what +
-                                ": the broadcast of worker 0's initial value failed; every "
-                                "worker creates the same variables in the same order, with "
-                                "initial values of one shape and dtype: " +
-                                std::string{e.what()});
+      // An elastic group that changes while its variables are made: the variable takes this
+      // worker's own initial value, and the change fails the next collective, which stays
+      // failed until `reform` (the loop's first `elastic_state::sync`, whose broadcast makes
+      // the group's values everyone's). Some workers may have finished this broadcast and
+      // others not, so a failure here could not be retried together.
+      if (e.code() != errc::membership_changed || !runtime().elastic())
+        throw_error(e.code(), what +
+                                  ": the broadcast of worker 0's initial value failed; every "
+                                  "worker creates the same variables in the same order, with "
+                                  "initial values of one shape and dtype: " +
+                                  std::string{e.what()});
     }
-  } else {
+  }
+  if (copies.empty()) {
     for (const auto& device : state->devices)
       copies.push_back(detail::placed_on(initial_value, device));
   }

@@ -253,6 +253,12 @@ public:
   /// same variables, in the same order. A sync-on-read variable (on_read) needs aggregation SUM
   /// or MEAN; its copies start as `initial_value` too (so a SUM aggregate of zeros reads zero).
   /// `name` must be unique within the strategy (it is the variable's name in a checkpoint).
+  /// In an elastic group (`multi_worker_options::elastic_min_workers`), a change of the group
+  /// during that broadcast does not fail the creation: the variable starts from this worker's
+  /// own `initial_value`, and the change fails the next collective instead (with
+  /// membership_changed, until `reform`), where the training loop re-forms and its
+  /// `elastic_state::sync` gives every worker the group's values (docs/multi_worker.md, "A loss
+  /// while the variables are made").
   /// @throws error(invalid_argument) inside a step, for an empty name or a name already taken, an
   ///         invalid `initial_value`, a sync-on-read variable without SUM or MEAN, or MEAN of a
   ///         non-floating dtype; across workers the collective's errors, explained

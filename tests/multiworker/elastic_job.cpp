@@ -5,12 +5,15 @@
 // element, and only if every re-formation rolled every worker back to the same commit: a step
 // applied twice, or lost, shows.
 //
-//   elastic_job STEPS COMMIT_EVERY MIN_WORKERS [--die TASK:STEP] [--stop TASK:STEP:MS]
-//               [--regrow WORKERS:STEP]
+//   elastic_job STEPS COMMIT_EVERY MIN_WORKERS [--die TASK:STEP] [--die-in-setup TASK]
+//               [--stop TASK:STEP:MS] [--regrow WORKERS:STEP] ...
 //
 //   --die TASK:STEP       worker TASK kills itself (SIGKILL) inside step STEP, while the others
 //                         are in its all-reduce; not in a restarted process (CONSORT_RESTART_COUNT
 //                         or ELASTIC_JOB_RESTARTED set and not 0); may be given once per task
+//   --die-in-setup TASK   every worker makes a variable before `w`; worker TASK kills itself
+//                         once it has made it, while the others are in the creation broadcast of
+//                         `w`, before any commit (not in a restarted process)
 //   --stop TASK:STEP:MS   worker TASK stops (SIGSTOP, every thread, as a debugger or a frozen
 //                         host would) inside step STEP for MS ms, then goes on; not in a
 //                         restarted process. Longer than the peer timeout, the others leave it
@@ -141,8 +144,8 @@ int64_t step_of(const nest& extra) {
 int main(int argc, char** argv) {
   if (argc < 4) {
     std::cerr << "usage: elastic_job STEPS COMMIT_EVERY MIN_WORKERS [--die TASK:STEP] "
-                 "[--stop TASK:STEP:MS] [--cut TASK:STEP] [--regrow WORKERS:STEP] "
-                 "[--commits WORKERS:STEP]\n";
+                 "[--die-in-setup TASK] [--stop TASK:STEP:MS] [--cut TASK:STEP] "
+                 "[--regrow WORKERS:STEP] [--commits WORKERS:STEP]\n";
     return 2;
   }
   const int64_t steps = std::stoll(argv[1]);
@@ -152,6 +155,7 @@ int main(int argc, char** argv) {
   // The library's peer_timeout and heartbeats (800 ms, 100 ms): the tests hold it to them.
   int die_step = -1, regrow_workers = 0, regrow_step = -1, stop_step = -1, stop_ms = 0;
   int commits_workers = 0, commits_step = -1;
+  int setup_victim = -1;
   std::vector<std::pair<int, int>> deaths;       // (task, step)
   std::vector<std::tuple<int, int, int>> stops;  // (task, step, ms)
   std::vector<std::pair<int, int>> cuts;         // (task, step)
@@ -160,6 +164,8 @@ int main(int argc, char** argv) {
     std::string flag = argv[i];
     if (flag == "--die") {
       deaths.push_back(pair_of(argv[i + 1]));
+    } else if (flag == "--die-in-setup") {
+      setup_victim = std::stoi(argv[i + 1]);
     } else if (flag == "--cut") {
       cuts.push_back(pair_of(argv[i + 1]));
     } else if (flag == "--stop") {
@@ -207,6 +213,16 @@ int main(int argc, char** argv) {
   std::cout << me << ": epoch " << s.membership_epoch() << ", rank " << s.worker_rank() << " of "
             << s.num_workers() << std::endl;
 
+  if (setup_victim >= 0) {
+    // A variable first, whose creation broadcast every worker completes; the victim dies then,
+    // and the others meet the change in the broadcast of `w`: they make it from their own
+    // initial value, and the loop's first sync fails, re-forms and gives them the group's.
+    (void)s.create_variable("before_w", tensor::zeros(dtype::float32, {2}));
+    if (setup_victim == task && !restarted()) {
+      say(me + ": killed in the set-up at " + std::to_string(now_ns()));
+      std::raise(SIGKILL);
+    }
+  }
   auto w = s.create_variable("w", tensor::zeros(dtype::float32, {4}),
                              {variable_synchronization::on_write, variable_aggregation::mean});
   elastic_state state{s};

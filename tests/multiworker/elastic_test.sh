@@ -35,6 +35,15 @@
 #                                                  the chief goes on alone (3 -> 1), leaves worker:2
 #                                                  out, and worker:2's reform joins it again in its
 #                                                  own process (1 -> 2)
+#   elastic_test.sh ELASTIC_JOB setup-loss TRANSPORT  worker:2 dies while the variables are
+#                                                  made (after the first, before the second's
+#                                                  creation broadcast ends), before any commit:
+#                                                  the other two make it from their own initial
+#                                                  value, re-form at their first sync, and go on
+#   elastic_test.sh ELASTIC_JOB setup-chief-loss TRANSPORT  the same, the chief the one lost:
+#                                                  worker:1 succeeds it
+#   elastic_test.sh ELASTIC_JOB setup-rejoin TRANSPORT  as setup-loss, and worker:2, started
+#                                                  again, joins the two
 # A collective in flight when the worker dies may have completed on some of the others (step 5)
 # and not on the rest (step 4); every worker that finishes checks that its variable saw every step exactly once (exit 0).
 set -u
@@ -55,6 +64,9 @@ case "$scenario" in
   pause) args=(40 4 2 --stop 2:5:300) ;;
   chief-hang) args=(40 4 2 --stop 0:5:3000) ;;
   late-reform) args=(40 4 1 --die 1:5 --late-reform 2:2500 --reform-timeout 1000 --regrow 2:12) ;;
+  setup-loss) args=(40 4 2 --die-in-setup 2) ;;
+  setup-chief-loss) args=(40 4 2 --die-in-setup 0) ;;
+  setup-rejoin) args=(40 4 2 --die-in-setup 2 --regrow 3:12) ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac
 for i in 0 1 2; do
@@ -63,7 +75,7 @@ done
 survivors=0
 [ "$scenario" = below-min ] && survivors=1
 victim=2
-[ "$scenario" = chief-loss ] || [ "$scenario" = chief-hang ] && victim=0
+case "$scenario" in chief-loss | chief-hang | setup-chief-loss) victim=0 ;; esac
 [ "$scenario" = late-reform ] && victim=1
 for i in 0 1 2; do mw_expect "$i" "$survivors"; done
 victim_status=137
@@ -77,7 +89,7 @@ if [ "$scenario" = chief-then-rejoin ]; then
   went_on_pattern='2 -> 1 workers'
   went_on_count=1
 fi
-case "$scenario" in rejoin | chief-then-rejoin | join-at-boundary) restarts=1 ;; *) restarts=0 ;; esac
+case "$scenario" in rejoin | chief-then-rejoin | join-at-boundary | setup-rejoin) restarts=1 ;; *) restarts=0 ;; esac
 if [ "$restarts" = 1 ]; then
   # Once worker:2's process is gone and the others went on without it, it starts again under
   # its own task and joins.
@@ -139,6 +151,18 @@ case "$scenario" in
     expect 1 '^worker:0: membership: 1 -> 2 workers at step [0-9]+; training resumed [0-9]+ ms'
     expect 0 'failed \('
     expect 2 '^worker:[02]: final step 40: .*\(ok\)$' ;;
+  setup-loss)
+    expect 1 '^worker:2: killed in the set-up at [0-9]+$'
+    expect 2 '^worker:[01]: membership: 3 -> 2 workers at step 0; training resumed [0-9]+ ms'
+    expect 2 '^worker:[01]: final step 40: .*\(ok\)$' ;;
+  setup-chief-loss)
+    expect 1 '^worker:0: killed in the set-up at [0-9]+$'
+    expect 2 '^worker:[12]: membership: 3 -> 2 workers at step 0; training resumed [0-9]+ ms'
+    expect 2 '^worker:[12]: final step 40: .*\(ok\)$' ;;
+  setup-rejoin)
+    expect 2 '^worker:[01]: membership: 3 -> 2 workers at step 0; training resumed [0-9]+ ms'
+    expect 2 '^worker:[01]: membership: 2 -> 3 workers at step [0-9]+; training resumed [0-9]+ ms'
+    expect 3 '^worker:[012]: final step 40: .*\(ok\)$' ;;
   pause)
     expect 1 '^worker:2: stopped at [0-9]+ for 300 ms$'
     expect 1 '^worker:2: continued$'

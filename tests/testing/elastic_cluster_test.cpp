@@ -303,6 +303,54 @@ TEST(ElasticCluster, ASyncTakesTheGroupsStateNotANewProcesssEvenWhenItIsRankZero
   EXPECT_TRUE(fresh.joined_running_group());
 }
 
+TEST(ElasticCluster, AChangeWhileTheVariablesAreMadeIsMetAtTheNextCallAndTheSyncAgrees) {
+  cluster c({.workers = 3, .seed = 6, .elastic_min_workers = 2});
+  c.kill(2); // before the variables are made: their creation broadcast meets the change
+  std::vector<std::optional<variable>> v(2);
+  on_each({0, 1}, [&](int w) {
+    const float own = 10.0f * static_cast<float>(w + 1); // each worker a value of its own
+    v[static_cast<size_t>(w)] =
+        c.strategy(w).create_variable("w", tensor::from<float>({own, own}, {2}));
+  });
+  // Each made it from its own initial value, and the change fails the next call.
+  EXPECT_EQ(v[0]->value().to_vector<float>(), (std::vector<float>{10, 10}));
+  EXPECT_EQ(v[1]->value().to_vector<float>(), (std::vector<float>{20, 20}));
+  on_each({0, 1}, [&](int w) {
+    auto& st = c.strategy(w);
+    elastic_state state{st};
+    state.commit();
+    EXPECT_TRUE(fails_with([&] { state.sync(); }, errc::membership_changed,
+                           {"worker:2 (rank 2)", "it re-forms as epoch 2"}));
+    st.reform();
+    state.sync();
+  });
+  // The sync gave both worker 0's values, as the broadcast would have.
+  for (int w : {0, 1})
+    EXPECT_EQ(v[static_cast<size_t>(w)]->value().to_vector<float>(), (std::vector<float>{10, 10}))
+        << "worker " << w;
+}
+
+TEST(ElasticCluster, VariablesWhoseCreationFailsForAnyOtherReasonStillThrow) {
+  // Not elastic: a loss while the variables are made ends the run, saying where.
+  {
+    cluster c({.workers = 3, .seed = 7});
+    c.kill(2);
+    on_each({0, 1}, [&](int w) {
+      EXPECT_TRUE(fails_with(
+          [&] { c.strategy(w).create_variable("w", tensor::zeros(dtype::float32, {2})); },
+          errc::peer_lost,
+          {"create_variable(\"w\")", "the broadcast of worker 0's initial value failed"}));
+    });
+  }
+  // Elastic: initial values of another shape are the caller's mistake, not a change of the group.
+  cluster c({.workers = 2, .seed = 8, .elastic_min_workers = 1});
+  on_each({0, 1}, [&](int w) {
+    EXPECT_TRUE(fails_with(
+        [&] { c.strategy(w).create_variable("w", tensor::zeros(dtype::float32, {2 + w})); },
+        errc::collective_mismatch, {"create_variable(\"w\")", "initial values of one shape"}));
+  });
+}
+
 TEST(ElasticCluster, AFilterRestartsASenderInsideACollective) {
   cluster c({.workers = 3, .seed = 5, .elastic_min_workers = 3});
   for (auto& f : c.run_all(one_sum))
@@ -572,12 +620,15 @@ struct scenario {
   /// partition: before step `at`, the victim cuts the workers of `cut` off from the others
   /// (it may be one of them) for the peer timeout: the side with its quorum goes on, the other
   /// ends with peer_lost.
+  /// in_setup: the victim dies sending its `at`-th message to `peer` from its start, while the
+  /// workers make their variables (the creation broadcasts), before any commit.
   enum class kind {
     between_steps,
     in_collective,
     hangs,
     dies_writing,
-    partition
+    partition,
+    in_setup
   } how = kind::between_steps;
   std::vector<int> cut;
   int write_bytes = 0;
@@ -597,6 +648,9 @@ struct scenario {
         return " before step " + std::to_string(at);
       case kind::in_collective:
         return " sending its message " + std::to_string(at) + " to worker " + std::to_string(peer);
+      case kind::in_setup:
+        return " sending its message " + std::to_string(at) + " to worker " + std::to_string(peer) +
+               " while the variables are made";
       case kind::hangs:
         return " hangs past the peer timeout before step " + std::to_string(at);
       case kind::dies_writing:
@@ -664,6 +718,11 @@ scenario make_scenario(uint64_t seed) {
     for (int w = 0; w < s.workers; ++w)
       if (mask & (uint64_t{1} << w))
         s.cut.push_back(w);
+  } else if (rng() % 4 == 0) {
+    // (Drawn last, so that the seeds of the other kinds keep their scenarios.) Each variable's
+    // creation broadcast sends one message to each peer: the first or the second.
+    s.how = scenario::kind::in_setup;
+    s.at = static_cast<int>(rng() % 2);
   }
   return s;
 }
@@ -697,8 +756,10 @@ struct checkpoint_dir {
 };
 
 /// The training loop of elastic_job, on worker `me` of `c`. Every worker makes its variables
-/// and its first commit, then waits at `ready` for the others: faults come after (a death while
-/// the variables are made is not recovered by a roll-back: there is no commit yet). At each
+/// and its first commit, then waits at `ready` for the others: the faults of the steps come
+/// after, those of the set-up (in_setup) before (a worker whose creation broadcast met the
+/// change goes on with its own initial values, and its first step fails with
+/// membership_changed: the loop re-forms and syncs to the group's state). At each
 /// commit the group's chief of the moment saves the variables into `checkpoints`. `joining`: the
 /// loop of the victim's new process (a restart), which starts in a running group and syncs first.
 result worker_loop(cluster& c, int me, const scenario& s,
@@ -713,6 +774,19 @@ result worker_loop(cluster& c, int me, const scenario& s,
   const int incarnation = joining ? 1 : 0;
   std::optional<variable> made_w, made_u;
   elastic_state state{st};
+  // This process died: a restart goes on in the new one's loop.
+  const auto died = [&] {
+    if (s.restart != scenario::rebirth::none && me == s.victim && incarnation == 0)
+      return worker_loop(c, me, s, ready, checkpoints, back, is_back, true);
+    result dead;
+    dead.killed = true;
+    return dead;
+  };
+  // The set-up's faults need no barrier (a worker waiting at it would not be waiting on the
+  // network, which a dead worker's connections wait for before they close).
+  const bool at_barrier = !joining && s.how != scenario::kind::in_setup;
+  if (!joining && !at_barrier)
+    ready.arrive_and_drop();
   try {
     made_w = st.create_variable("w", tensor::zeros(dtype::float32, {4}),
                                 {variable_synchronization::on_write, variable_aggregation::mean});
@@ -720,17 +794,19 @@ result worker_loop(cluster& c, int me, const scenario& s,
                                 {variable_synchronization::on_write, variable_aggregation::sum});
     state.commit(nest::dict({{"step", tensor::scalar<int64_t>(0)}}));
   } catch (const error& e) {
-    // No fault comes before the barrier, so this is the test's failure: the others go on
-    // without this worker (and fail in their first collective), never stranded at the barrier.
-    if (!joining)
+    // The others go on without this worker, never stranded at the barrier.
+    if (at_barrier)
       ready.arrive_and_drop();
+    if (!c.alive(me) || c.restarts(me) != incarnation) // killed in the set-up (in_setup)
+      return died();
+    // Anything else is the test's failure (a membership change is no error here).
     r.code = e.code();
     r.text = std::string{"the set-up failed: "} + e.what();
     return r;
   }
   auto& w = *made_w;
   auto& u = *made_u;
-  if (!joining)
+  if (at_barrier)
     ready.arrive_and_wait();
   int64_t step = 0;
   int64_t last_commit = joining ? -1 : 0; // a new process has no state of its own
@@ -769,14 +845,6 @@ result worker_loop(cluster& c, int me, const scenario& s,
     meta.num_replicas_in_sync = st.num_replicas_in_sync();
     manager.save(values, meta);
     last_saved = step;
-  };
-  // This process died: a restart goes on in the new one's loop.
-  const auto died = [&] {
-    if (s.restart != scenario::rebirth::none && me == s.victim && incarnation == 0)
-      return worker_loop(c, me, s, ready, checkpoints, back, is_back, true);
-    result dead;
-    dead.killed = true;
-    return dead;
   };
   for (;;) {
     try {
@@ -914,9 +982,17 @@ std::vector<result> run_scenario(const scenario& s, uint64_t seed) {
   cluster c(opts);
   checkpoint_dir checkpoints(seed);
   // The victim dies sending its `at`-th message to `peer` after the set-up (counted when every
-  // worker is ready, before any sends a step's message).
+  // worker is ready, before any sends a step's message), or (in_setup) from its start.
+  const auto sent_so_far = [&c, &s] {
+    uint64_t sent = 0;
+    for (const auto& m : c.messages())
+      sent += m.kind == "data" && m.from == s.victim && m.to == s.peer ? 1 : 0;
+    return sent;
+  };
   auto armed_at = std::make_shared<std::atomic<uint64_t>>(UINT64_MAX);
-  if (s.how == scenario::kind::in_collective) {
+  if (s.how == scenario::kind::in_setup)
+    armed_at->store(sent_so_far() + static_cast<uint64_t>(s.at));
+  if (s.how == scenario::kind::in_collective || s.how == scenario::kind::in_setup) {
     const int victim = s.victim, peer = s.peer;
     const auto fault = s.restart == scenario::rebirth::in_place ? testing::verdict::restart_sender()
                                                                 : testing::verdict::crash_sender();
@@ -927,12 +1003,8 @@ std::vector<result> run_scenario(const scenario& s, uint64_t seed) {
     });
   }
   std::barrier<std::function<void()>> ready(s.workers, [&] {
-    if (s.how != scenario::kind::in_collective)
-      return;
-    uint64_t sent = 0;
-    for (const auto& m : c.messages())
-      sent += m.kind == "data" && m.from == s.victim && m.to == s.peer ? 1 : 0;
-    armed_at->store(sent + static_cast<uint64_t>(s.at));
+    if (s.how == scenario::kind::in_collective)
+      armed_at->store(sent_so_far() + static_cast<uint64_t>(s.at));
   });
   std::promise<void> back_promise;
   std::shared_future<void> back = back_promise.get_future().share();
