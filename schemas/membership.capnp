@@ -98,6 +98,10 @@ struct Member {
 
   standbyAddress @4 :Text;
   # Its Join's standbyAddress: where it leads the group if it succeeds a lost chief.
+
+  pid @5 :UInt32;
+  # Its process id (its Join's pid; the chief's own): a member on the same host that falls silent
+  # while its process is runnable is waiting for a CPU, not hung (0: not known).
 }
 
 # The cluster as the chief sees it, sent to every member when all have joined and again whenever

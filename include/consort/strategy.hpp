@@ -435,7 +435,9 @@ struct multi_worker_options {
   /// with error(peer_lost) naming it (elastic: membership_changed, and the group re-forms). A
   /// worker that crashes is seen at once (its connections close); this bounds a hung or stopped
   /// process, a partition or a hung host. A worker descheduled, busy in a long step or stopped
-  /// for less than this is not lost: its membership thread answers regardless of its steps.
+  /// for less than this is not lost: its membership thread answers regardless of its steps. A
+  /// silent worker on the same host whose process is runnable but gets no CPU (a loaded machine)
+  /// is given up to ten times this before it counts as lost.
   /// 0: CONSORT_PEER_TIMEOUT_MS when set (a worker held in a debugger needs more), else
   /// `default_peer_timeout`, 800 ms (docs/multi_worker.md, "Failures").
   std::chrono::milliseconds peer_timeout{0};

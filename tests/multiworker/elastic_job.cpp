@@ -25,6 +25,8 @@
 //                         calls reform (a loop slow to react): past reform_timeout, the chief
 //                         leaves it out of the epoch, and its reform joins the group again
 //   --reform-timeout MS   multi_worker_options::reform_timeout (default: the library's, 10 s)
+//   --wait-for STEP:PATH  at step STEP, every worker says so and waits (at most 60 s) until PATH
+//                         exists, then goes on: a test does something to the idle group meanwhile
 //   --cut TASK:STEP       worker TASK (in a network namespace) takes its link down inside step
 //                         STEP and goes on: a partition, which nobody sees close; only silence
 //   --commits N:STEP      at step STEP, while the group has fewer than N workers, every worker
@@ -156,6 +158,8 @@ int main(int argc, char** argv) {
   int die_step = -1, regrow_workers = 0, regrow_step = -1, stop_step = -1, stop_ms = 0;
   int commits_workers = 0, commits_step = -1;
   int setup_victim = -1;
+  int64_t wait_step = -1;
+  std::string wait_path;
   std::vector<std::pair<int, int>> deaths;       // (task, step)
   std::vector<std::tuple<int, int, int>> stops;  // (task, step, ms)
   std::vector<std::pair<int, int>> cuts;         // (task, step)
@@ -181,7 +185,14 @@ int main(int argc, char** argv) {
       std::tie(commits_workers, commits_step) = pair_of(argv[i + 1]);
     else if (flag == "--late-reform")
       late_reforms.push_back(pair_of(argv[i + 1]));
-    else if (flag == "--reform-timeout")
+    else if (flag == "--wait-for") {
+      std::string text = argv[i + 1];
+      auto colon = text.find(':');
+      if (colon == std::string::npos)
+        throw std::invalid_argument("expected STEP:PATH, got \"" + text + "\"");
+      wait_step = std::stoll(text.substr(0, colon));
+      wait_path = text.substr(colon + 1);
+    } else if (flag == "--reform-timeout")
       mw.reform_timeout = std::chrono::milliseconds{std::stoi(argv[i + 1])};
     else {
       std::cerr << "elastic_job: unknown option " << flag << "\n";
@@ -266,6 +277,13 @@ int main(int argc, char** argv) {
         changed_at = step;
         synced = false;
         continue;
+      }
+      if (step == wait_step && !wait_path.empty()) {
+        say(me + ": waiting for " + wait_path + " at step " + std::to_string(step));
+        const auto until = clock_type::now() + std::chrono::seconds(60);
+        while (access(wait_path.c_str(), F_OK) != 0 && clock_type::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10)); // a file, polled
+        wait_path.clear();                                            // once
       }
       const bool dies_now = step == die_step;
       const int stop_now_ms = step == stop_step ? stop_ms : 0;

@@ -39,6 +39,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 namespace {
 
@@ -350,6 +351,8 @@ TEST(MembershipCodecTest, EveryMessageRoundTripsThroughItsEncoding) {
     m.task = consort::task_id{r == 0 ? "chief" : "worker", 0};
     m.address = "host" + std::to_string(r) + ":7000";
     m.devices.push_back(membership::device_info{"CPU:0", false, static_cast<uint64_t>(r)});
+    m.standby_address = r == 0 ? "" : "host1:7001";
+    m.pid = 4000000000u + static_cast<uint32_t>(r); // the whole range of a pid
     v.view.members.push_back(m);
   }
   v.view.nccl_unique_id = pattern(128, 4);
@@ -1128,6 +1131,109 @@ TEST(MembershipTest, ASuspendedWorkerIsLostAfterThePeerTimeout) {
   EXPECT_EQ(c.lost[1]->events().size(), 1u) << describe(c.lost[1]->events());
   // Gone at once, rather than a leave whose linger waits on the standing clock.
   membership::service_test_access::crash(*c.services[2]);
+}
+
+// A silent peer whose process runs on this host and waits for a CPU (a loaded machine) is not
+// hung: it is lost only after ten peer timeouts of silence, or as soon as its process is seen
+// stopped or asleep. The probe stands in for /proc (every member of these clusters is this very
+// process, whose own threads the default probe never blames).
+TEST(MembershipTest, ASilentWorkerWaitingForACpuOnThisHostIsLostOnlyAfterTenPeerTimeouts) {
+  cluster c(3, {}, timing::manual);
+  ASSERT_TRUE(c.form());
+  std::atomic<uint32_t> asked{0};
+  membership::service_test_access::set_host_probe(*c.services[0], [&](uint32_t pid) {
+    asked = pid;
+    return membership::host_process::held_up;
+  });
+  membership::service_test_access::suspend(*c.services[2]);
+  const auto pid = std::to_string(::getpid());
+  c.advance(500ms);
+  EXPECT_EQ(asked.load(), static_cast<uint32_t>(::getpid())) << "the pid of worker 2's Join";
+  EXPECT_TRUE(c.lost[0]->events().empty()) << describe(c.lost[0]->events());
+  EXPECT_TRUE(
+      c.logs.wait_for({"worker:2 (rank 2) sent no heartbeat for 500 ms, but its process (pid " +
+                           pid + ") on this host is runnable, waiting for a CPU",
+                       "for up to 5000 ms of silence"},
+                      0ms))
+      << c.logs.all();
+  c.advance(4450ms);
+  EXPECT_TRUE(c.lost[0]->events().empty()) << describe(c.lost[0]->events());
+  c.advance(50ms);
+  auto e = c.lost[0]->wait_for(2, 0ms);
+  ASSERT_TRUE(e) << c.logs.all();
+  EXPECT_EQ(e->cause, "worker:2 (rank 2) sent no heartbeat for 5000 ms; its process (pid " + pid +
+                          " on this host) was runnable all that time but not scheduled");
+  membership::service_test_access::crash(*c.services[2]); // as above
+}
+
+TEST(MembershipTest, ASilentWorkerIsLostOnceItsProcessIsSeenStoppedAndAtOnceWhenAsleep) {
+  cluster c(3, {}, timing::manual);
+  ASSERT_TRUE(c.form());
+  std::atomic<membership::host_process> state{membership::host_process::held_up};
+  membership::service_test_access::set_host_probe(*c.services[0],
+                                                  [&](uint32_t) { return state.load(); });
+  membership::service_test_access::suspend(*c.services[2]);
+  c.advance(700ms); // held up: not lost
+  EXPECT_TRUE(c.lost[0]->events().empty()) << describe(c.lost[0]->events());
+  state = membership::host_process::stopped; // a debugger, SIGSTOP
+  c.advance(50ms);
+  auto e = c.lost[0]->wait_for(2, 0ms);
+  ASSERT_TRUE(e) << c.logs.all();
+  EXPECT_EQ(e->cause, "worker:2 (rank 2) sent no heartbeat for 750 ms; its process (pid " +
+                          std::to_string(::getpid()) + " on this host) is stopped now");
+  membership::service_test_access::crash(*c.services[2]);
+
+  // Asleep (every thread could run, none sends): lost at the peer timeout, as ever.
+  cluster d(2, {}, timing::manual);
+  ASSERT_TRUE(d.form());
+  membership::service_test_access::set_host_probe(
+      *d.services[0], [](uint32_t) { return membership::host_process::asleep; });
+  membership::service_test_access::suspend(*d.services[1]);
+  d.advance(500ms);
+  auto f = d.lost[0]->wait_for(1, 0ms);
+  ASSERT_TRUE(f) << d.logs.all();
+  EXPECT_EQ(f->cause, "worker:1 (rank 1) sent no heartbeat for 500 ms");
+  membership::service_test_access::crash(*d.services[1]);
+}
+
+TEST(MembershipTest, MembersHeldUpOnThisHostAreHeardAgainAndNotLost) {
+  cluster c(3, {}, timing::manual);
+  // Every member's pid is in the view (the chief's own, the workers' from their Joins): how a
+  // worker finds its chief's process.
+  auto views = c.rendezvous_all();
+  for (std::size_t r = 0; r < views.size(); ++r) {
+    ASSERT_TRUE(views[r]) << text_of(views[r].error());
+    for (const auto& m : views[r]->members)
+      EXPECT_EQ(m.pid, static_cast<uint32_t>(::getpid())) << "rank " << r << ", member " << m.rank;
+  }
+  for (auto& svc : c.services)
+    membership::service_test_access::set_host_probe(
+        *svc, [](uint32_t) { return membership::host_process::held_up; });
+  // The chief alone runs 600 ms later (the others were not scheduled): both are silent to it.
+  // (The workers' own ticks, on real time, may send in between: then once more.)
+  const auto held = [&](int w) {
+    return c.logs.wait_for(
+        {"worker:" + std::to_string(w) + " (rank " + std::to_string(w) + ") sent no heartbeat for ",
+         "but its process"},
+        0ms);
+  };
+  for (int tries = 0; tries < 5 && !(held(1) && held(2)); ++tries)
+    c.clock.advance(600ms, 600ms, {c.services[0].get()});
+  EXPECT_TRUE(held(1) && held(2)) << c.logs.all();
+  // Then everyone runs again: their heartbeats reach the chief, and nobody is lost.
+  advance_until(
+      c.clock, {c.services[0].get(), c.services[1].get(), c.services[2].get()},
+      [&] {
+        return c.logs.wait_for({"heard from worker:1 (rank 1) again after", "held up on this host"},
+                               0ms) &&
+               c.logs.wait_for({"heard from worker:2 (rank 2) again after"}, 0ms);
+      },
+      2s);
+  EXPECT_TRUE(c.logs.wait_for({"heard from worker:2 (rank 2) again after"}, 0ms)) << c.logs.all();
+  c.advance(1000ms);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_TRUE(c.lost[r]->events().empty())
+        << "rank " << r << ": " << describe(c.lost[r]->events());
 }
 
 TEST(MembershipTest, ACrashedChiefIsReportedAsRankZeroByEveryWorker) {

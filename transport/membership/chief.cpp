@@ -16,6 +16,8 @@
 #include <consort/caf_error.hpp>
 #include <consort/error.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 
 namespace consort::transport::membership {
@@ -322,10 +324,12 @@ void service::impl::maybe_form_view() {
     if (r == 0) {
       m.address = opts_.address;
       m.devices = opts_.devices;
+      m.pid = static_cast<uint32_t>(::getpid());
     } else {
       m.address = by_rank_[r]->join.address;
       m.devices = by_rank_[r]->join.devices;
       m.standby_address = by_rank_[r]->join.standby_address;
+      m.pid = by_rank_[r]->join.pid;
     }
   }
   v.nccl_unique_id = opts_.nccl_unique_id;
@@ -580,11 +584,13 @@ void service::impl::maybe_form_next_view() {
       m.address = offer_address_;
       m.devices = opts_.devices;
       m.standby_address = standby_address_;
+      m.pid = static_cast<uint32_t>(::getpid());
     } else {
       const auto& c = by_rank_[static_cast<std::size_t>(r)];
       m.address = c->join.address;
       m.devices = c->join.devices;
       m.standby_address = c->join.standby_address;
+      m.pid = c->join.pid;
       // New to the group (a member reaching a chief's successor is in phase joined too).
       if (std::none_of(view_.members.begin(), view_.members.end(),
                        [&](const member& o) { return o.task == m.task; }))

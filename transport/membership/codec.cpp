@@ -96,6 +96,7 @@ struct encoder {
       dst.setAddress(src.address);
       set_devices(dst.initDevices(static_cast<unsigned>(src.devices.size())), src.devices);
       dst.setStandbyAddress(src.standby_address);
+      dst.setPid(src.pid);
     }
     out.setNcclUniqueId(bytes_of(m.view.nccl_unique_id));
     out.setAuthProof(bytes_of(m.auth_proof));
@@ -284,6 +285,7 @@ std::string read_message(schemas::MembershipMessage::Reader root, budget& b, mes
               copy_text(src.getStandbyAddress(), "member standby address", b, dst.standby_address);
           !why.empty())
         return why;
+      dst.pid = src.getPid();
       m.view.members.push_back(std::move(dst));
     }
     if (why = copy_data(in.getNcclUniqueId(), "NCCL unique id", b, m.view.nccl_unique_id);

@@ -234,9 +234,13 @@ void service::impl::tick() {
       continue; // lost through an earlier one of this loop
     std::string cause;
     const bool silent = now - c->last_rx >= opts_.peer_timeout;
-    if (silent)
-      cause = name_of(c->rank) + " sent no heartbeat for " + ms_text(opts_.peer_timeout);
-    else if (c->writing() && now - c->write_started() >= opts_.peer_timeout)
+    if (silent) {
+      // A peer on this host whose process waits for a CPU is not hung: it gets longer.
+      if (held_up_by_host(c, now - c->last_rx, cause))
+        continue;
+      if (cause.empty())
+        cause = name_of(c->rank) + " sent no heartbeat for " + ms_text(opts_.peer_timeout);
+    } else if (c->writing() && now - c->write_started() >= opts_.peer_timeout)
       cause = name_of(c->rank) + ": a write of " + std::to_string(c->front_bytes()) + " bytes to " +
               c->remote() + " did not complete within " + ms_text(opts_.peer_timeout);
     if (cause.empty())
@@ -246,6 +250,41 @@ void service::impl::tick() {
     else
       lose_chief(cause, silent);
   }
+}
+
+uint32_t service::impl::peer_pid(const conn_ptr& c) const {
+  if (chief_)
+    return c->join.pid;
+  return c == chief_conn_ && !view_.members.empty() ? view_.members.front().pid : 0;
+}
+
+bool service::impl::held_up_by_host(const conn_ptr& c, clock::duration silence,
+                                    std::string& cause) {
+  const uint32_t pid = peer_pid(c);
+  if (pid == 0 || !peer_on_this_host(c->socket()))
+    return false;
+  const auto state = probe_(pid);
+  const auto waited = std::chrono::duration_cast<milliseconds>(silence);
+  if (state != host_process::held_up) {
+    if (c->held_up) // it was waiting for a CPU, and is stopped or asleep now
+      cause = name_of(c->rank) + " sent no heartbeat for " + ms_text(waited) +
+              "; its process (pid " + std::to_string(pid) + " on this host) is " +
+              to_string(state) + " now";
+    return false;
+  }
+  if (silence >= held_up_limit()) {
+    cause = name_of(c->rank) + " sent no heartbeat for " + ms_text(waited) + "; its process (pid " +
+            std::to_string(pid) + " on this host) was runnable all that time but not scheduled";
+    return false;
+  }
+  if (!c->held_up) {
+    c->held_up = true;
+    log_line(name_of(c->rank) + " sent no heartbeat for " + ms_text(waited) +
+             ", but its process (pid " + std::to_string(pid) +
+             ") on this host is runnable, waiting for a CPU: not lost while it is, for up to " +
+             ms_text(std::chrono::duration_cast<milliseconds>(held_up_limit())) + " of silence");
+  }
+  return true;
 }
 
 std::string service::impl::frame_length(std::span<const std::byte, codec::prefix_bytes> prefix,
@@ -262,6 +301,12 @@ void service::impl::on_frame(const std::shared_ptr<framed_connection>& fc,
   if (!why.empty())
     return failed(c, "malformed message: " + why);
   if (!suspended_ && !c->graceful()) {
+    if (c->held_up) {
+      c->held_up = false;
+      log_line("heard from " + name_of(c->rank) + " again after " +
+               ms_text(std::chrono::duration_cast<milliseconds>(now() - c->last_rx)) +
+               " of silence: its process was held up on this host, not lost");
+    }
     c->last_rx = now();
     if (const auto* h = std::get_if<codec::heartbeat>(&m))
       on_heartbeat(c, *h);

@@ -403,6 +403,11 @@ void service_test_access::check_deadlines(service& s) {
   s.impl_->check_deadlines();
 }
 
+void service_test_access::set_host_probe(service& s,
+                                         std::function<host_process(uint32_t pid)> probe) {
+  s.impl_->set_host_probe(std::move(probe));
+}
+
 void service_test_access::crash(service& s) {
   s.impl_->crash();
 }

@@ -25,6 +25,7 @@
 #include "transport/framed_connection.hpp"
 #include "transport/membership/cluster_check.hpp"
 #include "transport/membership/codec.hpp"
+#include "transport/membership/host_process.hpp"
 
 #include <consort/transport/membership.hpp>
 
@@ -37,6 +38,8 @@
 
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
+
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -96,6 +99,8 @@ public:
   void on_lost(std::function<void(const lost_event&)> fn);
   void leave(const std::string& reason);
   void suspend() { suspended_.store(true); }
+  /// Replaces how a silent peer's process on this host is read (service_test_access).
+  void set_host_probe(std::function<host_process(uint32_t)> probe) { probe_ = std::move(probe); }
   void check_deadlines();
   void crash();
   void shutdown();
@@ -135,6 +140,9 @@ private:
     clock::time_point last_rx{};   // the last message received
     int64_t peer_sent_ns = 0;      // the last heartbeat from the peer: its sentNs ...
     int64_t peer_received_ns = 0;  // ... and when it arrived, on this process's wall clock
+    /// Silent past peer_timeout while its process on this host waits for a CPU: not lost yet
+    /// (held_up_by_host). Cleared when a message arrives.
+    bool held_up = false;
   };
   using conn_ptr = std::shared_ptr<connection>;
 
@@ -204,6 +212,15 @@ private:
   void log_missing();
   /// `silent`: lost for its silence, not a broken connection; it is told before it is cut off.
   void lose_member(int rank, const std::string& cause, bool silent = false);
+  /// A peer silent for `silence` (at least peer_timeout): true while its process runs on this
+  /// host and waits for a CPU, up to held_up_limit() of silence (it is not lost yet; the first
+  /// time is logged); false otherwise, with `cause` saying so past the limit.
+  bool held_up_by_host(const conn_ptr& c, clock::duration silence, std::string& cause);
+  /// The longest silence of a peer held up on this host before it counts as lost.
+  clock::duration held_up_limit() const { return 10 * opts_.peer_timeout; }
+  /// The process id of the peer on `c`: a Join's, or (a worker's connection to its chief) the
+  /// view's rank 0. 0: not known.
+  uint32_t peer_pid(const conn_ptr& c) const;
   /// Elastic: the group changes (`lost` gone, `joining` joins): begins the next epoch's
   /// re-formation, or amends the one under way, and announces it to the members.
   /// `maybe_alive`: `lost` went silent (no heartbeat, a stuck write) on a connection that did not
@@ -339,6 +356,11 @@ private:
       false; // worker: the successor's Challenge came; the Join waits for the offer
 
   std::atomic<bool> suspended_{false};
+  /// A peer in this very process (tests) never waits for a CPU while this thread runs.
+  std::function<host_process(uint32_t)> probe_ = [](uint32_t pid) {
+    return pid == static_cast<uint32_t>(::getpid()) ? host_process::asleep
+                                                    : probe_host_process(pid);
+  };
   std::atomic<bool> stopped_{false};
   std::atomic<bool> leave_called_{false};
   std::atomic<bool> crash_called_{false};

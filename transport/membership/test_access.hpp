@@ -3,7 +3,12 @@
 // Faults and clock steps of a membership service, for tests (private to the library and its
 // tests; the installed header has none of them).
 
+#include "transport/membership/host_process.hpp"
+
 #include <consort/transport/membership.hpp>
+
+#include <cstdint>
+#include <functional>
 
 namespace consort::transport::membership {
 
@@ -24,6 +29,10 @@ public:
   /// Simulates `kill -9`: closes every socket at once without Leave. The service reports nothing
   /// afterwards; a pending `rendezvous` fails with `shutdown`.
   static void crash(service& s);
+
+  /// Replaces how `s` reads the state of a silent peer's process on this host (the default reads
+  /// /proc: host_process.hpp). Call before the service's peers can fall silent.
+  static void set_host_probe(service& s, std::function<host_process(uint32_t pid)> probe);
 };
 
 } // namespace consort::transport::membership

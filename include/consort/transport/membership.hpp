@@ -78,6 +78,11 @@ struct member {
   /// (the first member after the chief does); empty otherwise.
   std::string standby_address;
 
+  /// The member's process id (its Join's; the chief's own), for logs and for telling, on one
+  /// host, a silent member that waits for a CPU from one that is stopped or hung (`peer_timeout`).
+  /// 0: not known.
+  uint32_t pid = 0;
+
   /// Equal when every field is.
   friend bool operator==(const member&, const member&) = default;
 };
@@ -181,7 +186,10 @@ struct options {
   std::chrono::milliseconds heartbeat_interval{100};
 
   /// A peer from which nothing arrived for this long, or a write to it that did not complete
-  /// within this, is lost.
+  /// within this, is lost. A silent peer on this host (connected over loopback or this host's
+  /// address) whose process is runnable, waiting for a CPU (read in /proc, by the pid of its Join
+  /// or, for the chief, of the view), is lost only after ten times this of silence, or once its
+  /// process is seen stopped, gone or asleep.
   std::chrono::milliseconds peer_timeout{800};
 
   /// The largest membership frame (length prefix excluded), sent or received; a frame announcing
