@@ -51,13 +51,21 @@ caf::error communicator::changed_or(caf::error err, const group_call& call) {
   if (grace.count() <= 0)
     return err;
   const auto code = to_consort_error(err, "").code();
-  if (code != errc::peer_lost && code != errc::peer_left && code != errc::collective_timeout)
+  if (code != errc::peer_lost && code != errc::peer_left && code != errc::collective_timeout &&
+      code != errc::membership_changed)
     return err;
   // A member lost: the membership's verdict (a change of the group, or its end) may be on its
-  // way, and says more than this worker's view of the failure.
+  // way, and says more than this worker's view of the failure. A peer that aborted for a change
+  // of the group (membership_changed, which shared memory passes on) is waited for too: until
+  // this worker's own verdict aborts this communicator, its next call would run in the old epoch,
+  // whose lockstep channels the failed call left out of step.
   std::unique_lock<std::mutex> lock{lost_mtx_};
-  if (!lost_cv_.wait_for(lock, grace, [this] { return !lost_.empty(); }))
+  if (!lost_cv_.wait_for(lock, grace, [this] { return !lost_.empty(); })) {
+    lock.unlock();
+    if (code == errc::membership_changed) // no verdict in time: this epoch is over all the same
+      abort(to_consort_error(err, "").what(), errc::membership_changed);
     return err;
+  }
   lock.unlock();
   return lost_error(call.name());
 }

@@ -113,8 +113,11 @@ public:
   /// Elastic groups: a call that fails because a member is gone or silent (peer_lost, peer_left,
   /// collective_timeout) waits up to `grace` for the membership's verdict (`abort`: a change of
   /// the group, with `membership_changed`, or its end), and then fails with that instead, so
-  /// that every member sees the same error. 0 (the default): calls fail with their own error at
-  /// once.
+  /// that every member sees the same error. A call failed by a peer's abort for a change of the
+  /// group (membership_changed, which shared memory passes on) waits for this worker's own
+  /// verdict too, and without one in the grace aborts this communicator with it: the failed call
+  /// left the epoch's lockstep channels out of step, so no later call may run in it. 0 (the
+  /// default): calls fail with their own error at once.
   void set_change_grace(std::chrono::milliseconds grace) noexcept;
 
   /// The cause given to `abort`, empty while the group is whole.

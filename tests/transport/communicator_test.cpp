@@ -477,6 +477,42 @@ private:
 // ncclCommShrink's contract: worker 2 of 4 hangs while the others wait in a call; the three
 // that remain shrink the group, the call fails everywhere with membership_changed naming the lost
 // worker, and the next epoch's group (ranks renumbered in order, names kept) completes its calls.
+// Over shared memory a peer's abort reaches a waiting call at once, with the peer's code. When
+// that code says the group changed, this worker's own notice of the change may still be on its
+// way: its communicator must not run its next call in the old epoch, whose lockstep channels the
+// failed call left out of step. It waits for its notice as for a lost peer, and without one in
+// the grace it ends the epoch itself.
+TEST(GroupCommunicatorTest, APeersAbortForAChangeOfTheGroupFailsTheCallAndEveryLaterOneHere) {
+  if (auto why = transport::shm::unavailable_reason(); !why.empty())
+    GTEST_SKIP() << "no shared memory here: " << why;
+  auto comms = make_comms(3, 1, "shm");
+  for (auto& c : comms)
+    c->set_change_grace(200ms);
+  std::vector<std::future<result>> calls;
+  for (int w : {1, 2})
+    calls.push_back(std::async(std::launch::async, [&comms, w] {
+      auto call = all_reduce_of(tensor::from<float>({1}));
+      return comms[static_cast<size_t>(w)]->run(lane::step, call);
+    }));
+  // Worker 0 never calls: it had the notice first, as the chief does.
+  comms[0]->abort("the group of workers changed: worker:3 (rank 3): connection closed without "
+                  "leave; it re-forms as epoch 2",
+                  errc::membership_changed);
+  for (auto& f : calls) {
+    auto r = f.get();
+    EXPECT_EQ(code_of(r), errc::membership_changed) << text_of(r);
+    EXPECT_NE(text_of(r).find("it re-forms as epoch 2"), std::string::npos) << text_of(r);
+  }
+  // No notice came here: the next call fails with the change too, not in the old channels.
+  for (int w : {1, 2}) {
+    auto call = all_reduce_of(tensor::from<float>({1}));
+    auto again = comms[static_cast<size_t>(w)]->run(lane::step, call);
+    EXPECT_EQ(code_of(again), errc::membership_changed) << "worker " << w << ": " << text_of(again);
+    EXPECT_NE(text_of(again).find("cannot run"), std::string::npos) << text_of(again);
+    EXPECT_NE(text_of(again).find("it re-forms as epoch 2"), std::string::npos) << text_of(again);
+  }
+}
+
 TEST(GroupCommunicatorTest, ShrinkFailsTheCallInFlightAndTheNextEpochOfTheOthersCompletesItsCalls) {
   auto comms = make_named_comms(4);
   const std::vector<int> remain{0, 1, 3};
