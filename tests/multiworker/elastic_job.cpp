@@ -42,6 +42,7 @@
 
 #include <consort/consort.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -57,6 +58,8 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -128,6 +131,31 @@ void stop_for(int ms) {
   }
   std::raise(SIGSTOP);
   waitpid(child, nullptr, 0);
+}
+
+/// Waits until `path` exists, at most `limit`: on the creation events of its directory
+/// (inotify), not by polling. False when it did not appear in time (or cannot be watched).
+bool wait_for_file(const std::string& path, std::chrono::milliseconds limit) {
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  const int fd = inotify_init1(IN_CLOEXEC);
+  if (fd < 0)
+    return access(path.c_str(), F_OK) == 0;
+  const bool watched = inotify_add_watch(fd, dir.c_str(), IN_CREATE | IN_MOVED_TO) >= 0;
+  const auto until = clock_type::now() + limit;
+  bool there = access(path.c_str(), F_OK) == 0; // after the watch: no creation is missed
+  while (watched && !there && clock_type::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - clock_type::now());
+    if (poll(&p, 1, static_cast<int>(std::max<long long>(left.count(), 1))) > 0) {
+      char events[4096];
+      (void)read(fd, events, sizeof events);
+    }
+    there = access(path.c_str(), F_OK) == 0;
+  }
+  close(fd);
+  return there;
 }
 
 std::pair<int, int> pair_of(const std::string& text) {
@@ -280,10 +308,9 @@ int main(int argc, char** argv) {
       }
       if (step == wait_step && !wait_path.empty()) {
         say(me + ": waiting for " + wait_path + " at step " + std::to_string(step));
-        const auto until = clock_type::now() + std::chrono::seconds(60);
-        while (access(wait_path.c_str(), F_OK) != 0 && clock_type::now() < until)
-          std::this_thread::sleep_for(std::chrono::milliseconds(10)); // a file, polled
-        wait_path.clear();                                            // once
+        if (!wait_for_file(wait_path, std::chrono::seconds(60)))
+          say(me + ": " + wait_path + " did not appear within 60 s; going on");
+        wait_path.clear(); // once
       }
       const bool dies_now = step == die_step;
       const int stop_now_ms = step == stop_step ? stop_ms : 0;
