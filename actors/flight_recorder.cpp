@@ -215,6 +215,22 @@ int64_t unix_ns_now() {
 
 } // namespace
 
+std::pair<std::chrono::steady_clock::time_point, int64_t>
+clock_pair(std::chrono::steady_clock::time_point (*steady)(), int64_t (*wall)()) {
+  auto best_width = std::chrono::steady_clock::duration::max();
+  std::pair<std::chrono::steady_clock::time_point, int64_t> best;
+  for (int i = 0; i < 8 && best_width > std::chrono::microseconds(1); ++i) {
+    const auto before = steady();
+    const auto at = wall();
+    const auto after = steady();
+    if (after - before < best_width) {
+      best_width = after - before;
+      best = {before + (after - before) / 2, at};
+    }
+  }
+  return best;
+}
+
 // -- the ring -------------------------------------------------------------------------------------
 
 size_t flight_recorder::entries_for(int64_t option) {
@@ -239,9 +255,14 @@ size_t flight_recorder::entries_for(int64_t option) {
 }
 
 flight_recorder::flight_recorder(size_t entries, int rank, std::vector<std::string> names)
+    : flight_recorder(entries, rank, std::move(names),
+                      clock_pair(&std::chrono::steady_clock::now, &unix_ns_now)) {}
+
+flight_recorder::flight_recorder(size_t entries, int rank, std::vector<std::string> names,
+                                 std::pair<clock::time_point, int64_t> epoch)
     : capacity_(entries), rank_(rank),
       names_(names.empty() ? std::vector<std::string>{"worker:0"} : std::move(names)),
-      epoch_(clock::now()), epoch_unix_ns_(unix_ns_now()) {
+      epoch_(epoch.first), epoch_unix_ns_(epoch.second) {
   if (capacity_ == 0)
     return;
   ring_ = std::make_unique<entry[]>(capacity_);

@@ -40,6 +40,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace consort::transport {
@@ -90,6 +91,13 @@ struct flight_signature {
 
 /// The signature of a matched call.
 flight_signature flight_signature_of(const call_signature& sig);
+
+/// The steady clock and the system clock (ns since the Unix epoch) at one instant, from the given
+/// readers. The system clock is read between two steady reads, up to 8 times, and the narrowest
+/// bracket kept (its middle against the system reading): a thread descheduled between two plain
+/// reads would put every entry time the recorder maps onto the system clock off by that pause.
+std::pair<std::chrono::steady_clock::time_point, int64_t>
+    clock_pair(std::chrono::steady_clock::time_point (*steady)(), int64_t (*wall)());
 
 /// Where a recorded collective stands.
 enum class flight_state : uint8_t { queued, waiting, done, failed };
@@ -227,6 +235,10 @@ public:
 
 private:
   struct entry;
+
+  /// `epoch`: the steady clock and the system clock (ns since the Unix epoch) at one instant.
+  flight_recorder(size_t entries, int rank, std::vector<std::string> names,
+                  std::pair<clock::time_point, int64_t> epoch);
 
   entry& claim(clock::time_point now);
   int64_t since_epoch(clock::time_point t) const noexcept;
