@@ -91,7 +91,7 @@ bool detail::completes_on_arrival(const collective_board& board, bool gpu) {
   return board.cfg.replica_ids.size() == 1 && !gpu;
 }
 
-nest detail::collect_alone(collective_board& board, const collective_call& call) {
+nest detail::collect_alone(collective_board& board, collective_call& call) {
   if (board.cfg.cross)
     return alone_on_worker(*board.cfg.cross, call, board.cfg.num_replicas_in_sync,
                            board.recorder.get());

@@ -67,8 +67,9 @@ bool completes_on_arrival(const collective_board& board, bool gpu);
 /// The call of a board's only replica (completes_on_arrival), on the caller's thread: the
 /// argument checks, then the host kernels (the only replica in sync) or the communicator's call
 /// between the workers (the worker's only replica), with no future and no hop.
-/// @throws error as a matched call would fail.
-nest collect_alone(collective_board& board, const collective_call& call);
+/// @throws error as a matched call would fail. A tensor request's tensor may be moved out of
+/// `call`.
+nest collect_alone(collective_board& board, collective_call& call);
 
 /// What the matcher does with slots when `self` drives it: complete (one of the paths) or
 /// failed (across workers, the others are told); arm the tick.

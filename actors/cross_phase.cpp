@@ -249,7 +249,7 @@ struct lone_scratch {
 
 } // namespace
 
-nest alone_on_worker(transport::communicator& cross, const collective_call& call,
+nest alone_on_worker(transport::communicator& cross, collective_call& call,
                      int num_replicas_in_sync, flight_recorder* recorder) {
   // This thread's scratch, or (for a call made while another is in progress on this thread,
   // which nothing does today) one of its own. The leaves are let go at the end of the call: a
@@ -268,8 +268,8 @@ nest alone_on_worker(transport::communicator& cross, const collective_call& call
   } done{scratch};
   auto& leaves = scratch.leaves;
   leaves.clear();
-  if (call.request.value.is_tensor())
-    leaves.push_back(call.request.value.as_tensor());
+  if (call.request.value.is_tensor()) // moved out: the caller's nest was made for this call
+    leaves.push_back(std::move(const_cast<tensor&>(call.request.value.as_tensor())));
   else
     leaves = flatten(call.request.value);
   auto& sig = scratch.sig;

@@ -33,10 +33,10 @@ void local_part(transport::group_call& cc, const call_signature& sig,
 /// The call of a worker's only (CPU) replica in a group of several workers, on its own thread:
 /// the argument checks, then the communicator's call, with no hop to the collective actor or a
 /// lane thread. An argument error still meets the other workers (they fail with its reason).
-/// @throws error with the code every worker reports.
-/// `recorder` (may be null) records the call under its job-wide number, and a failure names it
-/// with the recorder's diagnosis.
-nest alone_on_worker(transport::communicator& cross, const collective_call& call,
+/// @throws error with the code every worker reports. A tensor request's tensor is moved out of
+/// `call`. `recorder` (may be null) records the call under its job-wide number, and a failure names
+/// it with the recorder's diagnosis.
+nest alone_on_worker(transport::communicator& cross, collective_call& call,
                      int num_replicas_in_sync, flight_recorder* recorder = nullptr);
 
 /// Strategy.reduce with several workers: this worker's partial, then the cross-worker

@@ -241,6 +241,8 @@ private:
                   std::pair<clock::time_point, int64_t> epoch);
 
   entry& claim(clock::time_point now);
+  /// Fetches the lines of the entry the next record takes (mu_ held).
+  void prefetch_next() const noexcept;
   int64_t since_epoch(clock::time_point t) const noexcept;
 
   const size_t capacity_;
@@ -251,6 +253,7 @@ private:
   mutable spin_mutex mu_;
   std::unique_ptr<entry[]> ring_; // guarded by mu_ (but for the arrival masks)
   uint64_t written_ = 0;          // guarded by mu_: records ever written
+  size_t next_slot_ = 0;          // guarded by mu_: written_ % capacity_
   uint64_t next_number_ = 1;      // guarded by mu_
   /// Failed collectives and notes so far, and when dumps after failures were written (all
   /// guarded by mu_).

@@ -63,11 +63,13 @@ struct replica_runner : detail::replica_services {
     auto kind = request.kind;
     // No wait for this replica's stream: NCCL queues the call on it, after the work that made the
     // inputs; a call that takes another path waits for the stream where the tensors are read.
-    collective_call call{current_step, seq, cfg.replica_id, std::move(request), {}, queue};
-    // One way for every call: the board. A board of one CPU replica completes it on arrival; a
-    // GPU replica's NCCL call is queued from the board too, by the thread of the last replica to
-    // arrive.
-    if (detail::completes_on_arrival(*cfg.board, gpu != nullptr))
+    // One way for every call: the board. A board of one CPU replica completes it on arrival (it
+    // has no stream: no count taken on the queue); a GPU replica's NCCL call is queued from the
+    // board too, by the thread of the last replica to arrive.
+    const bool alone = detail::completes_on_arrival(*cfg.board, gpu != nullptr);
+    collective_call call{current_step,       seq, cfg.replica_id,
+                         std::move(request), {},  alone ? nullptr : queue};
+    if (alone)
       return detail::collect_alone(*cfg.board, call);
     if (join != nullptr)
       call.finished_peers = join->mark_collective_used();

@@ -112,6 +112,13 @@ nest on_device(nest value, const std::string& device) {
   return map_structure(value, [&](const tensor& t) { return t.to(device); });
 }
 
+/// The tensor of a nest that is this function's own, moved out of it (no new count on its
+/// storage, no copy of its label and shape). @throws error(structure_mismatch) for another nest.
+tensor leaf_of(nest value) {
+  const auto& leaf = value.as_tensor();
+  return std::move(const_cast<tensor&>(leaf)); // `value` is not const: it is this function's
+}
+
 } // namespace
 
 nest replica_context::all_reduce(op_arg op, const nest& value, collective_options opts) {
@@ -119,7 +126,8 @@ nest replica_context::all_reduce(op_arg op, const nest& value, collective_option
 }
 
 tensor replica_context::all_reduce(op_arg op, const tensor& value, collective_options opts) {
-  return all_reduce(op, nest(value), opts).as_tensor();
+  return leaf_of(
+      call(collective_kind::all_reduce, nest(value), opts, [&](auto& req) { req.op = op.get(); }));
 }
 
 nest replica_context::all_gather(const nest& value, int64_t axis, collective_options opts) {
@@ -127,7 +135,8 @@ nest replica_context::all_gather(const nest& value, int64_t axis, collective_opt
 }
 
 tensor replica_context::all_gather(const tensor& value, int64_t axis, collective_options opts) {
-  return all_gather(nest(value), axis, opts).as_tensor();
+  return leaf_of(
+      call(collective_kind::all_gather, nest(value), opts, [&](auto& req) { req.axis = axis; }));
 }
 
 nest replica_context::broadcast(const nest& value, int root_replica, collective_options opts) {
@@ -135,7 +144,8 @@ nest replica_context::broadcast(const nest& value, int root_replica, collective_
 }
 
 tensor replica_context::broadcast(const tensor& value, int root_replica, collective_options opts) {
-  return broadcast(nest(value), root_replica, opts).as_tensor();
+  return leaf_of(call(collective_kind::broadcast, nest(value), opts,
+                      [&](auto& req) { req.root = root_replica; }));
 }
 
 void replica_context::synchronize() {
@@ -149,14 +159,13 @@ nest replica_context::merge(detail::merge_function fn, std::vector<nest> args,
 }
 
 template <class Fill>
-nest replica_context::call(collective_kind kind, const nest& value, collective_options opts,
-                           Fill&& fill) {
+nest replica_context::call(collective_kind kind, nest value, collective_options opts, Fill&& fill) {
   if (detail::current_context().kind == detail::context_kind::merge)
     detail::require_not_in_merge(
         (std::string{"replica_context::"} + consort::to_string(kind)).c_str());
   detail::collective_request req;
   req.kind = kind;
-  req.value = value;
+  req.value = std::move(value);
   req.timeout = opts.timeout;
   fill(req);
   return on_device(services_->collective(std::move(req)), device_);

@@ -214,9 +214,10 @@ private:
   /// The type-erased merge_call: this replica's arguments in, its part of the result out.
   nest merge(detail::merge_function fn, std::vector<nest> args, const std::type_info& signature);
 
-  /// Builds the request (`fill` sets the kind's own field), runs it, labels the result.
+  /// Builds the request around `value` (`fill` sets the kind's own field), runs it, labels the
+  /// result.
   template <class Fill>
-  nest call(collective_kind kind, const nest& value, collective_options opts, Fill&& fill);
+  nest call(collective_kind kind, nest value, collective_options opts, Fill&& fill);
 
   int replica_id_;
   int num_replicas_;

@@ -334,7 +334,8 @@ TEST_F(CollectiveBoardTest, ABoardOfOneCpuReplicaCompletesItsCallsOnArrivalWithT
   EXPECT_TRUE(detail::completes_on_arrival(*board, false));
   EXPECT_FALSE(detail::completes_on_arrival(*board, true));
   EXPECT_FALSE(detail::completes_on_arrival(*board_, false)) << "three replicas match in slots";
-  auto out = detail::collect_alone(*board, all_reduce_call(0, 0, 0, 4));
+  auto call = all_reduce_call(0, 0, 0, 4);
+  auto out = detail::collect_alone(*board, call);
   EXPECT_EQ(out.as_tensor().to_vector<float>(), (std::vector<float>{4, 8}));
   auto bad = make_call(0, 1, 0, collective_kind::broadcast, tensor::scalar<int32_t>(1));
   bad.request.root = 3;

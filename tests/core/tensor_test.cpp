@@ -106,6 +106,16 @@ TEST(TensorTest, ZerosCanonicalisesTheDevice) {
   EXPECT_EQ(tensor::zeros(dtype::int32, {1}, "/job:worker/replica:0/task:0/device:CPU:2").device(),
             "CPU:2");
   EXPECT_EQ(tensor::zeros(dtype::int32, {1}).device(), "CPU:0");
+  // Canonical names are taken as they are; near misses still go through the parse.
+  EXPECT_EQ(tensor::zeros(dtype::int32, {1}, "CPU:12").device(), "CPU:12");
+  EXPECT_EQ(tensor::zeros(dtype::int32, {1}, "CPU:007").device(), "CPU:7");
+  EXPECT_EQ(tensor::zeros(dtype::int32, {1}, "CPU:00").device(), "CPU:0");
+  EXPECT_TRUE(
+      fails_with([] { tensor::zeros(dtype::int32, {1}, "CPU:"); }, errc::unknown_device, {"CPU:"}));
+  EXPECT_TRUE(fails_with([] { tensor::zeros(dtype::int32, {1}, "CPU:1x"); }, errc::unknown_device,
+                         {"CPU:1x"}));
+  EXPECT_TRUE(fails_with([] { tensor::zeros(dtype::int32, {1}, "CPU:99999999999"); },
+                         errc::unknown_device, {"CPU:99999999999"}));
 }
 
 TEST(TensorTest, ZerosOnAMissingGpuAndOnAnUnknownDeviceFail) {
