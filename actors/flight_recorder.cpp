@@ -298,7 +298,6 @@ flight_recorder::entry& flight_recorder::claim(clock::time_point now) {
   ++written_;
   if (++next_slot_ == capacity_) // (no division on the call's way)
     next_slot_ = 0;
-  prefetch_next();
   e.type = entry_type::note;
   e.state = flight_state::done;
   e.error = errc::none;
@@ -388,15 +387,6 @@ void flight_recorder::ended(handle h, errc code) {
   if (code == errc::none)
     e.arrived.store(names_.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << names_.size()) - 1,
                     std::memory_order_relaxed);
-}
-
-void flight_recorder::prefetch_next() const noexcept {
-  // The ring is larger than the caches keep warm between two turns of it: the next entry's lines
-  // are fetched for writing while this record's call runs, rather than by the next record's
-  // stores (which the next fence, a send's, would wait for).
-  const auto* at = reinterpret_cast<const char*>(&ring_[next_slot_]);
-  for (size_t line = 0; line < sizeof(entry); line += 64)
-    __builtin_prefetch(at + line, 1, 3);
 }
 
 uint64_t flight_recorder::last_number() const {

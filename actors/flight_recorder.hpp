@@ -241,8 +241,6 @@ private:
                   std::pair<clock::time_point, int64_t> epoch);
 
   entry& claim(clock::time_point now);
-  /// Fetches the lines of the entry the next record takes (mu_ held).
-  void prefetch_next() const noexcept;
   int64_t since_epoch(clock::time_point t) const noexcept;
 
   const size_t capacity_;
