@@ -279,47 +279,96 @@ nest alone_on_worker(transport::communicator& cross, collective_call& call,
   auto problem = check_arguments(call, leaves, num_replicas_in_sync, &axis);
   if (problem.empty())
     sig.axis = axis;
-  transport::group_call cc;
-  cc.result_capacity = &scratch.results;
-  cc.kind = sig.kind;
-  cc.op = sig.op;
-  cc.axis = sig.axis;
-  cc.root = sig.root;
-  cc.step = call.step;
-  cc.seq = call.seq;
-  cc.timeout = call.request.timeout.value_or(std::chrono::seconds(30));
+  const auto timeout = call.request.timeout.value_or(std::chrono::seconds(30));
   // No text on a call that succeeds: the workers compare the signature's hash, and the texts
   // (the call as the replica made it, with the axis it gave; the signature) are made only for an
   // error. Both functions refer to this frame, which outlives the call.
-  cc.signature_hash = signature_hash(sig);
-  cc.make_signature = [&sig] {
-    return signature_of(sig);
-  };
+  const auto hash = signature_hash(sig);
   struct naming {
     const call_signature* sig;
     int64_t axis;
     step_id step;
     uint32_t seq;
   } named{&sig, given_axis, call.step, call.seq};
-  cc.make_what = [&named] {
-    auto as_given = *named.sig;
-    as_given.axis = named.axis;
-    return describe_slot(as_given, named.step, named.seq);
-  };
   // The call's job-wide number: this worker's lane runs its calls in the order every worker does.
   recorded_call rec;
+  std::chrono::steady_clock::time_point entered{};
+  int64_t entered_unix_ns = 0;
+  std::atomic<uint64_t>* arrivals = nullptr;
+  transport::call_lateness* lateness = nullptr;
+  int64_t clock_offset_ns = 0;
   if (recorder != nullptr && recorder->enabled()) {
     // One clock read: the call's start for the recorder, its entry time on the system clock, and
     // where its deadline counts from.
-    cc.entered = std::chrono::steady_clock::now();
-    cc.entered_unix_ns = recorder->unix_ns(cc.entered);
+    entered = std::chrono::steady_clock::now();
+    entered_unix_ns = recorder->unix_ns(entered);
     rec.recorder = recorder;
     rec.h = recorder->collective(call.step, call.seq, call.replica, flight_signature_of(sig),
-                                 flight_state::waiting, {}, cc.entered);
-    cc.arrivals = recorder->arrivals(rec.h);
-    cc.lateness = recorder->lateness(rec.h);
-    cc.clock_offset_ns = recorder->chief_offset_ns();
+                                 flight_state::waiting, {}, entered);
+    arrivals = recorder->arrivals(rec.h);
+    lateness = recorder->lateness(rec.h);
+    clock_offset_ns = recorder->chief_offset_ns();
   }
+  // The call between the workers as the general path makes it (the lean one, below, hands it
+  // this form when the peers' calls are not plainly its own).
+  auto general = [&](transport::group_call& cc) {
+    cc.result_capacity = &scratch.results;
+    cc.kind = sig.kind;
+    cc.op = sig.op;
+    cc.axis = sig.axis;
+    cc.root = sig.root;
+    cc.step = call.step;
+    cc.seq = call.seq;
+    cc.timeout = timeout;
+    cc.signature_hash = hash;
+    cc.make_signature = [&sig] {
+      return signature_of(sig);
+    };
+    cc.make_what = [&named] {
+      auto as_given = *named.sig;
+      as_given.axis = named.axis;
+      return describe_slot(as_given, named.step, named.seq);
+    };
+    cc.entered = entered;
+    cc.entered_unix_ns = entered_unix_ns;
+    cc.arrivals = arrivals;
+    cc.lateness = lateness;
+    cc.clock_offset_ns = clock_offset_ns;
+  };
+  const bool in_place = problem.empty() && reads_in_place(sig, leaves);
+  if (in_place && sig.kind == collective_kind::all_reduce && leaves.size() == 1 &&
+      call.request.value.is_tensor()) {
+    // The lean path of the commonest small call (transport::lone_all_reduce): one pass through
+    // the lockstep channel when every worker's call is plainly this one.
+    transport::lone_call lone;
+    lone.op = sig.op;
+    lone.axis = sig.axis;
+    lone.root = sig.root;
+    lone.step = call.step;
+    lone.seq = call.seq;
+    lone.signature_hash = hash;
+    lone.input = &leaves.front();
+    lone.timeout = timeout;
+    lone.entered = entered;
+    lone.entered_unix_ns = entered_unix_ns;
+    lone.clock_offset_ns = clock_offset_ns;
+    lone.arrivals = arrivals;
+    lone.lateness = lateness;
+    lone.complete = [&](transport::group_call& cc) {
+      general(cc);
+      cc.leaves = {leaves.front()};
+      cc.leaves_are_inputs = true;
+      cc.count = 1;
+    };
+    if (auto out = cross.run_lone(transport::communicator::lane::step, lone)) {
+      if (!*out)
+        throw to_consort_error(rec.finish(out->error(), timeout), "");
+      (void)rec.finish({}, timeout);
+      return nest(std::move(**out));
+    }
+  }
+  transport::group_call cc;
+  general(cc);
   if (!problem.empty()) {
     // The other workers learn the reason in this call's descriptor, as from the actor's path.
     cc.local_failure = make_caf_error(errc::invalid_argument, problem);
@@ -328,7 +377,7 @@ nest alone_on_worker(transport::communicator& cross, collective_call& call,
       rec.recorder->ended(rec.h, errc::invalid_argument);
     throw error(errc::invalid_argument, problem);
   }
-  if (reads_in_place(sig, leaves)) {
+  if (in_place) {
     // The replica's own values are this worker's part: the exchange reads them in place and
     // writes the result to tensors of its own (no partial to build, nothing copied).
     cc.leaves.swap(leaves);

@@ -42,6 +42,37 @@ caf::expected<std::vector<tensor>> communicator::run(lane l, group_call& call) {
   return out;
 }
 
+std::optional<caf::expected<tensor>> communicator::run_lone(lane l, const lone_call& call) {
+  auto* box = ctx_->mailbox(static_cast<int>(l));
+  if (box == nullptr || !lone_all_reduce::fits(*ctx_, static_cast<int>(l), *call.input, call.op))
+    return std::nullopt;
+  auto& ls = lanes_[static_cast<size_t>(l)];
+  std::lock_guard<std::mutex> running{ls.run_mtx};
+  if (broken_.load(std::memory_order_acquire) && !lost_cause().empty())
+    return std::nullopt; // the general call says why
+  const auto entered = call.entered == clock::time_point{} ? clock::now() : call.entered;
+  call_clock clock{ls.next_tag, static_cast<uint64_t>(l), lane_count, entered + call.timeout};
+  lone_all_reduce lone{*ctx_, *box, call, clock.next_tag().tag, clock.until()};
+  if (auto out = lone.run())
+    return caf::expected<tensor>{std::move(*out)};
+  // Not a plain match: the descriptor exchange carries on from where the lean path stopped, with
+  // the whole call, and the rest is as `run`.
+  group_call whole;
+  call.complete(whole);
+  descriptor_exchange exchange{ctx_, whole, devices_per_worker_, ls.scratch, clock, &lone.taken()};
+  if (auto err = exchange.run())
+    return caf::expected<tensor>{changed_or(std::move(err), whole)};
+  auto out = data_phase(exchange, whole, clock);
+  if (!out)
+    return caf::expected<tensor>{changed_or(std::move(out.error()), whole)};
+  if (out->size() != 1)
+    return caf::expected<tensor>{
+        make_caf_error(errc::invalid_argument,
+                       whole.name() + ": the lone all-reduce of one tensor came back with " +
+                           std::to_string(out->size()) + " leaves")};
+  return caf::expected<tensor>{std::move(out->front())};
+}
+
 void communicator::set_change_grace(std::chrono::milliseconds grace) noexcept {
   change_grace_ns_.store(std::chrono::nanoseconds(grace).count(), std::memory_order_relaxed);
 }

@@ -83,6 +83,13 @@ public:
   /// result leaves (the same on every worker) or the error every worker reports for the call.
   caf::expected<std::vector<tensor>> run(lane l, group_call& call);
 
+  /// Runs a lone replica's all-reduce of one small tensor on lane `l` by the lean path
+  /// (lone_all_reduce), when it fits (lone_all_reduce::fits on this group's lockstep channel) and
+  /// the group is whole; then the result or the error, as `run` of `call.complete`'s call would
+  /// give them (the descriptor exchange takes over anything but a plain match). Otherwise nothing:
+  /// nothing was sent, and the caller runs the general call.
+  std::optional<caf::expected<tensor>> run_lone(lane l, const lone_call& call);
+
   /// Queues `job` on `l`; jobs of one lane run one at a time in posting order. Jobs must not own
   /// the communicator (they run on its threads).
   void post(lane l, std::function<void()> job);

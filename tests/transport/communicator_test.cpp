@@ -408,6 +408,285 @@ TEST_P(GroupCommunicatorOnEachTransport, BothLanesRunCallsAtOnceWithoutCrossingT
   EXPECT_EQ(host.get(), "");
 }
 
+// -- the lean path of a lone replica's small all-reduce (communicator::run_lone) ----------------
+
+/// How one worker makes its call in a lone-path test: by the lean path, or the general one.
+struct lone_or_general {
+  bool lone = true;
+  tensor input;
+  reduce_op op = reduce_op::sum;
+  /// The general call as that worker's general path makes it (the lean path's `complete`).
+  std::function<void(group_call&)> adjust = [](group_call&) {
+  };
+  std::chrono::milliseconds timeout =
+      std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s));
+  int64_t entered_unix_ns = 0;
+};
+
+struct lone_result {
+  bool took_lean_path = false;
+  caf::expected<tensor> value{tensor{}};
+  transport::call_lateness late;
+  uint64_t arrived = 0;
+};
+
+/// The general call of `c` (what all_reduce_of makes, then `c.adjust`).
+group_call general_of(const lone_or_general& c) {
+  auto call = all_reduce_of(c.input, c.op);
+  call.leaves_are_inputs = true;
+  call.timeout = c.timeout;
+  call.entered_unix_ns = c.entered_unix_ns;
+  c.adjust(call);
+  return call;
+}
+
+/// Runs `make(w)` on every worker at once, each by the path it names; a lean call that the
+/// communicator does not take (nothing sent) runs the general call instead.
+std::vector<std::unique_ptr<lone_result>>
+run_lone_all(const std::vector<std::shared_ptr<communicator>>& comms,
+             const std::function<lone_or_general(int)>& make) {
+  std::vector<std::unique_ptr<lone_result>> out;
+  for (size_t w = 0; w < comms.size(); ++w)
+    out.push_back(std::make_unique<lone_result>());
+  std::vector<std::future<void>> running;
+  for (size_t w = 0; w < comms.size(); ++w)
+    running.push_back(std::async(std::launch::async, [&, w] {
+      auto c = make(static_cast<int>(w));
+      auto& r = *out[w];
+      auto general = general_of(c);
+      general.lateness = &r.late;
+      std::atomic<uint64_t> arrived{0};
+      general.arrivals = &arrived;
+      if (c.lone) {
+        transport::lone_call lone;
+        lone.op = c.op;
+        lone.signature_hash = general.hash();
+        lone.input = &c.input;
+        lone.timeout = c.timeout;
+        lone.entered_unix_ns = c.entered_unix_ns;
+        lone.lateness = &r.late;
+        lone.arrivals = &arrived;
+        lone.complete = [&](group_call& whole) {
+          whole = general_of(c);
+          whole.lateness = &r.late;
+        };
+        if (auto got = comms[w]->run_lone(lane::step, lone)) {
+          r.took_lean_path = true;
+          r.value = std::move(*got);
+          r.arrived = arrived.load();
+          return;
+        }
+      }
+      auto got = comms[w]->run(lane::step, general);
+      r.arrived = arrived.load();
+      if (got)
+        r.value = std::move(got->front());
+      else
+        r.value = std::move(got.error());
+    }));
+  for (auto& f : running)
+    f.get();
+  return out;
+}
+
+std::string text_of(const caf::expected<tensor>& r) {
+  return r ? std::string{} : std::string{to_consort_error(r.error(), "").what()};
+}
+
+errc code_of(const caf::expected<tensor>& r) {
+  return r ? errc::none : to_consort_error(r.error(), "").code();
+}
+
+/// The bytes of a result (bit-for-bit comparisons).
+std::vector<unsigned char> bytes_of(const caf::expected<tensor>& r) {
+  if (!r)
+    return {};
+  const auto* p = static_cast<const unsigned char*>(r->raw_data());
+  return {p, p + r->num_bytes()};
+}
+
+class LoneAllReduce : public ::testing::Test {
+protected:
+  void SetUp() override {
+    if (auto why = transport::shm::unavailable_reason(); !why.empty())
+      GTEST_SKIP() << "no shared memory here: " << why;
+  }
+};
+
+TEST_F(LoneAllReduce, TakesTheLeanPathAndAgreesBitForBitWithTheGeneralPathMixedAsTheWorkersLike) {
+  auto comms = make_comms(3, 1, "shm");
+  // Values whose float sum depends on the order of the fold: both paths fold in rank order.
+  auto value = [](int w, dtype type) {
+    const std::vector<double> v = {0.1 * (w + 1), 1e8 * (w % 2 ? 1 : -1), 3.0 + w, 1.0 / (w + 3)};
+    switch (type) {
+    case dtype::float32:
+      return tensor::from<float>({float(v[0]), float(v[1]), float(v[2]), float(v[3])});
+    case dtype::int32:
+      return tensor::from<int32_t>({w + 1, -7 * w, 3, 1 << (4 * w)});
+    default:
+      return tensor::from<double>(v);
+    }
+  };
+  for (auto type : {dtype::float32, dtype::float64, dtype::int32})
+    for (auto op :
+         {reduce_op::sum, reduce_op::mean, reduce_op::max, reduce_op::min, reduce_op::prod}) {
+      if (op == reduce_op::mean && !is_floating(type))
+        continue; // not in place: not the lean path's (below)
+      SCOPED_TRACE(std::string{to_string(type)} + " " + to_string(op));
+      std::vector<std::vector<unsigned char>> expected;
+      for (int mix = 0; mix < 3; ++mix) { // all general, all lone, worker 1 general
+        auto out = run_lone_all(comms, [&](int w) {
+          lone_or_general c;
+          c.lone = mix == 1 || (mix == 2 && w != 1);
+          c.input = value(w, type);
+          c.op = op;
+          c.entered_unix_ns = 1000 + (w == 2 ? 5000 : w); // worker 2 enters last, 4999 ns late
+          return c;
+        });
+        for (int w = 0; w < 3; ++w) {
+          const auto& r = *out[static_cast<size_t>(w)];
+          ASSERT_TRUE(r.value) << text_of(r.value);
+          EXPECT_EQ(r.took_lean_path, mix == 1 || (mix == 2 && w != 1)) << "worker " << w;
+          if (expected.size() < 3)
+            expected.push_back(bytes_of(r.value));
+          EXPECT_EQ(bytes_of(r.value), expected[static_cast<size_t>(w)]) << "worker " << w;
+          EXPECT_EQ(bytes_of(r.value), expected[0]) << "the same bits on every worker";
+          EXPECT_EQ(r.late.last.load(), 2) << "worker " << w;
+          EXPECT_EQ(r.late.margin_ns.load(), 4999) << "worker " << w;
+          EXPECT_EQ(r.arrived, 7u & ~(1u << w)) << "worker " << w << ": every peer's arrival";
+        }
+      }
+    }
+}
+
+TEST_F(LoneAllReduce, SendsNothingWhenTheCallIsNotItsAndTheGeneralCallThenRunsAsBefore) {
+  // No lockstep channel (in memory), a tensor larger than the path takes, bool, an integer
+  // MEAN: run_lone gives nothing back, and the general calls that follow meet as usual (nothing
+  // of the call was sent).
+  auto local = make_comms(2, 1, "local");
+  tensor one = tensor::from<float>({1});
+  transport::lone_call lone;
+  lone.input = &one;
+  EXPECT_FALSE(local[0]->run_lone(lane::step, lone).has_value());
+  auto comms = make_comms(2, 1, "shm");
+  tensor large = tensor::zeros(dtype::float32, {2048}); // 8 KiB
+  tensor flags = tensor::from<bool>({true, false});
+  tensor ints = tensor::from<int32_t>({1, 2});
+  for (auto* t : {&large, &flags, &ints}) {
+    lone.input = t;
+    lone.op = t == &ints ? reduce_op::mean : reduce_op::sum;
+    EXPECT_FALSE(comms[0]->run_lone(lane::step, lone).has_value()) << to_string(t->dtype());
+  }
+  auto out = run_all(comms, [](int w) { return all_reduce_of(tensor::from<float>({float(w)})); });
+  for (auto& r : out) {
+    ASSERT_TRUE(r) << text_of(r);
+    EXPECT_EQ(r->front().to_vector<float>(), std::vector<float>{1});
+  }
+}
+
+TEST_F(LoneAllReduce, APeerWithAnotherShapeOrAFailureGetsTheGeneralPathsErrorsOnEveryWorker) {
+  auto comms = make_comms(3, 1, "shm");
+  // Worker 1 (general) passes another shape: every worker's error names both sides.
+  auto out = run_lone_all(comms, [](int w) {
+    lone_or_general c;
+    c.lone = w != 1;
+    c.input = tensor::from<float>({1, 2});
+    if (w == 1)
+      c.adjust = [](group_call& call) {
+        call.signature = "all_reduce of float32[3]";
+      };
+    return c;
+  });
+  for (int w = 0; w < 3; ++w) {
+    const auto& r = out[static_cast<size_t>(w)]->value;
+    EXPECT_EQ(code_of(r), errc::collective_mismatch) << text_of(r);
+    EXPECT_NE(text_of(r).find("passed all_reduce of float32[2] but worker 1 passed all_reduce of "
+                              "float32[3]"),
+              std::string::npos)
+        << "worker " << w << ": " << text_of(r);
+  }
+  // Worker 2's call failed on its own: the lone workers fail with its reason.
+  out = run_lone_all(comms, [](int w) {
+    lone_or_general c;
+    c.lone = w != 2;
+    c.input = tensor::from<float>({1});
+    if (w == 2)
+      c.adjust = [](group_call& call) {
+        call.leaves.clear();
+        call.local_failure = make_caf_error(errc::step_failed, "replica 2 threw: bad batch");
+      };
+    return c;
+  });
+  for (int w : {0, 1}) {
+    const auto& r = out[static_cast<size_t>(w)]->value;
+    EXPECT_EQ(code_of(r), errc::collective_aborted) << text_of(r);
+    EXPECT_NE(text_of(r).find("failed on worker 2: replica 2 threw: bad batch"), std::string::npos)
+        << text_of(r);
+  }
+  // Worker 0 (general) passes a tensor whose message does not fit a slot: it goes by the pair,
+  // and the lone workers, reading its empty slot, answer as the general exchange does.
+  out = run_lone_all(comms, [](int w) {
+    lone_or_general c;
+    c.lone = w != 0;
+    c.input = w == 0 ? tensor::zeros(dtype::float32, {4096}) : tensor::from<float>({1});
+    return c;
+  });
+  for (int w = 0; w < 3; ++w)
+    EXPECT_EQ(code_of(out[static_cast<size_t>(w)]->value), errc::collective_mismatch)
+        << "worker " << w << ": " << text_of(out[static_cast<size_t>(w)]->value);
+  // MEAN where worker 2 summed two values (count 2): the lone workers see a call that is not
+  // plainly theirs and the general exchange divides by the true count, 4.
+  out = run_lone_all(comms, [](int w) {
+    lone_or_general c;
+    c.input = tensor::from<float>({float(w + 1)});
+    c.op = reduce_op::mean;
+    c.lone = w != 2;
+    if (w == 2)
+      c.adjust = [](group_call& call) {
+        call.count = 2;
+      };
+    return c;
+  });
+  for (int w = 0; w < 3; ++w) {
+    const auto& r = out[static_cast<size_t>(w)]->value;
+    ASSERT_TRUE(r) << text_of(r);
+    EXPECT_EQ(r->to_vector<float>(), std::vector<float>{1.5f}) << "worker " << w;
+  }
+  // The group goes on, lockstep channels in step: a plain lone call on every worker.
+  out = run_lone_all(comms, [](int w) {
+    lone_or_general c;
+    c.input = tensor::from<float>({float(w)});
+    return c;
+  });
+  for (auto& r : out) {
+    ASSERT_TRUE(r->value) << text_of(r->value);
+    EXPECT_TRUE(r->took_lean_path);
+    EXPECT_EQ(r->value->to_vector<float>(), std::vector<float>{3});
+  }
+}
+
+TEST_F(LoneAllReduce, APeerThatNeverComesTimesOutAtTheDeadlineNamingIt) {
+  auto comms = make_comms(2, 1, "shm");
+  tensor one = tensor::from<float>({1});
+  lone_or_general c;
+  c.input = one;
+  c.timeout = 200ms;
+  const auto begin = std::chrono::steady_clock::now();
+  transport::lone_call lone;
+  lone.input = &one;
+  lone.signature_hash = general_of(c).hash();
+  lone.timeout = c.timeout;
+  lone.complete = [&](group_call& whole) {
+    whole = general_of(c);
+  };
+  auto got = comms[0]->run_lone(lane::step, lone);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(code_of(*got), errc::collective_timeout) << text_of(*got);
+  EXPECT_NE(text_of(*got).find("all_reduce #0 of step 0"), std::string::npos) << text_of(*got);
+  EXPECT_NE(text_of(*got).find("receive from rank 1"), std::string::npos) << text_of(*got);
+  EXPECT_LT(std::chrono::steady_clock::now() - begin, test::scaled(10s));
+}
+
 /// W communicators of epoch 1 over one in-memory group, named "worker:0" ...
 std::vector<std::shared_ptr<communicator>> make_named_comms(int workers) {
   std::vector<std::shared_ptr<communicator>> comms;

@@ -92,9 +92,10 @@ std::chrono::milliseconds call_clock::left() const {
 
 descriptor_exchange::descriptor_exchange(const context_ptr& ctx, group_call& call,
                                          int devices_per_worker, std::vector<std::byte>& scratch,
-                                         call_clock& clock)
-    : ctx_(ctx), call_(call), scratch_(scratch), clock_(clock), rank_(ctx->rank()),
-      size_(ctx->size()), root_worker_(call.root / std::max(devices_per_worker, 1)),
+                                         call_clock& clock, const taken_messages* resumed)
+    : ctx_(ctx), call_(call), scratch_(scratch), clock_(clock), resumed_(resumed),
+      rank_(ctx->rank()), size_(ctx->size()),
+      root_worker_(call.root / std::max(devices_per_worker, 1)),
       direct_(size_ <= direct_max_workers) {
   if (direct_) {
     all_ = reinterpret_cast<call_descriptor*>(direct_all_);
@@ -232,12 +233,21 @@ caf::error descriptor_exchange::exchange_direct() {
   // own call is: workers whose calls disagree still read each other's descriptors whole.
   const size_t slot_bytes = sizeof(call_descriptor) + fused_max_bytes;
   scratch_.resize(static_cast<size_t>(size_) * slot_bytes);
-  auto opts = clock_.next_tag(); // the waits below run to clock_.until()
+  // The waits below run to clock_.until(). A resumed exchange has its tag already.
+  algorithm_options opts;
+  if (resumed_ != nullptr)
+    opts.tag = resumed_->base_tag;
+  else
+    opts = clock_.next_tag();
   const auto tag = detail::message_tag(opts.tag, 0);
   // Every peer's send takes a copy of the parts but the last, which takes them.
   send_parts parts = my_message();
   if (auto* box = ctx_->mailbox(clock_.lane()))
     return exchange_in_mailbox(*box, parts, opts);
+  if (resumed_ != nullptr)
+    return make_caf_error(errc::invalid_argument,
+                          call_.name() + ": a resumed descriptor exchange needs the lockstep "
+                                         "channel its lone all-reduce began in");
   std::array<operation_ptr, direct_max_workers> recvs;
   std::array<operation_ptr, direct_max_workers> sends;
   // This thread reads the peers' messages itself, also those that arrive while it is still
@@ -301,7 +311,7 @@ caf::error descriptor_exchange::exchange_in_mailbox(mailbox& box, const send_par
     for (int p = 0; p < size_; ++p)
       if (p != rank_)
         recvs[static_cast<size_t>(p)] = ctx_->to(p).recv_at_most(tag, {slot(p), slot_bytes});
-  for (int k = 1; k < size_; ++k) {
+  for (int k = 1 + (resumed_ != nullptr ? resumed_->puts : 0); k < size_; ++k) {
     const int p = detail::ring_add(rank_, k, size_);
     if (auto err = box.put(p, tag, in_slot ? parts : send_parts{}))
       return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",
@@ -312,7 +322,12 @@ caf::error descriptor_exchange::exchange_in_mailbox(mailbox& box, const send_par
   uint64_t taken = 0;
   for (int k = 1; k < size_; ++k) {
     const int p = detail::ring_add(rank_, -k, size_);
-    auto got = box.take(p, tag, clock_.until());
+    // What the lone all-reduce took from `p` (or the failure of its take), else the take now.
+    auto got = resumed_ != nullptr && resumed_->has[static_cast<size_t>(p)]
+                   ? caf::expected<const_bytes>{resumed_->got[static_cast<size_t>(p)]}
+               : resumed_ != nullptr && resumed_->failed_peer == p
+                   ? caf::expected<const_bytes>{resumed_->failed}
+                   : box.take(p, tag, clock_.until());
     caf::error err;
     if (!got) {
       err = std::move(got.error());

@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -210,6 +211,19 @@ struct call_descriptor {
 static_assert(offsetof(call_descriptor, text) == call_descriptor::header_bytes);
 static_assert(sizeof(call_descriptor) == 256);
 
+/// What a lone all-reduce (below) did before the descriptor exchange took its call over: under
+/// `base_tag`, it put this worker's message to the first `puts` peers in the exchange's order (all
+/// of them, or up to a put that failed), and took the peers' messages in the exchange's order (each
+/// one in `got`) up to an empty one or a take that failed (`failed`, from `failed_peer`).
+struct taken_messages {
+  uint64_t base_tag = 0;
+  int puts = 0;
+  std::array<bool, 8> has{};
+  std::array<const_bytes, 8> got{};
+  int failed_peer = -1;
+  caf::error failed;
+};
+
 /// Part 1 of a group call: every worker's descriptor to every other, a small call's data with it.
 /// `run()` fails with the call's error (the same on every worker) when a worker's call failed
 /// locally, the workers disagree, or the exchange failed; the local failure wins on this worker.
@@ -226,8 +240,11 @@ public:
 
   /// `scratch` is the lane's buffer where the peers' messages land (grown as needed; it must
   /// outlive the call's data phase). `devices_per_worker` locates a broadcast's root worker.
+  /// `resumed`: the exchange a lone all-reduce began in the lockstep channel (its message put,
+  /// some peers' taken), which this one carries on from as if it had made those moves itself.
   descriptor_exchange(const context_ptr& ctx, group_call& call, int devices_per_worker,
-                      std::vector<std::byte>& scratch, call_clock& clock);
+                      std::vector<std::byte>& scratch, call_clock& clock,
+                      const taken_messages* resumed = nullptr);
 
   descriptor_exchange(const descriptor_exchange&) = delete; // `all_` points into this object
   descriptor_exchange& operator=(const descriptor_exchange&) = delete;
@@ -284,6 +301,7 @@ private:
   group_call& call_;
   std::vector<std::byte>& scratch_;
   call_clock& clock_;
+  const taken_messages* resumed_;
   int rank_;
   int size_;
   int root_worker_;
@@ -301,6 +319,69 @@ private:
   /// Bytes of each peer's message, and where it lies (direct exchange only).
   std::array<size_t, direct_max_workers> got_{};
   std::array<const std::byte*, direct_max_workers> message_{};
+};
+
+/// A worker's only replica's all-reduce of one small tensor, as `lone_all_reduce` runs it: what
+/// the descriptor needs, and the hooks of the flight recorder.
+struct lone_call {
+  reduce_op op = reduce_op::sum;
+  /// As the general call has them (group_call::axis and root), so that the descriptors agree.
+  int64_t axis = 0;
+  int root = 0;
+  uint64_t step = 0;
+  uint32_t seq = 0;
+  uint64_t signature_hash = 0;
+  /// The replica's tensor, read in place.
+  const tensor* input = nullptr;
+  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  std::chrono::steady_clock::time_point entered{};
+  int64_t entered_unix_ns = 0;
+  int64_t clock_offset_ns = 0;
+  std::atomic<uint64_t>* arrivals = nullptr;
+  call_lateness* lateness = nullptr;
+  /// Makes the general form of this call (its texts, its leaves, everything above), for the
+  /// descriptor exchange to take it over (group_call's fields as that worker's general path sets
+  /// them).
+  std::function<void(group_call&)> complete;
+};
+
+/// The lean path of the commonest small call, a lone replica's all-reduce of one tensor that fits
+/// a lockstep slot with its descriptor: the descriptor exchange and the fused all-reduce in one
+/// pass, with nothing built that a matched call does not need. It sends exactly the message the
+/// general exchange sends, and a peer may take either path. It takes each peer's message and
+/// compares its descriptor with its own call's; when all are that call (the same step, number,
+/// op, signature, one leaf each of one replica, no flags, nothing failed, data along) it folds the
+/// data in rank order, as `fused_all_reduce` does, to the same bits. Anything else (a take that
+/// failed, a message that is not that, a peer's error) is left to the descriptor exchange, which
+/// carries on from `taken()` and makes every error and every other outcome the general path makes.
+class lone_all_reduce {
+public:
+  /// Whether `t` reduced with `op` can take this path on `ctx` (one to 8 workers, a lockstep
+  /// channel, a CPU tensor of 1 to `max_bytes`, an op its dtype reduces in place).
+  static bool fits(const context& ctx, int channel, const tensor& t, reduce_op op) noexcept;
+  /// The largest tensor this path takes: a descriptor and its data fit a slot of the channel.
+  static constexpr size_t max_bytes = 4096;
+
+  /// `base_tag` is the call's tag of its lane (call_clock::next_tag), `until` its deadline.
+  lone_all_reduce(context& ctx, mailbox& box, const lone_call& call, uint64_t base_tag,
+                  deadline until);
+
+  /// The result, or nothing: then `taken()` says how far it went, and the descriptor exchange
+  /// takes the call over.
+  std::optional<tensor> run();
+  const taken_messages& taken() const noexcept { return taken_; }
+
+private:
+  bool matches(const_bytes message) const noexcept;
+
+  context& ctx_;
+  mailbox& box_;
+  const lone_call& call_;
+  deadline until_;
+  int rank_;
+  int size_;
+  alignas(64) call_descriptor mine_;
+  taken_messages taken_;
 };
 
 /// Part 2 of a small all-reduce whose data came with the descriptors: every worker's leaves
