@@ -356,9 +356,9 @@ struct lone_call {
 /// carries on from `taken()` and makes every error and every other outcome the general path makes.
 class lone_all_reduce {
 public:
-  /// Whether `t` reduced with `op` can take this path on `ctx` (one to 8 workers, a lockstep
-  /// channel, a CPU tensor of 1 to `max_bytes`, an op its dtype reduces in place).
-  static bool fits(const context& ctx, int channel, const tensor& t, reduce_op op) noexcept;
+  /// Whether `t` reduced with `op` can take this path on `ctx` (one to 8 workers, its lockstep
+  /// channel `box`, a CPU tensor of 1 to `max_bytes`, an op its dtype reduces in place).
+  static bool fits(const context& ctx, const mailbox* box, const tensor& t, reduce_op op) noexcept;
   /// The largest tensor this path takes: a descriptor and its data fit a slot of the channel.
   static constexpr size_t max_bytes = 4096;
 

@@ -11,10 +11,9 @@
 
 namespace consort::transport {
 
-bool lone_all_reduce::fits(const context& ctx, int channel, const tensor& t,
+bool lone_all_reduce::fits(const context& ctx, const mailbox* box, const tensor& t,
                            reduce_op op) noexcept {
   const auto bytes = t.num_bytes();
-  auto* box = const_cast<context&>(ctx).mailbox(channel);
   return box != nullptr && ctx.size() > 1 &&
          ctx.size() <= descriptor_exchange::direct_max_workers && bytes > 0 && bytes <= max_bytes &&
          call_descriptor::header_bytes + bytes <= box->capacity() && !t.on_gpu() &&
@@ -42,14 +41,34 @@ lone_all_reduce::lone_all_reduce(context& ctx, mailbox& box, const lone_call& ca
   taken_.base_tag = base_tag;
 }
 
+namespace {
+
+/// The field of a descriptor at `offset` in a message, read in place.
+template <class T>
+T field(const std::byte* message, size_t offset) noexcept {
+  T value;
+  std::memcpy(&value, message + offset, sizeof value);
+  return value;
+}
+
+} // namespace
+
 bool lone_all_reduce::matches(const_bytes message) const noexcept {
   if (message.size() != call_descriptor::header_bytes + call_.input->num_bytes())
     return false;
-  call_descriptor d;
-  std::memcpy(static_cast<void*>(&d), message.data(), call_descriptor::header_bytes);
-  return d.failed == 0 && d.kind == mine_.kind && d.op == mine_.op && d.step == mine_.step &&
-         d.seq == mine_.seq && d.num_leaves == 1 && d.count == 1 &&
-         d.signature_hash == mine_.signature_hash && d.flags == 0 && d.fused == 1;
+  const auto* m = message.data();
+  // Every field the descriptor exchange checks or sums (check_outcomes, check_agreement,
+  // all_flags, total_count, the fused data's size), against this call's own.
+  using d = call_descriptor;
+  return field<uint8_t>(m, offsetof(d, failed)) == 0 &&
+         field<uint8_t>(m, offsetof(d, kind)) == mine_.kind &&
+         field<uint8_t>(m, offsetof(d, op)) == mine_.op &&
+         field<uint64_t>(m, offsetof(d, step)) == mine_.step &&
+         field<uint32_t>(m, offsetof(d, seq)) == mine_.seq &&
+         field<uint32_t>(m, offsetof(d, num_leaves)) == 1 &&
+         field<double>(m, offsetof(d, count)) == 1 &&
+         field<uint64_t>(m, offsetof(d, signature_hash)) == mine_.signature_hash &&
+         field<uint8_t>(m, offsetof(d, flags)) == 0 && field<uint8_t>(m, offsetof(d, fused)) == 1;
 }
 
 std::optional<tensor> lone_all_reduce::run() {
@@ -100,11 +119,8 @@ std::optional<tensor> lone_all_reduce::run() {
     auto entered = [&](int w) {
       if (w == rank_)
         return mine_.entered_ns;
-      int64_t ns = 0;
-      std::memcpy(&ns,
-                  taken_.got[static_cast<size_t>(w)].data() + offsetof(call_descriptor, entered_ns),
-                  sizeof ns);
-      return ns;
+      return field<int64_t>(taken_.got[static_cast<size_t>(w)].data(),
+                            offsetof(call_descriptor, entered_ns));
     };
     int last = 0;
     for (int w = 1; w < size_; ++w)
