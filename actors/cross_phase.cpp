@@ -284,8 +284,8 @@ nest alone_on_worker(transport::communicator& cross, collective_call& call,
   // which nothing does today) one of its own. The leaves are let go at the end of the call: a
   // tensor held here would make the caller's next write to it copy its storage.
   thread_local lone_scratch kept;
-  lone_scratch own;
-  auto& scratch = kept.busy ? own : kept;
+  std::optional<lone_scratch> own; // (made only when needed: it is a few kilobytes)
+  auto& scratch = kept.busy ? own.emplace() : kept;
   scratch.busy = true;
   struct release {
     lone_scratch& s;

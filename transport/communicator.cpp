@@ -44,7 +44,8 @@ caf::expected<std::vector<tensor>> communicator::run(lane l, group_call& call) {
 
 std::optional<caf::expected<tensor>> communicator::run_lone(lane l, const lone_call& call) {
   auto* box = ctx_->mailbox(static_cast<int>(l));
-  if (!lone_all_reduce::fits(*ctx_, box, *call.input, call.op))
+  if (!lone_all_reduce::fits(*ctx_, box, *call.input, call.op) || call.root != 0 ||
+      call.axis != 0) // (the compact descriptor's call)
     return std::nullopt;
   auto& ls = lanes_[static_cast<size_t>(l)];
   std::lock_guard<std::mutex> running{ls.run_mtx};

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <map>
@@ -322,14 +323,15 @@ TEST_P(GroupCommunicatorOnEachTransport, StopLeavesCleanlyOnceAndLaterPostsFailA
   EXPECT_TRUE(ran) << "a post after stop runs on the caller and fails at once";
 }
 
-// Over shared memory a message up to a lockstep slot (8160 bytes: a 64-byte descriptor and 2024
-// floats) goes in the slot, a larger one by the ring with an empty message in the slot. Calls of
-// both kinds in a row, and calls whose workers' messages go different ways (a ragged all-gather, a
-// broadcast, a mismatch), all come out whole and alike on every worker.
+// Over shared memory a message up to a lockstep slot (8168 bytes: the 32-byte compact descriptor
+// of an all-reduce of one leaf and 2034 floats) goes in the slot, a larger one by the ring with an
+// empty message in the slot. Calls of both kinds in a row, and calls whose workers' messages go
+// different ways (a ragged all-gather, a broadcast, a mismatch), all come out whole and alike on
+// every worker.
 TEST_P(GroupCommunicatorOnEachTransport, MessagesOnBothSidesOfTheMailboxSlotArriveWhole) {
   auto comms = make_comms(3, 1, GetParam());
   for (int round = 0; round < 3; ++round) {
-    for (size_t n : {size_t{1}, size_t{2024}, size_t{2025}, size_t{16000}, size_t{2023}}) {
+    for (size_t n : {size_t{1}, size_t{2034}, size_t{2035}, size_t{16000}, size_t{2033}}) {
       SCOPED_TRACE("round " + std::to_string(round) + ", " + std::to_string(n) + " floats");
       auto out = run_all(comms, [n](int w) {
         std::vector<float> v(n);
@@ -512,6 +514,41 @@ protected:
       GTEST_SKIP() << "no shared memory here: " << why;
   }
 };
+
+TEST(CallDescriptor, AnAllReduceOfOneLeafTravelsInACompactFormThatFillsOneLineWithEightBytes) {
+  transport::call_descriptor d;
+  d.kind = static_cast<uint8_t>(collective_kind::all_reduce);
+  d.op = static_cast<uint8_t>(reduce_op::max);
+  d.step = 0x0102030405060708ull;
+  d.seq = 77;
+  d.num_leaves = 1;
+  d.count = 1;
+  d.signature_hash = 0xfeedfacecafebeefull;
+  d.entered_ns = -5;
+  d.flags = 3;
+  d.fused = 1;
+  ASSERT_TRUE(d.compactable());
+  std::byte wire[transport::call_descriptor::compact_bytes];
+  d.write_compact(wire);
+  transport::call_descriptor back;
+  back.read_compact(wire);
+  EXPECT_EQ(std::memcmp(&back, &d, transport::call_descriptor::header_bytes), 0)
+      << "the header read back is the one written";
+  // The slot's own words (24 bytes), the compact descriptor and 8 bytes of data: one line.
+  EXPECT_EQ(24 + transport::call_descriptor::compact_bytes + 8, 64u);
+  // What has no compact form: another kind, several leaves or values, a root or an axis, an error.
+  for (auto change : std::vector<std::function<void(transport::call_descriptor&)>>{
+           [](auto& x) { x.kind = static_cast<uint8_t>(collective_kind::broadcast); },
+           [](auto& x) { x.num_leaves = 2; }, [](auto& x) { x.count = 2; },
+           [](auto& x) { x.root = 1; }, [](auto& x) { x.axis = 1; },
+           [](auto& x) {
+             x.failed = 1;
+           }}) {
+    auto other = d;
+    change(other);
+    EXPECT_FALSE(other.compactable());
+  }
+}
 
 TEST_F(LoneAllReduce, TakesTheLeanPathAndAgreesBitForBitWithTheGeneralPathMixedAsTheWorkersLike) {
   auto comms = make_comms(3, 1, "shm");

@@ -615,7 +615,7 @@ TEST(ShmMailboxTest, RanksPutAndTakeInLockstepOnBothChannelsAtOnce) {
   constexpr int rounds = 60;
   auto group = shm::make_group(n);
   const std::size_t capacity = group[0]->mailbox(0)->capacity();
-  EXPECT_EQ(capacity, 8160u);
+  EXPECT_EQ(capacity, 8168u);
   const std::vector<std::size_t> sizes{0, 1, 68, capacity - 16};
   std::vector<std::future<std::string>> runs;
   for (int r = 0; r < n; ++r)
@@ -696,8 +696,8 @@ TEST(ShmMailboxTest, MisuseIsRefusedSayingWhatWasExpected) {
   const bytes one{std::byte{1}};
   const bytes big(box->capacity() + 1);
   EXPECT_TRUE(has_error(box->put(1, 1, {big}), errc::invalid_argument,
-                        {"message 1 of lockstep channel 0 to rank 1 has 8161 bytes",
-                         "a message may have at most 8160"}));
+                        {"message 1 of lockstep channel 0 to rank 1 has 8169 bytes",
+                         "a message may have at most 8168"}));
   for (int peer : {0, 2, -1}) {
     EXPECT_TRUE(has_error(box->put(peer, 1, {one}), errc::invalid_argument,
                           {"cannot put a lockstep message of rank " + std::to_string(peer),

@@ -69,6 +69,41 @@ uint64_t fnv1a(const std::string& s) noexcept {
   return h;
 }
 
+bool call_descriptor::compactable() const noexcept {
+  return failed == 0 && error_code == 0 &&
+         kind == static_cast<uint8_t>(collective_kind::all_reduce) && num_leaves == 1 &&
+         count == 1 && root == 0 && axis == 0;
+}
+
+void call_descriptor::write_compact(std::byte* out) const noexcept {
+  std::memset(out, 0, compact_bytes);
+  out[0] = static_cast<std::byte>(compact_format);
+  out[compact_op] = static_cast<std::byte>(op);
+  out[compact_flags] = static_cast<std::byte>(flags);
+  out[compact_fused] = static_cast<std::byte>(fused);
+  std::memcpy(out + compact_seq, &seq, sizeof seq);
+  std::memcpy(out + compact_step, &step, sizeof step);
+  std::memcpy(out + compact_hash, &signature_hash, sizeof signature_hash);
+  std::memcpy(out + compact_entered, &entered_ns, sizeof entered_ns);
+}
+
+void call_descriptor::read_compact(const std::byte* in) noexcept {
+  failed = 0;
+  kind = static_cast<uint8_t>(collective_kind::all_reduce);
+  op = static_cast<uint8_t>(in[compact_op]);
+  error_code = 0;
+  root = 0;
+  axis = 0;
+  num_leaves = 1;
+  count = 1;
+  flags = static_cast<uint8_t>(in[compact_flags]);
+  fused = static_cast<uint8_t>(in[compact_fused]);
+  std::memcpy(&seq, in + compact_seq, sizeof seq);
+  std::memcpy(&step, in + compact_step, sizeof step);
+  std::memcpy(&signature_hash, in + compact_hash, sizeof signature_hash);
+  std::memcpy(&entered_ns, in + compact_entered, sizeof entered_ns);
+}
+
 std::string worker_name(int rank) {
   return rank == 0 ? "worker 0 (the chief)" : "worker " + std::to_string(rank);
 }
@@ -154,6 +189,8 @@ void descriptor_exchange::describe_mine() {
     mine_.fused = small && rank_ == root_worker_;
     break;
   }
+  if (mine_.compactable())
+    mine_.write_compact(compact_);
 }
 
 std::byte* descriptor_exchange::slot(int p) const noexcept {
@@ -199,7 +236,10 @@ caf::error descriptor_exchange::failure(const caf::error& err) const {
 send_parts descriptor_exchange::my_message() const {
   send_parts parts;
   parts.reserve(1 + (gather_extents_ ? 1 : 0) + (mine_.fused ? call_.leaves.size() : 0));
-  parts.push_back({reinterpret_cast<const std::byte*>(&mine_), mine_.wire_bytes()});
+  if (mine_.compactable())
+    parts.push_back({compact_, call_descriptor::compact_bytes});
+  else
+    parts.push_back({reinterpret_cast<const std::byte*>(&mine_), mine_.wire_bytes()});
   if (gather_extents_)
     parts.push_back({reinterpret_cast<const std::byte*>(my_extents_.data()),
                      my_extents_.size() * sizeof(int64_t)});
@@ -210,15 +250,23 @@ send_parts descriptor_exchange::my_message() const {
 }
 
 caf::error descriptor_exchange::accept(int p, const_bytes message) {
-  if (message.size() < call_descriptor::header_bytes)
-    return make_caf_error(errc::invalid_argument,
-                          "its descriptor has " + std::to_string(message.size()) +
-                              " bytes, fewer than " +
-                              std::to_string(call_descriptor::header_bytes));
+  const auto at = static_cast<size_t>(p);
+  if (message.size() >= call_descriptor::compact_bytes &&
+      static_cast<uint8_t>(message[0]) == call_descriptor::compact_format) {
+    all_[p].read_compact(message.data());
+    header_of_[at] = call_descriptor::compact_bytes;
+  } else {
+    if (message.size() < call_descriptor::header_bytes)
+      return make_caf_error(errc::invalid_argument,
+                            "its descriptor has " + std::to_string(message.size()) +
+                                " bytes, fewer than " +
+                                std::to_string(call_descriptor::header_bytes));
+    std::memcpy(static_cast<void*>(&all_[p]), message.data(), call_descriptor::header_bytes);
+    header_of_[at] = call_descriptor::header_bytes;
+  }
   mark_arrived(p);
-  got_[static_cast<size_t>(p)] = message.size();
-  message_[static_cast<size_t>(p)] = message.data();
-  std::memcpy(static_cast<void*>(&all_[p]), message.data(), call_descriptor::header_bytes);
+  got_[at] = message.size();
+  message_[at] = message.data();
   if (all_[p].failed) { // its error's text follows
     const auto text =
         std::min(message.size() - call_descriptor::header_bytes, call_descriptor::text_bytes - 1);
@@ -275,7 +323,7 @@ caf::error descriptor_exchange::exchange_direct() {
       for (int q = 0; q < size_ && call_.arrivals != nullptr; ++q) {
         const auto& other = recvs[static_cast<size_t>(q)];
         if (q != rank_ && q != p && other && other->done() &&
-            other->message_bytes() >= call_descriptor::header_bytes)
+            other->message_bytes() >= call_descriptor::compact_bytes)
           mark_arrived(q);
       }
       return failure(detail::step_failed(*ctx_, opts, "descriptor exchange", "descriptors",

@@ -205,8 +205,25 @@ struct call_descriptor {
   /// The local error (failed only), truncated, NUL-padded; sent only when failed.
   char text[text_bytes] = {};
 
-  /// The bytes of this descriptor that its message carries.
+  /// The bytes of this descriptor that its message carries (in the full form).
   size_t wire_bytes() const noexcept { return failed ? sizeof(call_descriptor) : header_bytes; }
+
+  /// The compact form, for the commonest call: an all-reduce of one leaf of one value a worker
+  /// (count 1, root and axis 0, no error). 32 bytes, so that with a lockstep slot's own words and
+  /// up to 8 bytes of data the message fills one cache line. Its first byte is `compact_format`,
+  /// which the full form's first byte (`failed`: 0 or 1) never is; then op, flags, fused, the
+  /// call's number (4 bytes), step, signature hash and entry time (8 bytes each).
+  static constexpr size_t compact_bytes = 32;
+  static constexpr uint8_t compact_format = 2;
+  /// Whether this descriptor has a compact form.
+  bool compactable() const noexcept;
+  /// Writes the compact form to `out` (compact_bytes). @pre compactable()
+  void write_compact(std::byte* out) const noexcept;
+  /// Reads a compact form: this descriptor's header becomes the call it stands for.
+  void read_compact(const std::byte* in) noexcept;
+  /// The byte offsets of the compact form's fields.
+  static constexpr size_t compact_op = 1, compact_flags = 2, compact_fused = 3, compact_seq = 4,
+                          compact_step = 8, compact_hash = 16, compact_entered = 24;
 };
 static_assert(offsetof(call_descriptor, text) == call_descriptor::header_bytes);
 static_assert(sizeof(call_descriptor) == 256);
@@ -257,14 +274,18 @@ public:
   bool sent_data() const noexcept { return mine_.fused != 0; }
   /// Whether worker `p`'s data came with its descriptor.
   bool fused(int p) const noexcept { return all_[p].fused != 0; }
-  /// Bytes of worker `p`'s message (direct exchange only).
+  /// Bytes of worker `p`'s message as if its descriptor had come in the full form (direct
+  /// exchange only): call_descriptor::header_bytes and what came after it.
   size_t received(int p) const noexcept {
-    return p < direct_max_workers ? got_[static_cast<size_t>(p)] : 0;
+    if (p >= direct_max_workers || got_[static_cast<size_t>(p)] == 0)
+      return 0;
+    return got_[static_cast<size_t>(p)] - header_of_[static_cast<size_t>(p)] +
+           call_descriptor::header_bytes;
   }
   /// What came after worker `p`'s descriptor in its message (direct exchange only): in the
   /// lane's scratch, or where the transport's mailbox holds it until the next call.
   const std::byte* payload(int p) const noexcept {
-    return message_[static_cast<size_t>(p)] + call_descriptor::header_bytes;
+    return message_[static_cast<size_t>(p)] + header_of_[static_cast<size_t>(p)];
   }
   /// Whether the all-gather extents travelled with the descriptors.
   bool extents_sent() const noexcept { return gather_extents_; }
@@ -316,9 +337,13 @@ private:
   alignas(call_descriptor) std::byte direct_all_[direct_max_workers * sizeof(call_descriptor)];
   std::vector<call_descriptor> ring_all_;
   call_descriptor* all_ = nullptr;
-  /// Bytes of each peer's message, and where it lies (direct exchange only).
+  /// Bytes of each peer's message, its descriptor's (compact or full), and where it lies (direct
+  /// exchange only).
   std::array<size_t, direct_max_workers> got_{};
+  std::array<size_t, direct_max_workers> header_of_{};
   std::array<const std::byte*, direct_max_workers> message_{};
+  /// This worker's descriptor in the compact form, when it has one.
+  alignas(8) std::byte compact_[call_descriptor::compact_bytes];
 };
 
 /// A worker's only replica's all-reduce of one small tensor, as `lone_all_reduce` runs it: what
@@ -381,6 +406,7 @@ private:
   int rank_;
   int size_;
   alignas(64) call_descriptor mine_;
+  alignas(8) std::byte compact_[call_descriptor::compact_bytes];
   taken_messages taken_;
 };
 

@@ -16,7 +16,7 @@ bool lone_all_reduce::fits(const context& ctx, const mailbox* box, const tensor&
   const auto bytes = t.num_bytes();
   return box != nullptr && ctx.size() > 1 &&
          ctx.size() <= descriptor_exchange::direct_max_workers && bytes > 0 && bytes <= max_bytes &&
-         call_descriptor::header_bytes + bytes <= box->capacity() && !t.on_gpu() &&
+         call_descriptor::compact_bytes + bytes <= box->capacity() && !t.on_gpu() &&
          t.dtype() != dtype::boolean && (op != reduce_op::mean || is_floating(t.dtype()));
 }
 
@@ -38,6 +38,7 @@ lone_all_reduce::lone_all_reduce(context& ctx, mailbox& box, const lone_call& ca
   mine_.fused = 1;
   if (call.lateness != nullptr)
     mine_.entered_ns = call.entered_unix_ns + call.clock_offset_ns;
+  mine_.write_compact(compact_);
   taken_.base_tag = base_tag;
 }
 
@@ -54,21 +55,11 @@ T field(const std::byte* message, size_t offset) noexcept {
 } // namespace
 
 bool lone_all_reduce::matches(const_bytes message) const noexcept {
-  if (message.size() != call_descriptor::header_bytes + call_.input->num_bytes())
-    return false;
-  const auto* m = message.data();
-  // Every field the descriptor exchange checks or sums (check_outcomes, check_agreement,
-  // all_flags, total_count, the fused data's size), against this call's own.
-  using d = call_descriptor;
-  return field<uint8_t>(m, offsetof(d, failed)) == 0 &&
-         field<uint8_t>(m, offsetof(d, kind)) == mine_.kind &&
-         field<uint8_t>(m, offsetof(d, op)) == mine_.op &&
-         field<uint64_t>(m, offsetof(d, step)) == mine_.step &&
-         field<uint32_t>(m, offsetof(d, seq)) == mine_.seq &&
-         field<uint32_t>(m, offsetof(d, num_leaves)) == 1 &&
-         field<double>(m, offsetof(d, count)) == 1 &&
-         field<uint64_t>(m, offsetof(d, signature_hash)) == mine_.signature_hash &&
-         field<uint8_t>(m, offsetof(d, flags)) == 0 && field<uint8_t>(m, offsetof(d, fused)) == 1;
+  // This call's own compact descriptor, which a plain peer sends (the same call): every field the
+  // descriptor exchange checks or sums (check_outcomes, check_agreement, all_flags, total_count,
+  // the fused data's size) the same; only the entry time, last, may differ.
+  return message.size() == call_descriptor::compact_bytes + call_.input->num_bytes() &&
+         std::memcmp(message.data(), compact_, call_descriptor::compact_entered) == 0;
 }
 
 std::optional<tensor> lone_all_reduce::run() {
@@ -76,7 +67,7 @@ std::optional<tensor> lone_all_reduce::run() {
   const auto bytes = in.num_bytes();
   const auto tag = detail::message_tag(taken_.base_tag, 0);
   send_parts parts;
-  parts.push_back({reinterpret_cast<const std::byte*>(&mine_), call_descriptor::header_bytes});
+  parts.push_back({compact_, call_descriptor::compact_bytes});
   parts.push_back({static_cast<const std::byte*>(in.raw_data()), bytes});
   for (int k = 1; k < size_; ++k) {
     // A put that fails puts nothing, and fails again the same way (the context refuses, or the
@@ -109,7 +100,7 @@ std::optional<tensor> lone_all_reduce::run() {
         return std::nullopt; // the exchange answers it (a receive from the peer) before the rest
       continue;
     }
-    data[static_cast<size_t>(p)] = got->data() + call_descriptor::header_bytes;
+    data[static_cast<size_t>(p)] = got->data() + call_descriptor::compact_bytes;
   }
   if (!plain)
     return std::nullopt;
@@ -120,7 +111,7 @@ std::optional<tensor> lone_all_reduce::run() {
       if (w == rank_)
         return mine_.entered_ns;
       return field<int64_t>(taken_.got[static_cast<size_t>(w)].data(),
-                            offsetof(call_descriptor, entered_ns));
+                            call_descriptor::compact_entered);
     };
     int last = 0;
     for (int w = 1; w < size_; ++w)

@@ -70,13 +70,13 @@ struct mailbox_slot {
   uint64_t tag;
   uint32_t bytes;
   uint32_t reserved;
-  uint64_t reserved2;
-  /// The message: at offset 32, so that a 64-byte descriptor and a few bytes of data share the
-  /// slot's first two cache lines with `seq`.
-  std::byte data[mailbox_slot_bytes - 32];
+  /// The message: at offset 24, so that a compact 32-byte descriptor and up to 8 bytes of data
+  /// share the slot's first cache line with `seq` (one line from sender to receiver), and a full
+  /// 64-byte descriptor and a few bytes of data its first two.
+  std::byte data[mailbox_slot_bytes - 24];
 };
 static_assert(sizeof(mailbox_slot) == mailbox_slot_bytes);
-static_assert(offsetof(mailbox_slot, data) == 32);
+static_assert(offsetof(mailbox_slot, data) == 24);
 
 struct segment_header {
   std::atomic<uint64_t> magic; // stored last by the creator
