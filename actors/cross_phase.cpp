@@ -284,8 +284,12 @@ nest alone_on_worker(transport::communicator& cross, collective_call& call,
   // which nothing does today) one of its own. The leaves are let go at the end of the call: a
   // tensor held here would make the caller's next write to it copy its storage.
   thread_local lone_scratch kept;
-  std::optional<lone_scratch> own; // (made only when needed: it is a few kilobytes)
-  auto& scratch = kept.busy ? own.emplace() : kept;
+  // (Made only when needed, and not on the stack: it is a few kilobytes, which even an empty
+  // std::optional of it clears on every call.)
+  std::unique_ptr<lone_scratch> own;
+  if (kept.busy)
+    own = std::make_unique<lone_scratch>();
+  auto& scratch = kept.busy ? *own : kept;
   scratch.busy = true;
   struct release {
     lone_scratch& s;
