@@ -189,7 +189,10 @@ void descriptor_exchange::describe_mine() {
     mine_.fused = small && rank_ == root_worker_;
     break;
   }
-  if (mine_.compactable())
+  // Compact where the message is small (a larger one keeps its data where the full form puts
+  // it: 64 bytes in, as the fused fold's loads expect).
+  send_compact_ = mine_.compactable() && data_bytes_ <= compact_max_data;
+  if (send_compact_)
     mine_.write_compact(compact_);
 }
 
@@ -236,7 +239,7 @@ caf::error descriptor_exchange::failure(const caf::error& err) const {
 send_parts descriptor_exchange::my_message() const {
   send_parts parts;
   parts.reserve(1 + (gather_extents_ ? 1 : 0) + (mine_.fused ? call_.leaves.size() : 0));
-  if (mine_.compactable())
+  if (send_compact_)
     parts.push_back({compact_, call_descriptor::compact_bytes});
   else
     parts.push_back({reinterpret_cast<const std::byte*>(&mine_), mine_.wire_bytes()});

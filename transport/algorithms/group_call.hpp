@@ -249,6 +249,8 @@ class descriptor_exchange {
 public:
   /// A fused call's data at most (algorithm_options::small_bytes' range).
   static constexpr size_t fused_max_bytes = size_t{64} << 10;
+  /// The most data a call may have to send its descriptor in the compact form.
+  static constexpr size_t compact_max_data = 4096;
   /// Groups up to this many workers exchange descriptors (and fused data) directly, one message to
   /// every other worker; larger ones by a ring all-gather (without data).
   static constexpr int direct_max_workers = 8;
@@ -342,7 +344,9 @@ private:
   std::array<size_t, direct_max_workers> got_{};
   std::array<size_t, direct_max_workers> header_of_{};
   std::array<const std::byte*, direct_max_workers> message_{};
-  /// This worker's descriptor in the compact form, when it has one.
+  /// This worker's descriptor in the compact form, when it sends that (a call with one, of up to
+  /// `compact_max_data` bytes of data).
+  bool send_compact_ = false;
   alignas(8) std::byte compact_[call_descriptor::compact_bytes];
 };
 
@@ -385,7 +389,7 @@ public:
   /// channel `box`, a CPU tensor of 1 to `max_bytes`, an op its dtype reduces in place).
   static bool fits(const context& ctx, const mailbox* box, const tensor& t, reduce_op op) noexcept;
   /// The largest tensor this path takes: a descriptor and its data fit a slot of the channel.
-  static constexpr size_t max_bytes = 4096;
+  static constexpr size_t max_bytes = descriptor_exchange::compact_max_data;
 
   /// `base_tag` is the call's tag of its lane (call_clock::next_tag), `until` its deadline.
   lone_all_reduce(context& ctx, mailbox& box, const lone_call& call, uint64_t base_tag,
