@@ -324,10 +324,10 @@ TEST_P(GroupCommunicatorOnEachTransport, StopLeavesCleanlyOnceAndLaterPostsFailA
 }
 
 // Over shared memory a message up to a lockstep slot (8168 bytes: a 64-byte descriptor and 2026
-// floats; a call of up to 4 KiB sends the 32-byte compact one) goes in the slot, a larger one by the ring with an
-// empty message in the slot. Calls of both kinds in a row, and calls whose workers' messages go
-// different ways (a ragged all-gather, a broadcast, a mismatch), all come out whole and alike on
-// every worker.
+// floats; a call of up to 4 KiB sends the 32-byte compact one) goes in the slot, a larger one by
+// the ring with an empty message in the slot. Calls of both kinds in a row, and calls whose
+// workers' messages go different ways (a ragged all-gather, a broadcast, a mismatch), all come out
+// whole and alike on every worker.
 TEST_P(GroupCommunicatorOnEachTransport, MessagesOnBothSidesOfTheMailboxSlotArriveWhole) {
   auto comms = make_comms(3, 1, GetParam());
   for (int round = 0; round < 3; ++round) {
