@@ -140,6 +140,50 @@ TEST(TestingCluster, ALoneReplicasCallsOfManyShapesInARowEachGetTheirOwnResult) 
   }
 }
 
+TEST(TestingCluster, ALoneReplicasRememberedSignaturesNeverStandForAnotherShape) {
+  // A lone replica's thread keeps the signatures of its recent tensor all-reduces (8 slots by op,
+  // dtype and shape), so that a step's repeated calls are not described and hashed again. After
+  // calls of 40 shapes have filled every slot, worker 1 passes another shape than worker 0's, 16
+  // times: each error names both shapes as passed (a remembered signature of another shape
+  // would name that one, or hide the mismatch).
+  cluster c({.workers = 2, .replicas_per_worker = 1, .seed = 13});
+  auto warm = c.run_all([](consort::replica_context& ctx) {
+    float sum = 0;
+    for (int64_t n = 1; n <= 40; ++n)
+      sum += ctx.all_reduce("SUM", consort::tensor::zeros(consort::dtype::float32, {n}))
+                 .to_vector<float>()
+                 .size();
+    return consort::tensor::scalar<float>(sum);
+  });
+  for (size_t w = 0; w < warm.size(); ++w)
+    ASSERT_TRUE(warm[w].wait_for(20s)) << "worker " << w << "; " << c.describe();
+  for (int64_t k = 1; k <= 16; ++k) {
+    SCOPED_TRACE("k = " + std::to_string(k));
+    auto runs = c.run_all([k](consort::replica_context& ctx) {
+      const int64_t n = ctx.replica_id_in_sync_group() == 0 ? k : k + 40;
+      return ctx.all_reduce("SUM", consort::tensor::zeros(consort::dtype::float32, {n}));
+    });
+    const std::string want = "passed all_reduce(SUM) of T with float32[" + std::to_string(k) +
+                             "] but worker 1 passed all_reduce(SUM) of T with float32[" +
+                             std::to_string(k + 40) + "]";
+    for (size_t w = 0; w < runs.size(); ++w) {
+      ASSERT_TRUE(runs[w].wait_for(20s)) << "worker " << w << "; " << c.describe();
+      try {
+        (void)runs[w].get();
+        ADD_FAILURE() << "worker " << w << ": shapes that differ must fail";
+      } catch (const consort::error& e) {
+        EXPECT_EQ(e.code(), consort::errc::collective_mismatch) << e.what();
+        EXPECT_NE(std::string{e.what()}.find(want), std::string::npos)
+            << "worker " << w << ": " << e.what();
+        // The flight recorder's entry has this worker's own shape too.
+        const auto own = "(float32[" + std::to_string(w == 0 ? k : k + 40) + "]";
+        EXPECT_NE(std::string{e.what()}.find(own), std::string::npos)
+            << "worker " << w << ": " << e.what();
+      }
+    }
+  }
+}
+
 // The end of a run: every worker has its last result, then each leaves cleanly (a goodbye to
 // each peer, no abort), and nothing follows a worker's goodbye.
 TEST(TestingCluster, TheEndOfARunDeliversEveryLastResultThenEachWorkerSaysGoodbye) {
