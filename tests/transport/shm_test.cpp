@@ -726,6 +726,21 @@ TEST(ShmMailboxTest, MisuseIsRefusedSayingWhatWasExpected) {
   EXPECT_NE(shm::make_group(8, small_rings())[7]->mailbox(1), nullptr);
 }
 
+// A failed exchange leaves a channel out of step (a message put, its answer never taken), and
+// the caller aborts the context with the failure's cause: the next put says that cause, with its
+// code, not that the lockstep was broken.
+TEST(ShmMailboxTest, APutOfAnAbortedContextSaysTheAbortsCauseBeforeTheBrokenLockstep) {
+  CONSORT_TEST_SKIP_WITHOUT_SHM();
+  auto group = shm::make_group(2);
+  auto* box = group[0]->mailbox(0);
+  const bytes one{std::byte{1}};
+  ASSERT_FALSE(box->put(1, 7, {one}));
+  group[0]->abort("all_reduce #3 timed out waiting for rank 1", errc::collective_timeout);
+  EXPECT_TRUE(has_error(box->put(1, 8, {one}), errc::collective_timeout,
+                        {"message 2 of lockstep channel 0 to rank 1",
+                         "this rank aborted: all_reduce #3 timed out waiting for rank 1"}));
+}
+
 TEST(ShmMailboxTest, ATakeWhosePeerNeverPutsTimesOutAtItsDeadline) {
   CONSORT_TEST_SKIP_WITHOUT_SHM();
   auto opts = small_rings();

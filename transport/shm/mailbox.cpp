@@ -59,6 +59,12 @@ caf::error shm_mailbox::put(int peer, uint64_t tag, const send_parts& parts) {
     return err;
   auto& puts = puts_[static_cast<std::size_t>(peer)];
   const uint64_t seq = puts + 1;
+  // A context that aborted or left says so first: after a failed exchange the channel is out of
+  // step, and the abort's cause is what the caller needs to hear.
+  errc code{};
+  std::string cause;
+  if (ctx_.refused(code, cause))
+    return make_caf_error(code, describe(peer, seq, "to") + ": " + cause);
   if (puts > takes_[static_cast<std::size_t>(peer)])
     return make_caf_error(errc::invalid_argument,
                           describe(peer, seq, "to") + ": message " + std::to_string(puts) +
@@ -72,10 +78,6 @@ caf::error shm_mailbox::put(int peer, uint64_t tag, const send_parts& parts) {
     return make_caf_error(errc::invalid_argument,
                           describe(peer, seq, "to") + " has " + std::to_string(total) +
                               " bytes; a message may have at most " + std::to_string(capacity()));
-  errc code{};
-  std::string cause;
-  if (ctx_.refused(code, cause))
-    return make_caf_error(code, describe(peer, seq, "to") + ": " + cause);
   auto& slot = ctx_.seg_->mailbox(ctx_.rank_, peer, channel_, static_cast<int>(seq & 1));
   std::byte* at = slot.data;
   for (const auto& part : parts) {
