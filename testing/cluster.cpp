@@ -73,7 +73,8 @@ cluster::cluster(cluster_options opts) : opts_(std::move(opts)), random_(opts_.s
                   who + "worker " + std::to_string(w) + " is named twice in late");
     joined_[static_cast<size_t>(w)] = false;
   }
-  world_ = std::make_shared<detail::sim_world>(opts_.workers, opts_.peer_timeout);
+  world_ = std::make_shared<detail::sim_world>(opts_.workers, opts_.peer_timeout,
+                                               opts_.lockstep_channels);
   rendezvous_deadline_ = world_->now() + opts_.rendezvous_timeout;
   if (opts_.late.empty())
     form();

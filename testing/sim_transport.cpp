@@ -5,9 +5,11 @@
 #include <consort/caf_error.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <sstream>
 
 namespace consort::testing::detail {
 
@@ -130,6 +132,9 @@ public:
         size_(static_cast<int>(members_.size())), links_(members_.size()) {
     for (int p = 0; p < size_; ++p)
       pairs_.push_back(std::make_unique<pair_to>(*this, p));
+    if (world_->lockstep() && size_ <= lockstep_max_ranks)
+      for (int c = 0; c < 2; ++c)
+        mailboxes_[static_cast<std::size_t>(c)] = std::make_unique<sim_mailbox>(*this, c);
   }
 
   /// The worker of rank `r` of this group, and the rank of worker `w` (-1: not a member).
@@ -152,6 +157,11 @@ public:
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
+
+  transport::mailbox* mailbox(int channel) noexcept override {
+    return channel == 0 || channel == 1 ? mailboxes_[static_cast<std::size_t>(channel)].get()
+                                        : nullptr;
+  }
 
   transport::pair& to(int peer) override {
     if (peer < 0 || peer >= size_ || peer == rank_)
@@ -267,7 +277,9 @@ public:
     link.code = link.left ? errc::peer_left : code;
     link.why = link.left ? left_text(peer, link) : why;
     fail_posted(link, link.code, link.why);
-    link.stash.clear();
+    // A lockstep message that arrived stays to be taken, as in its shared-memory slot (a take
+    // sees the peer's failure after the messages it put before it).
+    std::erase_if(link.stash, [](const auto& kept) { return !is_lockstep_tag(kept.first); });
   }
 
   /// Fails everything of this context; `tell` sends the abort's notice to every peer it can
@@ -323,6 +335,142 @@ private:
     const int peer_;
   };
 
+  /// A lockstep channel over the simulated links (transport::mailbox's contract, as shared
+  /// memory has it for groups of up to 8 ranks): a message is a send with the channel's own tag,
+  /// its tag in front of its bytes, so the harness's faults, filters and log see it as any
+  /// other; a take receives it into the slot of its number (two per peer, as shared memory's),
+  /// where it is read until the next put to that peer.
+  class sim_mailbox final : public transport::mailbox {
+  public:
+    /// As shared memory's slot: 8 KiB less its header.
+    static constexpr std::size_t slot_bytes = 8168;
+
+    sim_mailbox(sim_context& ctx, int channel)
+        : ctx_(ctx), wire_tag_(lockstep_tag_base | static_cast<uint64_t>(channel)),
+          channel_(channel), puts_(static_cast<std::size_t>(ctx.size_), 0),
+          takes_(static_cast<std::size_t>(ctx.size_), 0),
+          slots_(static_cast<std::size_t>(ctx.size_)) {}
+
+    std::size_t capacity() const noexcept override { return slot_bytes; }
+
+    caf::error put(int peer, uint64_t tag, const transport::send_parts& parts) override {
+      if (auto err = check_peer(peer, "put"))
+        return err;
+      auto& puts = puts_[static_cast<std::size_t>(peer)];
+      const uint64_t seq = puts + 1;
+      errc code{};
+      if (auto why = ctx_.refusal(code); !why.empty()) // said first, as shared memory does
+        return make_caf_error(code, describe(peer, seq, "to") + ": " + why);
+      if (puts > takes_[static_cast<std::size_t>(peer)])
+        return make_caf_error(errc::invalid_argument,
+                              describe(peer, seq, "to") + ": message " + std::to_string(puts) +
+                                  " of rank " + std::to_string(peer) +
+                                  " was not taken yet; take each of a peer's messages before "
+                                  "putting the next one to it");
+      std::size_t total = 0;
+      for (const auto& part : parts)
+        total += part.size();
+      if (total > capacity())
+        return make_caf_error(errc::invalid_argument, describe(peer, seq, "to") + " has " +
+                                                          std::to_string(total) +
+                                                          " bytes; a message may have at most " +
+                                                          std::to_string(capacity()));
+      transport::send_parts framed;
+      framed.push_back({reinterpret_cast<const std::byte*>(&tag), sizeof tag});
+      for (const auto& part : parts)
+        framed.push_back(part);
+      auto op = ctx_.send(peer, wire_tag_, framed);
+      if (auto err = op->wait(transport::clock::now())) // a send is done when posted
+        return make_caf_error(to_consort_error(err, "").code(),
+                              describe(peer, seq, "to") + ": " + to_consort_error(err, "").what());
+      puts = seq;
+      return {};
+    }
+
+    caf::expected<transport::const_bytes> take(int peer, uint64_t tag,
+                                               transport::deadline until) override {
+      if (auto err = check_peer(peer, "take"))
+        return err;
+      auto& takes = takes_[static_cast<std::size_t>(peer)];
+      const uint64_t seq = takes + 1;
+      auto& slot = slots_[static_cast<std::size_t>(peer)][seq & 1];
+      slot.resize(sizeof(uint64_t) + slot_bytes);
+      auto op = ctx_.recv(peer, wire_tag_, {slot.data(), slot.size()}, true);
+      if (auto err = op->wait(until))
+        return make_caf_error(to_consort_error(err, "").code(),
+                              describe(peer, seq, "from") + ": " +
+                                  to_consort_error(err, "").what());
+      takes = seq;
+      const auto bytes = op->message_bytes();
+      uint64_t got = 0;
+      if (bytes < sizeof got)
+        return make_caf_error(errc::peer_lost, describe(peer, seq, "from") + " has " +
+                                                   std::to_string(bytes) +
+                                                   " bytes, less than its tag: a malformed slot");
+      std::memcpy(&got, slot.data(), sizeof got);
+      if (got != tag) {
+        std::ostringstream out;
+        out << describe(peer, seq, "from") << " carries tag 0x" << std::hex << got
+            << " where tag 0x" << tag
+            << " was expected: the ranks' exchanges on the channel are out of step";
+        return make_caf_error(errc::invalid_argument, out.str());
+      }
+      return transport::const_bytes{slot.data() + sizeof got, bytes - sizeof got};
+    }
+
+    bool arrived(int peer) const noexcept override {
+      if (peer < 0 || peer >= ctx_.size_ || peer == ctx_.rank_)
+        return false;
+      world_lock lock(*ctx_.world_);
+      const auto& link = ctx_.links_[static_cast<std::size_t>(peer)];
+      return link.stash.count(wire_tag_) > 0 && !ctx_.aborted_ && !ctx_.closing_;
+    }
+
+  private:
+    caf::error check_peer(int peer, const char* action) const {
+      if (peer >= 0 && peer < ctx_.size_ && peer != ctx_.rank_)
+        return {};
+      return make_caf_error(errc::invalid_argument,
+                            "sim rank " + std::to_string(ctx_.rank_) + ": cannot " + action +
+                                " a lockstep message of rank " + std::to_string(peer) +
+                                "; expected another rank of the group of " +
+                                std::to_string(ctx_.size_));
+    }
+    std::string describe(int peer, uint64_t seq, const char* from) const {
+      return "sim rank " + std::to_string(ctx_.rank_) + ": message " + std::to_string(seq) +
+             " of lockstep channel " + std::to_string(channel_) + " " + from + " rank " +
+             std::to_string(peer);
+    }
+
+    sim_context& ctx_;
+    const uint64_t wire_tag_;
+    const int channel_;
+    std::vector<uint64_t> puts_;
+    std::vector<uint64_t> takes_;
+    std::vector<std::array<std::vector<std::byte>, 2>> slots_;
+  };
+
+  /// The tags of the lockstep channels' messages on the links: above every algorithm's
+  /// (transport::max_tag << 24), so they never meet one.
+  static constexpr uint64_t lockstep_tag_base = 0xFFFF'FF00'0000'0000ull;
+  static constexpr bool is_lockstep_tag(uint64_t tag) noexcept {
+    return (tag & ~uint64_t{1}) == lockstep_tag_base;
+  }
+  /// Groups of up to this many ranks have lockstep channels (as shared memory's).
+  static constexpr int lockstep_max_ranks = 8;
+
+  /// Why this context takes no new operation (it aborted or is leaving), with its code in
+  /// `code`; empty when it takes them.
+  std::string refusal(errc& code) const {
+    world_lock lock(*world_);
+    if (aborted_) {
+      code = abort_code_;
+      return "this rank aborted: " + abort_why_;
+    }
+    code = errc::shutdown;
+    return closing_ ? "this rank is leaving the group" : "";
+  }
+
   /// Fails `op` at once when this context or the link can take no new operation.
   bool refused(sim_op& op, const link_state& link) {
     if (aborted_) {
@@ -359,14 +507,16 @@ private:
   std::string abort_why_;
   errc abort_code_ = errc::peer_lost;
   bool closing_ = false; // guarded by world_->mu_
+  std::array<std::unique_ptr<sim_mailbox>, 2> mailboxes_;
 };
 
 // -- the world -----------------------------------------------------------------------------------
 
-sim_world::sim_world(int size, std::chrono::milliseconds peer_timeout)
-    : size_(size), peer_timeout_(peer_timeout), epoch_(transport::clock::now()),
-      dead_(static_cast<std::size_t>(size), false), alive_from_(static_cast<std::size_t>(size), 0),
-      waiting_(static_cast<std::size_t>(size)), waits_begun_(static_cast<std::size_t>(size), 0) {
+sim_world::sim_world(int size, std::chrono::milliseconds peer_timeout, bool lockstep)
+    : size_(size), peer_timeout_(peer_timeout), lockstep_(lockstep),
+      epoch_(transport::clock::now()), dead_(static_cast<std::size_t>(size), false),
+      alive_from_(static_cast<std::size_t>(size), 0), waiting_(static_cast<std::size_t>(size)),
+      waits_begun_(static_cast<std::size_t>(size), 0) {
   ticker_ = std::thread([this] { ticker(); });
 }
 

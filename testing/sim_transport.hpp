@@ -14,7 +14,10 @@
 //
 // The contract of transport::pair holds (tests/testing run the algorithm suites over it): per
 // link FIFO, tag matching, size checks, abort with a carried code, close with a goodbye. A send
-// copies its bytes and completes at once (as a write into a socket buffer does).
+// copies its bytes and completes at once (as a write into a socket buffer does). With
+// `lockstep` (cluster_options::lockstep_channels) every context of up to 8 ranks also has two
+// lockstep channels (transport::mailbox, as shared memory's), whose messages travel on the same
+// links under a tag of their own.
 //
 // Thread safety: one mutex guards the whole world; every change notifies one condition variable.
 // Tests move kilobytes, not gigabytes, so the simplicity is worth the contention.
@@ -61,8 +64,12 @@ private:
 
 class sim_world : public std::enable_shared_from_this<sim_world> {
 public:
-  sim_world(int size, std::chrono::milliseconds peer_timeout);
+  /// `lockstep`: every context has two lockstep channels (cluster_options::lockstep_channels).
+  sim_world(int size, std::chrono::milliseconds peer_timeout, bool lockstep = false);
   ~sim_world();
+
+  /// Whether the contexts have lockstep channels.
+  bool lockstep() const noexcept { return lockstep_; }
 
   /// Every worker's context of group 1 (epoch 1), rank r for worker r (made once, by the
   /// constructor's caller).
@@ -167,6 +174,7 @@ private:
 
   const int size_;
   const std::chrono::milliseconds peer_timeout_;
+  const bool lockstep_;
   const transport::clock::time_point epoch_;
   std::chrono::nanoseconds advanced_{0};
   /// Per group (epoch), each worker's context (empty when not a member).

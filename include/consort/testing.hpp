@@ -165,6 +165,12 @@ struct cluster_options {
   /// An elastic cluster's membership lines (the workers' `multi_worker_options::log`); empty:
   /// dropped.
   std::function<void(const std::string&)> log{};
+  /// Whether the simulated network has lockstep channels, as shared memory between the workers of
+  /// one host has (up to 8 workers; docs/multi_worker.md): the communicators then exchange their
+  /// calls' descriptors through them, and a lone replica's small all-reduce takes its lean path.
+  /// Off (the default), the network is as TCP between hosts. Their messages are sent on the same
+  /// links as every other, so faults, filters and the message log see them alike.
+  bool lockstep_channels = false;
 };
 
 /// N workers of a multi-worker job in one process, over a simulated network.

@@ -111,6 +111,42 @@ TEST(TestingCluster, EveryWorkerRunsTheStepAndTheCollectiveSpansTheCluster) {
   }
 }
 
+// With lockstep channels (cluster_options::lockstep_channels, as shared memory has them), a lone
+// replica's small all-reduce takes its lean path over the simulated links: one message to each
+// peer per call, its tag, the 32-byte compact descriptor and the data (8 + 32 + 4 bytes for a
+// float32 scalar), on the channel's own tag; and the results are exact, as without them.
+TEST(TestingCluster, WithLockstepChannelsALoneReplicasSmallAllReduceTakesTheLeanPath) {
+  for (int workers : {2, 3}) {
+    SCOPED_TRACE(std::to_string(workers) + " workers");
+    cluster c({.workers = workers, .replicas_per_worker = 1, .seed = 5, .lockstep_channels = true});
+    const auto before = c.messages().size();
+    constexpr int calls = 5;
+    auto runs = c.run_all([](consort::replica_context& ctx) {
+      float sum = 0;
+      for (int i = 0; i < calls; ++i)
+        sum += ctx.all_reduce("SUM", consort::tensor::scalar<float>(
+                                         static_cast<float>(ctx.replica_id_in_sync_group() + 1)))
+                   .item<float>();
+      return consort::tensor::scalar<float>(sum);
+    });
+    const float each = static_cast<float>(workers * (workers + 1) / 2);
+    for (size_t w = 0; w < runs.size(); ++w) {
+      ASSERT_TRUE(runs[w].wait_for(10s)) << "worker " << w << "; " << c.describe();
+      EXPECT_EQ(runs[w].get().values()[0].item<float>(), calls * each) << "worker " << w;
+    }
+    // The step's messages: the step's own start and end (if any) aside, the calls' messages are
+    // lockstep messages of 44 bytes, `calls` on each ordered pair of workers.
+    auto log = c.messages();
+    std::map<std::pair<int, int>, int> lean;
+    for (size_t i = before; i < log.size(); ++i)
+      if (log[i].kind == "data" && log[i].tag >> 40 == 0xFF'FFFF && log[i].bytes == 8 + 32 + 4)
+        ++lean[{log[i].from, log[i].to}];
+    EXPECT_EQ(lean.size(), static_cast<size_t>(workers * (workers - 1)));
+    for (const auto& [link, n] : lean)
+      EXPECT_GE(n, calls) << link.first << " -> " << link.second;
+  }
+}
+
 TEST(TestingCluster, ALoneReplicasCallsOfManyShapesInARowEachGetTheirOwnResult) {
   // A lone replica's thread keeps its result vector from one call to the next: calls of three
   // leaves, one, two and a nest of one, in a row, each get exactly their own values.
@@ -526,17 +562,22 @@ uint64_t mix(uint64_t seed, const testing::message& m) {
   return x ^ (x >> 31);
 }
 
-/// One seed: 3 workers x 2 replicas run 3 all-reduce steps; a random fault strikes before or
+/// One seed: 3 workers x `replicas` replicas (over a network with lockstep channels when
+/// `lockstep`) run 3 all-reduce steps; a random fault strikes before or
 /// during a random step. Every worker's every step must end (simulated time is pushed until it
 /// does) with the exact sum or a clear error; returns what went wrong, empty when nothing did.
 /// The faults during a step (drop, delay, corrupt; a kill, as a crash of the victim as it sends
 /// its first message of the step; a partition, which begins with that message) are decided by
 /// the seed and the message's place on its link, so they strike the same messages on every run.
-std::string run_seed(uint64_t seed, std::map<fault, tally>& seen) {
+std::string run_seed(uint64_t seed, std::map<fault, tally>& seen, bool lockstep = false,
+                     int replicas = 2) {
   testing::cluster_options opts;
   opts.workers = 3;
-  opts.replicas_per_worker = 2;
+  opts.replicas_per_worker = replicas;
+  const int n = 3 * replicas;
+  const float sum = static_cast<float>(n * (n + 1) / 2); // of the replicas' ids + 1
   opts.seed = seed;
+  opts.lockstep_channels = lockstep;
   opts.peer_timeout = 3s;
   opts.strategy.collective_timeout = 10s;
   cluster c(opts);
@@ -546,7 +587,8 @@ std::string run_seed(uint64_t seed, std::map<fault, tally>& seen) {
   const int at_step = static_cast<int>(rng() % 3);
   const bool during = rng() % 2 == 0;
   const std::string what = std::string{"seed "} + std::to_string(seed) + " (" + c.describe() +
-                           "): fault " + fault_name(kind) + " on worker " + std::to_string(victim) +
+                           (lockstep ? ", lockstep channels" : "") + "): fault " +
+                           fault_name(kind) + " on worker " + std::to_string(victim) +
                            (during ? " during" : " before") + " step " + std::to_string(at_step);
   // Before the step: a kill or a partition now, or a filter on the messages from now on.
   auto strike_before = [&] {
@@ -591,8 +633,8 @@ std::string run_seed(uint64_t seed, std::map<fault, tally>& seen) {
     if (step == at_step)
       strike_before();
     const bool throws = kind == fault::throw_in_step && step == at_step;
-    auto runs = c.run_all([throws, victim](replica_context& ctx) {
-      if (throws && ctx.replica_id_in_sync_group() == 2 * victim + 1)
+    auto runs = c.run_all([throws, victim, replicas](replica_context& ctx) {
+      if (throws && ctx.replica_id_in_sync_group() == replicas * (victim + 1) - 1)
         throw std::runtime_error("injected failure");
       return ctx.all_reduce(
           "SUM", tensor::scalar<float>(static_cast<float>(ctx.replica_id_in_sync_group() + 1)));
@@ -620,10 +662,10 @@ std::string run_seed(uint64_t seed, std::map<fault, tally>& seen) {
       try {
         auto result = runs[w].get();
         for (const auto& v : result.values())
-          if (v.item<float>() != 21.0f)
+          if (v.item<float>() != sum)
             return what + ": worker " + std::to_string(w) + " got " +
-                   std::to_string(v.item<float>()) + " instead of 21 in step " +
-                   std::to_string(step);
+                   std::to_string(v.item<float>()) + " instead of " + std::to_string(sum) +
+                   " in step " + std::to_string(step);
         ++seen[kind].exact;
       } catch (const error& e) {
         ++seen[kind].errors;
@@ -769,7 +811,8 @@ TEST(TestingCluster, AnInvalidPartitionVerdictIsRefusedSayingWhy) {
   }
 }
 
-TEST(TestingClusterFuzz, RandomFaultsEndInExactResultsOrClearErrorsOnEveryWorker) {
+/// The fuzz below over the network with or without lockstep channels.
+void random_faults(bool lockstep) {
   // CONSORT_HARNESS_SEEDS overrides the count (tools/sanitize.sh runs fewer).
   uint64_t seeds = 1000;
   if (const char* env = std::getenv("CONSORT_HARNESS_SEEDS"))
@@ -782,7 +825,9 @@ TEST(TestingClusterFuzz, RandomFaultsEndInExactResultsOrClearErrorsOnEveryWorker
   std::map<fault, tally> seen;
   auto started = wall::now();
   for (uint64_t seed = first; seed < first + seeds; ++seed) {
-    auto failure = run_seed(seed, seen);
+    // Over lockstep channels, every other seed has lone replicas (their small all-reduce
+    // takes the lean path).
+    auto failure = run_seed(seed, seen, lockstep, lockstep && seed % 2 == 1 ? 1 : 2);
     ASSERT_TRUE(failure.empty()) << failure << "\nreplay: CONSORT_HARNESS_SEED_ONLY=" << seed;
   }
   std::cout << seeds << " seeds in "
@@ -798,6 +843,18 @@ TEST(TestingClusterFuzz, RandomFaultsEndInExactResultsOrClearErrorsOnEveryWorker
     EXPECT_GT(seen[fault::none].exact, 0);
     EXPECT_GT(seen[fault::delay].exact, 0);
   }
+}
+
+TEST(TestingClusterFuzz, RandomFaultsEndInExactResultsOrClearErrorsOnEveryWorker) {
+  random_faults(false);
+}
+
+// The same seeds with lockstep channels (as over shared memory on one host), through which the
+// workers exchange their calls' descriptors, and through which a lone replica's small all-reduce
+// (every other seed) takes its lean path: a failed exchange leaves a channel out of step, and
+// what follows must still be an exact result or a clear error.
+TEST(TestingClusterFuzz, RandomFaultsOverLockstepChannelsEndInExactResultsOrClearErrors) {
+  random_faults(true);
 }
 
 TEST(TestingCluster, AStepThatHangsFailsWithStepTimeoutInSimulatedTime) {

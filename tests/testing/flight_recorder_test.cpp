@@ -140,6 +140,10 @@ struct scenario {
   int replicas = 1;
   int victim = 0;
   int warm = 0; // steps of one all-reduce each, done by every worker first
+  /// The simulated network has lockstep channels, as shared memory on one host
+  /// (cluster_options::lockstep_channels): the descriptors, and a lone replica's small
+  /// all-reduce, go through them.
+  bool lockstep = false;
 };
 
 /// Blocks until worker `w` of `c` waits in collective #`number` for the other workers (its
@@ -169,6 +173,7 @@ void run_slow_scenario(const scenario& s, uint64_t seed) {
   opts.workers = s.workers;
   opts.replicas_per_worker = s.replicas;
   opts.seed = seed;
+  opts.lockstep_channels = s.lockstep;
   opts.strategy.collective_timeout = 3s;
   opts.peer_timeout = 1h;
   cluster c(opts);
@@ -251,13 +256,15 @@ void run_slow_scenario(const scenario& s, uint64_t seed) {
 void run_scenario(const scenario& s, uint64_t seed, bool print = false) {
   SCOPED_TRACE(std::string{"scenario "} + name_of(s.what) + ", " + std::to_string(s.workers) +
                " workers x " + std::to_string(s.replicas) + ", victim " + std::to_string(s.victim) +
-               ", " + std::to_string(s.warm) + " warm steps, seed " + std::to_string(seed));
+               ", " + std::to_string(s.warm) + " warm steps, seed " + std::to_string(seed) +
+               (s.lockstep ? ", lockstep channels" : ""));
   if (s.what == fault::slow)
     return run_slow_scenario(s, seed);
   testing::cluster_options opts;
   opts.workers = s.workers;
   opts.replicas_per_worker = s.replicas;
   opts.seed = seed;
+  opts.lockstep_channels = s.lockstep;
   opts.strategy.collective_timeout = 3s;
   opts.peer_timeout = 1h; // a hung worker must be found by the collective's deadline
   cluster c(opts);
@@ -381,11 +388,25 @@ void run_scenario(const scenario& s, uint64_t seed, bool print = false) {
 }
 
 TEST(FlightRecorder, AWorkerThatStopsCallingIsNamedWithTheCollectivesJobWideNumber) {
-  run_scenario({.what = fault::hung, .workers = 3, .replicas = 1, .victim = 1, .warm = 3}, 1, true);
+  for (bool lockstep : {false, true})
+    run_scenario({.what = fault::hung,
+                  .workers = 3,
+                  .replicas = 1,
+                  .victim = 1,
+                  .warm = 3,
+                  .lockstep = lockstep},
+                 1, true);
 }
 
 TEST(FlightRecorder, AWorkerThatSkipsACollectiveIsNamedWithItsLastOne) {
-  run_scenario({.what = fault::skip, .workers = 3, .replicas = 2, .victim = 2, .warm = 2}, 2, true);
+  for (bool lockstep : {false, true})
+    run_scenario({.what = fault::skip,
+                  .workers = 3,
+                  .replicas = 2,
+                  .victim = 2,
+                  .warm = 2,
+                  .lockstep = lockstep},
+                 2, true);
 }
 
 TEST(FlightRecorder, AWorkerThatCallsAnotherOpIsNamedAsTheOddOneOut) {
@@ -420,6 +441,7 @@ TEST(FlightRecorder, SeededScenariosNameTheRightWorkerAndCollective) {
     s.replicas = 1 + static_cast<int>(rng() % 2);
     s.victim = static_cast<int>(rng() % static_cast<uint64_t>(s.workers));
     s.warm = static_cast<int>(rng() % 4);
+    s.lockstep = rng() % 2 == 0; // half of them as over shared memory
     // Two workers that disagree are two sides of one mismatch: the error names both, and the
     // victim's side is checked.
     run_scenario(s, static_cast<uint64_t>(seed));
