@@ -8,6 +8,7 @@
 #include "testing/sim_transport.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
 namespace consort::testing {
@@ -65,6 +66,14 @@ cluster::cluster(cluster_options opts) : opts_(std::move(opts)), random_(opts_.s
   if (opts_.elastic_min_workers > 0 && !opts_.late.empty())
     throw_error(errc::invalid_argument,
                 who + "late workers and elastic_min_workers together are not simulated");
+  if (const char* env = std::getenv("CONSORT_TESTING_LOCKSTEP_CHANNELS")) {
+    const std::string value{env};
+    if (value != "0" && value != "1")
+      throw_error(errc::invalid_argument, who + "CONSORT_TESTING_LOCKSTEP_CHANNELS is '" + value +
+                                              "'; expected 1 (every cluster's network has "
+                                              "lockstep channels) or 0 (none has)");
+    opts_.lockstep_channels = value == "1";
+  }
   joined_.assign(static_cast<size_t>(opts_.workers), true);
   for (int w : opts_.late) {
     check_index(w, "late");

@@ -170,6 +170,8 @@ struct cluster_options {
   /// calls' descriptors through them, and a lone replica's small all-reduce takes its lean path.
   /// Off (the default), the network is as TCP between hosts. Their messages are sent on the same
   /// links as every other, so faults, filters and the message log see them alike.
+  /// CONSORT_TESTING_LOCKSTEP_CHANNELS=1 (or 0) overrides it for every cluster, so that a whole
+  /// suite runs over either network unchanged; another value is refused (invalid_argument).
   bool lockstep_channels = false;
 };
 

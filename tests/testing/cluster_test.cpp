@@ -6,6 +6,7 @@
 #include <consort/transport/algorithms.hpp>
 
 #include "support/expect_error.hpp"
+#include "support/scoped_env.hpp"
 #include "support/time_scale.hpp"
 #include "support/transport_helpers.hpp"
 #include "testing/sim_transport.hpp"
@@ -19,6 +20,7 @@
 #include <future>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -116,9 +118,16 @@ TEST(TestingCluster, EveryWorkerRunsTheStepAndTheCollectiveSpansTheCluster) {
 // peer per call, its tag, the 32-byte compact descriptor and the data (8 + 32 + 4 bytes for a
 // float32 scalar), on the channel's own tag; and the results are exact, as without them.
 TEST(TestingCluster, WithLockstepChannelsALoneReplicasSmallAllReduceTakesTheLeanPath) {
-  for (int workers : {2, 3}) {
+  for (int workers : {2, 3, 4}) {
     SCOPED_TRACE(std::to_string(workers) + " workers");
-    cluster c({.workers = workers, .replicas_per_worker = 1, .seed = 5, .lockstep_channels = true});
+    // Four workers: by CONSORT_TESTING_LOCKSTEP_CHANNELS=1, which overrides the option (off).
+    std::optional<consort::test::scoped_env> env;
+    if (workers == 4)
+      env.emplace("CONSORT_TESTING_LOCKSTEP_CHANNELS", "1");
+    cluster c({.workers = workers,
+               .replicas_per_worker = 1,
+               .seed = 5,
+               .lockstep_channels = workers < 4});
     const auto before = c.messages().size();
     constexpr int calls = 5;
     auto runs = c.run_all([](consort::replica_context& ctx) {
@@ -905,6 +914,11 @@ TEST(TestingCluster, BadOptionsAndArgumentsAreRefusedSayingWhatWasExpected) {
         cluster bad({.workers = 3, .late = {1, 1}});
       },
       errc::invalid_argument, {"worker 1 is named twice"}));
+  {
+    consort::test::scoped_env yes{"CONSORT_TESTING_LOCKSTEP_CHANNELS", "yes"};
+    EXPECT_TRUE(fails_with([] { cluster bad({.workers = 2}); }, errc::invalid_argument,
+                           {"CONSORT_TESTING_LOCKSTEP_CHANNELS is 'yes'", "expected 1", "or 0"}));
+  }
   // The cluster still works after the refusals.
   auto runs = c.run_all(one_sum);
   expect_all_equal(runs, 2.0f, c);
