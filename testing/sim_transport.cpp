@@ -396,10 +396,13 @@ private:
       auto& slot = slots_[static_cast<std::size_t>(peer)][seq & 1];
       slot.resize(sizeof(uint64_t) + slot_bytes);
       auto op = ctx_.recv(peer, wire_tag_, {slot.data(), slot.size()}, true);
-      if (auto err = op->wait(until))
+      if (auto err = op->wait(until)) {
+        // The message may still come, and stays for a later look (arrived), as in its slot.
+        ctx_.withdraw(peer, wire_tag_, op.get());
         return make_caf_error(to_consort_error(err, "").code(),
                               describe(peer, seq, "from") + ": " +
                                   to_consort_error(err, "").what());
+      }
       takes = seq;
       const auto bytes = op->message_bytes();
       uint64_t got = 0;
@@ -458,6 +461,22 @@ private:
   }
   /// Groups of up to this many ranks have lockstep channels (as shared memory's).
   static constexpr int lockstep_max_ranks = 8;
+
+  /// Takes back receive `op` from `peer` with `tag` if it is still posted (its wait failed): a
+  /// message that comes later is stashed, not delivered into it.
+  void withdraw(int peer, uint64_t tag, const transport::operation* op) {
+    world_lock lock(*world_);
+    auto& posted = links_[static_cast<std::size_t>(peer)].posted;
+    auto it = posted.find(tag);
+    if (it == posted.end())
+      return;
+    auto& ops = it->second;
+    ops.erase(std::remove_if(ops.begin(), ops.end(),
+                             [op](const std::shared_ptr<sim_op>& p) { return p.get() == op; }),
+              ops.end());
+    if (ops.empty())
+      posted.erase(it);
+  }
 
   /// Why this context takes no new operation (it aborted or is leaving), with its code in
   /// `code`; empty when it takes them.

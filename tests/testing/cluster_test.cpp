@@ -1009,5 +1009,75 @@ TEST(SimTransport, AnAbortCarriesItsCodeAndReasonToThePeers) {
   EXPECT_EQ(notices, 2) << "rank 0 told each peer once";
 }
 
+// The lockstep channels of the simulated network keep shared memory's contract
+// (tests/transport/shm_test.cpp, ShmMailboxTest): messages in lockstep, read in place; a put
+// before the peer took the last one, or of another tag, refused; a take that timed out leaves the
+// late message for the next look; a message put before its sender aborted is still taken, then
+// the abort is seen; an aborted context's put says the abort's cause first.
+TEST(SimTransport, LockstepChannelsKeepSharedMemorysContract) {
+  using transport::clock;
+  auto world = std::make_shared<testing::detail::sim_world>(3, 5s, true);
+  auto ctxs = world->make_contexts();
+  ASSERT_NE(ctxs[0]->mailbox(0), nullptr);
+  ASSERT_NE(ctxs[0]->mailbox(1), nullptr);
+  EXPECT_EQ(ctxs[0]->mailbox(2), nullptr);
+  EXPECT_EQ(std::make_shared<testing::detail::sim_world>(2, 5s)->make_contexts()[0]->mailbox(0),
+            nullptr)
+      << "none on the TCP-like network";
+  auto* a = ctxs[0]->mailbox(0);
+  auto* b = ctxs[1]->mailbox(0);
+  EXPECT_EQ(a->capacity(), 8168u);
+  auto text = [](const std::string& t) {
+    return transport::const_bytes{reinterpret_cast<const std::byte*>(t.data()), t.size()};
+  };
+  auto as_text = [](transport::const_bytes got) {
+    return std::string{reinterpret_cast<const char*>(got.data()), got.size()};
+  };
+  for (int round = 0; round < 3; ++round) {
+    const std::string mine = "from 0, round " + std::to_string(round);
+    const std::string theirs = "from 1, round " + std::to_string(round);
+    ASSERT_FALSE(a->put(1, 40 + round, {text(mine)}));
+    ASSERT_FALSE(b->put(0, 40 + round, {text(theirs)}));
+    EXPECT_TRUE(b->arrived(0));
+    auto at_b = b->take(0, 40 + round, clock::now() + 1s);
+    auto at_a = a->take(1, 40 + round, clock::now() + 1s);
+    ASSERT_TRUE(at_b && at_a);
+    EXPECT_EQ(as_text(*at_b), mine);
+    EXPECT_EQ(as_text(*at_a), theirs);
+  }
+  EXPECT_FALSE(ctxs[1]->mailbox(1)->arrived(0)) << "the other channel has nothing";
+  // A second put before the peer's answer was taken, and a take of another tag.
+  ASSERT_FALSE(a->put(1, 7, {text("x")}));
+  EXPECT_TRUE(has_error(
+      a->put(1, 8, {text("y")}), errc::invalid_argument,
+      {"message 5 of lockstep channel 0 to rank 1", "message 4 of rank 1 was not taken yet"}));
+  EXPECT_TRUE(has_error(b->take(0, 9, clock::now() + 1s).error(), errc::invalid_argument,
+                        {"carries tag 0x7 where tag 0x9 was expected", "out of step"}));
+  const std::vector<std::byte> big(8169);
+  EXPECT_TRUE(has_error(ctxs[2]->mailbox(0)->put(0, 1, {transport::const_bytes(big)}),
+                        errc::invalid_argument, {"8169 bytes", "at most 8168"}));
+  // A take that times out; the message put after it is there for the next look, and taken.
+  auto* c = ctxs[2]->mailbox(1);
+  auto* a1 = ctxs[0]->mailbox(1);
+  EXPECT_TRUE(has_error(c->take(0, 3, clock::now() + 10ms).error(), errc::collective_timeout,
+                        {"message 1 of lockstep channel 1 from rank 0"}));
+  ASSERT_FALSE(a1->put(2, 3, {text("late")}));
+  EXPECT_TRUE(c->arrived(0));
+  auto late = c->take(0, 3, clock::now() + 1s);
+  ASSERT_TRUE(late) << consort::test::text_of(late.error());
+  EXPECT_EQ(as_text(*late), "late");
+  // Rank 2 puts, then aborts: rank 0 still takes the message, then sees the abort; rank 2's
+  // next put says why it cannot.
+  ASSERT_FALSE(c->put(0, 4, {text("last words")}));
+  ctxs[2]->abort("rank 2 timed out", errc::collective_timeout);
+  auto last = a1->take(2, 4, clock::now() + 1s);
+  ASSERT_TRUE(last) << consort::test::text_of(last.error());
+  EXPECT_EQ(as_text(*last), "last words");
+  EXPECT_TRUE(has_error(a1->take(2, 5, clock::now() + 1s).error(), errc::collective_timeout,
+                        {"rank 2 aborted the group: rank 2 timed out"}));
+  EXPECT_TRUE(has_error(c->put(0, 5, {text("more")}), errc::collective_timeout,
+                        {"this rank aborted: rank 2 timed out"}));
+}
+
 } // namespace
 } // namespace consort
