@@ -721,6 +721,71 @@ TEST(TestingCluster, ASenderCrashesAtAnExactPointOfTheProtocol) {
   EXPECT_EQ(after, 0) << "nothing leaves a dead worker";
 }
 
+// Every point of a lone replica's step over lockstep channels (as over shared memory on one
+// host): a step of two small all-reduces (the lean path) and one of 8 KiB (the descriptor
+// exchange, then the data), and worker 1 of 3 dies as it sends its n-th message of the step, for
+// every n. Each survivor's step ends, in simulated time, with the exact sums or with peer_lost
+// naming worker:1; at least one fails; nothing leaves the dead worker afterwards.
+TEST(TestingCluster, WithLockstepChannelsAWorkerThatDiesAtAnyMessageOfAStepFailsItsPeersClearly) {
+  auto step = [](replica_context& ctx) {
+    const float me = static_cast<float>(ctx.replica_id_in_sync_group() + 1);
+    const float a = ctx.all_reduce("SUM", tensor::scalar<float>(me)).item<float>();
+    const float b = ctx.all_reduce("MAX", tensor::scalar<float>(me)).item<float>();
+    auto big = ctx.all_reduce("SUM", tensor::from<float>(std::vector<float>(2048, me), {2048}));
+    return tensor::from<float>({a, b, big.to_vector<float>()[2047]}, {3});
+  };
+  const std::vector<float> exact{6, 3, 6};
+  // How many messages worker 1 sends in the step, from a run without a fault.
+  size_t points = 0;
+  {
+    cluster c({.workers = 3, .seed = 21, .lockstep_channels = true});
+    auto warm = c.run_all(one_sum);
+    expect_all_equal(warm, 3.0f, c);
+    const auto before = c.messages().size();
+    auto runs = c.run_all(step);
+    for (auto& f : runs) {
+      ASSERT_TRUE(f.wait_for(10s));
+      EXPECT_EQ(f.get().values()[0].to_vector<float>(), exact);
+    }
+    const auto log = c.messages();
+    for (size_t i = before; i < log.size(); ++i)
+      points += log[i].from == 1 && log[i].kind == "data";
+    ASSERT_GE(points, 6u) << "two lean calls and one exchange with data, to two peers";
+  }
+  for (size_t n = 0; n < points; ++n) {
+    SCOPED_TRACE("worker 1 dies at its message " + std::to_string(n) + " of the step");
+    cluster c({.workers = 3, .seed = 21, .lockstep_channels = true});
+    auto warm = c.run_all(one_sum);
+    expect_all_equal(warm, 3.0f, c);
+    auto sent = std::make_shared<size_t>(0);
+    c.on_message([sent, n](const testing::message& m) {
+      if (m.from != 1 || m.kind != "data")
+        return verdict::deliver();
+      return (*sent)++ == n ? verdict::crash_sender() : verdict::deliver();
+    });
+    auto runs = c.run_all(step);
+    for (int pushed = 0; pushed < 60; ++pushed) {
+      settle(c, runs);
+      if (runs[0].ready() && runs[2].ready())
+        break;
+      c.advance(1s);
+    }
+    EXPECT_FALSE(c.alive(1));
+    int failed = 0;
+    for (int w : {0, 2}) {
+      auto& f = runs[static_cast<size_t>(w)];
+      ASSERT_TRUE(f.wait_for(10s)) << "worker " << w << " hangs";
+      if (code_of(f) == errc::none) {
+        EXPECT_EQ(f.get().values()[0].to_vector<float>(), exact) << "worker " << w;
+      } else {
+        ++failed;
+        EXPECT_TRUE(fails(f, errc::peer_lost, {"worker:1"})) << "worker " << w;
+      }
+    }
+    EXPECT_GE(failed, 1) << "a message of worker 1 was lost";
+  }
+}
+
 TEST(TestingCluster, AFilterThatDecidesByLinkPlaceStrikesTheSameMessagesOnEveryRun) {
   auto dropped = [] {
     cluster c({.workers = 3, .replicas_per_worker = 2, .seed = 11});
