@@ -723,9 +723,10 @@ TEST(TestingCluster, ASenderCrashesAtAnExactPointOfTheProtocol) {
 
 // Every point of a lone replica's step over lockstep channels (as over shared memory on one
 // host): a step of two small all-reduces (the lean path) and one of 8 KiB (the descriptor
-// exchange, then the data), and worker 1 of 3 dies as it sends its n-th message of the step, for
-// every n. Each survivor's step ends, in simulated time, with the exact sums or with peer_lost
-// naming worker:1; at least one fails; nothing leaves the dead worker afterwards.
+// exchange, then the data), and worker 1 of 3 dies as it sends its n-th message of the step, or
+// is cut off by a partition that begins with that message, for every n. Each survivor's step
+// ends, in simulated time, with the exact sums or with peer_lost naming worker:1, and at least one
+// fails.
 TEST(TestingCluster, WithLockstepChannelsAWorkerThatDiesAtAnyMessageOfAStepFailsItsPeersClearly) {
   auto step = [](replica_context& ctx) {
     const float me = static_cast<float>(ctx.replica_id_in_sync_group() + 1);
@@ -752,16 +753,18 @@ TEST(TestingCluster, WithLockstepChannelsAWorkerThatDiesAtAnyMessageOfAStepFails
       points += log[i].from == 1 && log[i].kind == "data";
     ASSERT_GE(points, 6u) << "two lean calls and one exchange with data, to two peers";
   }
-  for (size_t n = 0; n < points; ++n) {
-    SCOPED_TRACE("worker 1 dies at its message " + std::to_string(n) + " of the step");
+  for (size_t n = 0; n < 2 * points; ++n) {
+    const bool cut = n >= points;
+    SCOPED_TRACE(std::string{"worker 1 "} + (cut ? "is cut off" : "dies") + " at its message " +
+                 std::to_string(n % points) + " of the step");
     cluster c({.workers = 3, .seed = 21, .lockstep_channels = true});
     auto warm = c.run_all(one_sum);
     expect_all_equal(warm, 3.0f, c);
     auto sent = std::make_shared<size_t>(0);
-    c.on_message([sent, n](const testing::message& m) {
-      if (m.from != 1 || m.kind != "data")
+    c.on_message([sent, n, cut, points](const testing::message& m) {
+      if (m.from != 1 || m.kind != "data" || (*sent)++ != n % points)
         return verdict::deliver();
-      return (*sent)++ == n ? verdict::crash_sender() : verdict::deliver();
+      return cut ? verdict::partition({1}) : verdict::crash_sender();
     });
     auto runs = c.run_all(step);
     for (int pushed = 0; pushed < 60; ++pushed) {
@@ -770,16 +773,18 @@ TEST(TestingCluster, WithLockstepChannelsAWorkerThatDiesAtAnyMessageOfAStepFails
         break;
       c.advance(1s);
     }
-    EXPECT_FALSE(c.alive(1));
+    EXPECT_EQ(c.alive(1), cut);
     int failed = 0;
     for (int w : {0, 2}) {
       auto& f = runs[static_cast<size_t>(w)];
       ASSERT_TRUE(f.wait_for(10s)) << "worker " << w << " hangs";
-      if (code_of(f) == errc::none) {
+      try {
         EXPECT_EQ(f.get().values()[0].to_vector<float>(), exact) << "worker " << w;
-      } else {
+      } catch (const error& e) {
         ++failed;
-        EXPECT_TRUE(fails(f, errc::peer_lost, {"worker:1"})) << "worker " << w;
+        EXPECT_EQ(e.code(), errc::peer_lost) << "worker " << w << ": " << e.what();
+        EXPECT_NE(std::string{e.what()}.find("worker:1"), std::string::npos)
+            << "worker " << w << ": " << e.what();
       }
     }
     EXPECT_GE(failed, 1) << "a message of worker 1 was lost";
