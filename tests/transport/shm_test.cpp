@@ -728,7 +728,7 @@ TEST(ShmMailboxTest, MisuseIsRefusedSayingWhatWasExpected) {
 
 // A failed exchange leaves a channel out of step (a message put, its answer never taken), and
 // the caller aborts the context with the failure's cause: the next put says that cause, with its
-// code, not that the lockstep was broken.
+// code, not that the lockstep was broken; as does a put after the rank left.
 TEST(ShmMailboxTest, APutOfAnAbortedContextSaysTheAbortsCauseBeforeTheBrokenLockstep) {
   CONSORT_TEST_SKIP_WITHOUT_SHM();
   auto group = shm::make_group(2);
@@ -739,6 +739,13 @@ TEST(ShmMailboxTest, APutOfAnAbortedContextSaysTheAbortsCauseBeforeTheBrokenLock
   EXPECT_TRUE(has_error(box->put(1, 8, {one}), errc::collective_timeout,
                         {"message 2 of lockstep channel 0 to rank 1",
                          "this rank aborted: all_reduce #3 timed out waiting for rank 1"}));
+  // A rank that left (close) says so too, with shutdown.
+  auto pair = shm::make_group(2);
+  auto* left = pair[0]->mailbox(0);
+  ASSERT_FALSE(left->put(1, 7, {one}));
+  (void)pair[0]->close("the run ended", clock::now() + 50ms); // the peer never closes its side
+  EXPECT_TRUE(has_error(left->put(1, 8, {one}), errc::shutdown,
+                        {"message 2 of lockstep channel 0 to rank 1", "has left the group"}));
 }
 
 TEST(ShmMailboxTest, ATakeWhosePeerNeverPutsTimesOutAtItsDeadline) {
