@@ -252,21 +252,18 @@ struct lone_scratch {
   struct tensor_call {
     bool set = false;
     reduce_op op = reduce_op::sum;
-    int64_t axis = 0;
-    int root = 0;
     dtype type = dtype::float32;
     shape_t shape;
     call_signature sig;
     uint64_t hash = 0;
     flight_signature flight;
-    bool same(const collective_request& req, const tensor& t) const noexcept {
-      return set && req.op == op && req.axis == axis && req.root == root && t.dtype() == type &&
-             t.shape() == shape;
+    bool same(reduce_op o, const tensor& t) const noexcept {
+      return set && o == op && t.dtype() == type && t.shape() == shape;
     }
   };
   std::array<tensor_call, 8> tensor_calls;
-  tensor_call& slot_for(const collective_request& req, const tensor& t) noexcept {
-    uint64_t h = static_cast<uint64_t>(req.op) * 31 + static_cast<uint64_t>(t.dtype());
+  tensor_call& slot_for(reduce_op op, const tensor& t) noexcept {
+    uint64_t h = static_cast<uint64_t>(op) * 31 + static_cast<uint64_t>(t.dtype());
     for (auto extent : t.shape())
       h = h * 1099511628211ull + static_cast<uint64_t>(extent);
     return tensor_calls[(h ^ (h >> 29)) % tensor_calls.size()];
@@ -276,132 +273,132 @@ struct lone_scratch {
   bool busy = false;
 };
 
-} // namespace
+/// This thread's scratch for one call, or (for a call made while another is in progress on this
+/// thread, which nothing does today) one of its own. The leaves are let go at the end of the
+/// call: a tensor held here would make the caller's next write to it copy its storage.
+class scratch_lease {
+public:
+  scratch_lease() {
+    // (Made only when needed, and not on the stack: it is a few kilobytes, which even an empty
+    // std::optional of it clears on every call.)
+    thread_local lone_scratch kept;
+    if (kept.busy)
+      own_ = std::make_unique<lone_scratch>();
+    s_ = kept.busy ? own_.get() : &kept;
+    s_->busy = true;
+  }
+  ~scratch_lease() {
+    s_->leaves.clear();
+    s_->results.clear();
+    s_->busy = false;
+  }
+  scratch_lease(const scratch_lease&) = delete;
+  scratch_lease& operator=(const scratch_lease&) = delete;
+  lone_scratch& operator*() const noexcept { return *s_; }
+  lone_scratch* operator->() const noexcept { return s_; }
 
-nest alone_on_worker(transport::communicator& cross, collective_call& call,
-                     int num_replicas_in_sync, flight_recorder* recorder) {
-  // This thread's scratch, or (for a call made while another is in progress on this thread,
-  // which nothing does today) one of its own. The leaves are let go at the end of the call: a
-  // tensor held here would make the caller's next write to it copy its storage.
-  thread_local lone_scratch kept;
-  // (Made only when needed, and not on the stack: it is a few kilobytes, which even an empty
-  // std::optional of it clears on every call.)
-  std::unique_ptr<lone_scratch> own;
-  if (kept.busy)
-    own = std::make_unique<lone_scratch>();
-  auto& scratch = kept.busy ? *own : kept;
-  scratch.busy = true;
-  struct release {
-    lone_scratch& s;
-    ~release() {
-      s.leaves.clear();
-      s.results.clear();
-      s.busy = false;
-    }
-  } done{scratch};
-  auto& leaves = scratch.leaves;
-  leaves.clear();
-  if (call.request.value.is_tensor()) // moved out: the caller's nest was made for this call
-    leaves.push_back(std::move(const_cast<tensor&>(call.request.value.as_tensor())));
-  else
-    leaves = flatten(call.request.value);
-  const bool tensor_all_reduce =
-      call.request.kind == collective_kind::all_reduce && call.request.value.is_tensor();
-  lone_scratch::tensor_call* known =
-      tensor_all_reduce ? &scratch.slot_for(call.request, leaves.front()) : nullptr;
-  const bool as_last = known != nullptr && known->same(call.request, leaves.front());
-  auto& sig = known != nullptr ? known->sig : scratch.sig;
-  if (!as_last) {
-    if (known != nullptr)
-      known->set = false;
-    signature_from(call, leaves, sig);
-  }
-  const int64_t given_axis = sig.axis;
-  int64_t axis = call.request.axis;
-  auto problem = check_arguments(call, leaves, num_replicas_in_sync, &axis);
-  if (problem.empty())
-    sig.axis = axis;
-  const auto timeout = call.request.timeout.value_or(std::chrono::seconds(30));
-  // No text on a call that succeeds: the workers compare the signature's hash, and the texts
-  // (the call as the replica made it, with the axis it gave; the signature) are made only for an
-  // error. Both functions refer to this frame, which outlives the call.
-  const auto hash = as_last ? known->hash : signature_hash(sig);
-  if (known != nullptr && !as_last && problem.empty()) {
-    known->op = call.request.op;
-    known->axis = call.request.axis;
-    known->root = call.request.root;
-    known->type = leaves.front().dtype();
-    known->shape = leaves.front().shape();
-    known->hash = hash;
-    known->flight = flight_signature_of(sig);
-    known->set = true;
-  }
-  struct naming {
-    const call_signature* sig;
-    int64_t axis;
-    step_id step;
-    uint32_t seq;
-  } named{&sig, given_axis, call.step, call.seq};
-  // The call's job-wide number: this worker's lane runs its calls in the order every worker does.
+private:
+  std::unique_ptr<lone_scratch> own_;
+  lone_scratch* s_ = nullptr;
+};
+
+/// The signature of an all-reduce of one tensor, from the scratch's slot for calls like it (made
+/// and kept there when the last such call was another).
+const lone_scratch::tensor_call& tensor_signature(lone_scratch& scratch, reduce_op op,
+                                                  const tensor& value) {
+  auto& known = scratch.slot_for(op, value);
+  if (known.same(op, value))
+    return known;
+  known.set = false;
+  auto& sig = known.sig;
+  sig.kind = collective_kind::all_reduce;
+  sig.op = op;
+  sig.axis = 0;
+  sig.root = 0;
+  sig.structure = nest(value).structure_string();
+  sig.dtypes.assign(1, value.dtype());
+  sig.shapes.assign(1, value.shape());
+  known.op = op;
+  known.type = value.dtype();
+  known.shape = value.shape();
+  known.hash = signature_hash(sig);
+  known.flight = flight_signature_of(sig);
+  known.set = true;
+  return known;
+}
+
+/// A lone replica's call as the exchange sees it: its signature and names (the texts are made
+/// only for an error), its deadline, and its entry in the flight recorder, with the times its
+/// descriptor carries. Outlives the exchange: the group call's functions refer to it.
+struct lone_frame {
+  const call_signature* sig = nullptr;
+  int64_t given_axis = 0; // the axis as the replica gave it
+  step_id step = 0;
+  uint32_t seq = 0;
+  std::chrono::milliseconds timeout{};
+  uint64_t hash = 0;
+  std::vector<tensor>* results = nullptr; // the scratch's, for group_call::result_capacity
   recorded_call rec;
   std::chrono::steady_clock::time_point entered{};
   int64_t entered_unix_ns = 0;
   std::atomic<uint64_t>* arrivals = nullptr;
   transport::call_lateness* lateness = nullptr;
   int64_t clock_offset_ns = 0;
-  if (recorder != nullptr && recorder->enabled()) {
-    // One clock read: the call's start for the recorder, its entry time on the system clock, and
-    // where its deadline counts from.
+
+  /// Records the call's start under its job-wide number (this worker's lane runs its calls in
+  /// the order every worker does), with one clock read: its start in the ring, its entry time on
+  /// the system clock, and where its deadline counts from.
+  void start(flight_recorder* recorder, int replica, const flight_signature& flight) {
+    if (recorder == nullptr || !recorder->enabled())
+      return;
     entered = std::chrono::steady_clock::now();
     entered_unix_ns = recorder->unix_ns(entered);
     rec.recorder = recorder;
-    rec.h = recorder->collective(call.step, call.seq, call.replica,
-                                 known != nullptr && known->set ? known->flight
-                                                                : flight_signature_of(sig),
-                                 flight_state::waiting, {}, entered);
+    rec.h = recorder->collective(step, seq, replica, flight, flight_state::waiting, {}, entered);
     arrivals = recorder->arrivals(rec.h);
     lateness = recorder->lateness(rec.h);
     clock_offset_ns = recorder->chief_offset_ns();
   }
-  // The call between the workers as the general path makes it (the lean one, below, hands it
-  // this form when the peers' calls are not plainly its own).
-  auto general = [&](transport::group_call& cc) {
-    cc.result_capacity = &scratch.results;
-    cc.kind = sig.kind;
-    cc.op = sig.op;
-    cc.axis = sig.axis;
-    cc.root = sig.root;
-    cc.step = call.step;
-    cc.seq = call.seq;
+
+  /// The call between the workers as the general path makes it (the lean one hands it this form
+  /// when the peers' calls are not plainly its own).
+  void fill(transport::group_call& cc) const {
+    cc.result_capacity = results;
+    cc.kind = sig->kind;
+    cc.op = sig->op;
+    cc.axis = sig->axis;
+    cc.root = sig->root;
+    cc.step = step;
+    cc.seq = seq;
     cc.timeout = timeout;
     cc.signature_hash = hash;
-    cc.make_signature = [&sig] {
-      return signature_of(sig);
+    cc.make_signature = [s = sig] {
+      return signature_of(*s);
     };
-    cc.make_what = [&named] {
-      auto as_given = *named.sig;
-      as_given.axis = named.axis;
-      return describe_slot(as_given, named.step, named.seq);
+    cc.make_what = [this] {
+      auto as_given = *sig;
+      as_given.axis = given_axis;
+      return describe_slot(as_given, step, seq);
     };
     cc.entered = entered;
     cc.entered_unix_ns = entered_unix_ns;
     cc.arrivals = arrivals;
     cc.lateness = lateness;
     cc.clock_offset_ns = clock_offset_ns;
-  };
-  const bool in_place = problem.empty() && reads_in_place(sig, leaves);
-  if (in_place && sig.kind == collective_kind::all_reduce && leaves.size() == 1 &&
-      call.request.value.is_tensor()) {
-    // The lean path of the commonest small call (transport::lone_all_reduce): one pass through
-    // the lockstep channel when every worker's call is plainly this one.
+  }
+
+  /// The lean path of the commonest small call (transport::lone_all_reduce): one pass through
+  /// the lockstep channel when every worker's call is plainly this one. Empty where the call is
+  /// not one it takes (nothing was sent); @throws error when the call failed.
+  std::optional<tensor> lean(transport::communicator& cross, const tensor& input) const {
     transport::lone_call lone;
-    lone.op = sig.op;
-    lone.axis = sig.axis;
-    lone.root = sig.root;
-    lone.step = call.step;
-    lone.seq = call.seq;
+    lone.op = sig->op;
+    lone.axis = sig->axis;
+    lone.root = sig->root;
+    lone.step = step;
+    lone.seq = seq;
     lone.signature_hash = hash;
-    lone.input = &leaves.front();
+    lone.input = &input;
     lone.timeout = timeout;
     lone.entered = entered;
     lone.entered_unix_ns = entered_unix_ns;
@@ -409,26 +406,76 @@ nest alone_on_worker(transport::communicator& cross, collective_call& call,
     lone.arrivals = arrivals;
     lone.lateness = lateness;
     lone.complete = [&](transport::group_call& cc) {
-      general(cc);
-      cc.leaves = {leaves.front()};
+      fill(cc);
+      cc.leaves = {input};
       cc.leaves_are_inputs = true;
       cc.count = 1;
     };
-    if (auto out = cross.run_lone(transport::communicator::lane::step, lone)) {
-      if (!*out)
-        throw to_consort_error(rec.finish(out->error(), timeout), "");
-      (void)rec.finish({}, timeout);
-      return nest(std::move(**out));
-    }
+    auto out = cross.run_lone(transport::communicator::lane::step, lone);
+    if (!out)
+      return std::nullopt;
+    if (!*out)
+      throw to_consort_error(rec.finish(out->error(), timeout), "");
+    (void)rec.finish({}, timeout);
+    return std::move(**out);
   }
+
+  /// The call through the general exchange, with `cc` holding this worker's part (or its
+  /// local failure); the leaves (this worker's inputs, read in place) back into `leaves`.
+  std::vector<tensor> run(transport::communicator& cross, transport::group_call& cc,
+                          std::vector<tensor>& leaves) const {
+    auto out = cross.run(transport::communicator::lane::step, cc);
+    if (cc.leaves_are_inputs)
+      leaves.swap(cc.leaves); // the scratch's vector back, for the next call
+    if (!out)
+      throw to_consort_error(rec.finish(out.error(), cc.timeout), "");
+    (void)rec.finish({}, cc.timeout);
+    return std::move(*out);
+  }
+};
+
+} // namespace
+
+nest alone_on_worker(transport::communicator& cross, collective_call& call,
+                     int num_replicas_in_sync, flight_recorder* recorder) {
+  const auto timeout = call.request.timeout.value_or(std::chrono::seconds(30));
+  if (call.request.kind == collective_kind::all_reduce && call.request.value.is_tensor()) {
+    // (moved out: the caller's nest was made for this call)
+    const tensor value = std::move(const_cast<tensor&>(call.request.value.as_tensor()));
+    return nest(alone_all_reduce(cross, value, call.request.op, call.step, call.seq, call.replica,
+                                 timeout, recorder));
+  }
+  scratch_lease scratch;
+  auto& leaves = scratch->leaves;
+  leaves = flatten(call.request.value);
+  auto& sig = scratch->sig;
+  signature_from(call, leaves, sig);
+  const int64_t given_axis = sig.axis;
+  int64_t axis = call.request.axis;
+  auto problem = check_arguments(call, leaves, num_replicas_in_sync, &axis);
+  if (problem.empty())
+    sig.axis = axis;
+  // No text on a call that succeeds: the workers compare the signature's hash, and the texts
+  // (the call as the replica made it, with the axis it gave; the signature) are made only for an
+  // error.
+  lone_frame frame;
+  frame.sig = &sig;
+  frame.given_axis = given_axis;
+  frame.step = call.step;
+  frame.seq = call.seq;
+  frame.timeout = timeout;
+  frame.hash = signature_hash(sig);
+  frame.results = &scratch->results;
+  frame.start(recorder, call.replica, flight_signature_of(sig));
+  const bool in_place = problem.empty() && reads_in_place(sig, leaves);
   transport::group_call cc;
-  general(cc);
+  frame.fill(cc);
   if (!problem.empty()) {
     // The other workers learn the reason in this call's descriptor, as from the actor's path.
     cc.local_failure = make_caf_error(errc::invalid_argument, problem);
     (void)cross.run(transport::communicator::lane::step, cc);
-    if (rec.recorder != nullptr)
-      rec.recorder->ended(rec.h, errc::invalid_argument);
+    if (frame.rec.recorder != nullptr)
+      frame.rec.recorder->ended(frame.rec.h, errc::invalid_argument);
     throw error(errc::invalid_argument, problem);
   }
   if (in_place) {
@@ -448,16 +495,55 @@ nest alone_on_worker(transport::communicator& cross, collective_call& call,
       cc.local_failure = error_of(e);
     }
   }
-  auto out = cross.run(transport::communicator::lane::step, cc);
-  if (cc.leaves_are_inputs)
-    leaves.swap(cc.leaves); // the scratch's vector back, for the next call
-  if (!out)
-    throw to_consort_error(rec.finish(out.error(), cc.timeout), "");
-  (void)rec.finish({}, cc.timeout);
-  nest result = call.request.value.is_tensor() && out->size() == 1
-                    ? nest(std::move(out->front()))
-                    : pack_as(call.request.value, *out);
-  scratch.results = std::move(*out); // its capacity, for the next call
+  auto out = frame.run(cross, cc, leaves);
+  nest result = call.request.value.is_tensor() && out.size() == 1
+                    ? nest(std::move(out.front()))
+                    : pack_as(call.request.value, out);
+  scratch->results = std::move(out); // its capacity, for the next call
+  return result;
+}
+
+tensor alone_all_reduce(transport::communicator& cross, const tensor& value, reduce_op op,
+                        step_id step, uint32_t seq, int replica, std::chrono::milliseconds timeout,
+                        flight_recorder* recorder) {
+  scratch_lease scratch;
+  const auto& known = tensor_signature(*scratch, op, value);
+  lone_frame frame;
+  frame.sig = &known.sig;
+  frame.step = step;
+  frame.seq = seq;
+  frame.timeout = timeout;
+  frame.hash = known.hash;
+  frame.results = &scratch->results;
+  frame.start(recorder, replica, known.flight);
+  // A host tensor, and no integer MEAN (which widens to float64 first): the exchange reads the
+  // tensor in place, first through the lean path.
+  const bool in_place = !value.on_gpu() && (op != reduce_op::mean || is_floating(value.dtype()));
+  if (in_place)
+    if (auto out = frame.lean(cross, value))
+      return std::move(*out);
+  transport::group_call cc;
+  frame.fill(cc);
+  auto& leaves = scratch->leaves;
+  if (in_place) {
+    cc.leaves.assign(1, value);
+    cc.leaves_are_inputs = true;
+    cc.count = 1;
+  } else {
+    try {
+      local_part(cc, known.sig, {{value}}, std::nullopt);
+    } catch (const std::exception& e) {
+      cc.leaves.clear();
+      cc.local_failure = error_of(e);
+    }
+  }
+  auto out = frame.run(cross, cc, leaves);
+  if (out.size() != 1)
+    throw error(errc::structure_mismatch, describe_slot(known.sig, step, seq) +
+                                              ": came back with " + std::to_string(out.size()) +
+                                              " tensors; expected one");
+  tensor result = std::move(out.front());
+  scratch->results = std::move(out);
   return result;
 }
 

@@ -39,6 +39,13 @@ void local_part(transport::group_call& cc, const call_signature& sig,
 nest alone_on_worker(transport::communicator& cross, collective_call& call,
                      int num_replicas_in_sync, flight_recorder* recorder = nullptr);
 
+/// alone_on_worker's all-reduce of one tensor, read where it lies (no nest, no request): the
+/// call `seq` of `step` on replica `replica`, with its deadline `timeout` (the lean path of
+/// transport::lone_all_reduce first, when it fits). @throws error as alone_on_worker.
+tensor alone_all_reduce(transport::communicator& cross, const tensor& value, reduce_op op,
+                        step_id step, uint32_t seq, int replica, std::chrono::milliseconds timeout,
+                        flight_recorder* recorder = nullptr);
+
 /// Strategy.reduce with several workers: this worker's partial, then the cross-worker
 /// all-reduce (MEAN divides by the true count over every worker), leaf by leaf. Call `index` of
 /// the host lane.

@@ -2,6 +2,7 @@
 
 #include "actors/collective_paths.hpp"
 #include "actors/context_scope.hpp"
+#include "actors/cross_phase.hpp"
 #include "actors/protocol.hpp"
 #include <consort/strategy.hpp>
 
@@ -91,6 +92,22 @@ struct replica_runner : detail::replica_services {
     if (gpu)
       result = detail::on_replica_device(result, cfg.device);
     return result;
+  }
+
+  tensor all_reduce(reduce_op op, const tensor& value,
+                    std::optional<std::chrono::milliseconds> timeout) override {
+    auto& board = *cfg.board;
+    if (board.cfg.cross != nullptr && detail::completes_on_arrival(board, gpu != nullptr))
+      return detail::alone_all_reduce(*board.cfg.cross, value, op, current_step, next_seq++,
+                                      cfg.replica_id, timeout.value_or(cfg.collective_timeout),
+                                      board.recorder.get());
+    detail::collective_request request;
+    request.kind = collective_kind::all_reduce;
+    request.op = op;
+    request.value = nest(value);
+    request.timeout = timeout;
+    auto result = collective(std::move(request));
+    return std::move(const_cast<tensor&>(result.as_tensor())); // `result` is this function's
   }
 
   nest merge(detail::merge_function fn, std::vector<nest> args,

@@ -126,8 +126,13 @@ nest replica_context::all_reduce(op_arg op, const nest& value, collective_option
 }
 
 tensor replica_context::all_reduce(op_arg op, const tensor& value, collective_options opts) {
-  return leaf_of(
-      call(collective_kind::all_reduce, nest(value), opts, [&](auto& req) { req.op = op.get(); }));
+  // The commonest call, with nothing to build (replica_services::all_reduce).
+  if (detail::current_context().kind == detail::context_kind::merge)
+    detail::require_not_in_merge("replica_context::all_reduce");
+  auto result = services_->all_reduce(op.get(), value, opts.timeout);
+  if (result.device() == device_)
+    return result;
+  return result.to(device_);
 }
 
 nest replica_context::all_gather(const nest& value, int64_t axis, collective_options opts) {

@@ -34,6 +34,10 @@ public:
   /// Runs one collective and blocks the replica's thread until its result or error (bounded by
   /// the collective's deadline). @throws consort::error.
   virtual nest collective(collective_request request) = 0;
+  /// An all-reduce of one tensor: collective() of that request, without a nest where the
+  /// replica's call needs none (a lone CPU replica's, read in place). @throws consort::error.
+  virtual tensor all_reduce(reduce_op op, const tensor& value,
+                            std::optional<std::chrono::milliseconds> timeout) = 0;
   /// Waits for the work queued on the replica's device so far. @throws consort::error.
   virtual void synchronize() = 0;
   /// One merge_call (replica_context::merge_call): returns this replica's part of the result.
