@@ -519,9 +519,10 @@ tensor alone_all_reduce(transport::communicator& cross, const tensor& value, red
   // A host tensor, and no integer MEAN (which widens to float64 first): the exchange reads the
   // tensor in place, first through the lean path.
   const bool in_place = !value.on_gpu() && (op != reduce_op::mean || is_floating(value.dtype()));
-  if (in_place)
+  if (in_place) {
     if (auto out = frame.lean(cross, value))
       return std::move(*out);
+  }
   transport::group_call cc;
   frame.fill(cc);
   auto& leaves = scratch->leaves;

@@ -41,10 +41,13 @@ run_one() {
     consort|consort_noyield)
       local env=()
       [ "$kind" = consort_noyield ] && env=(CONSORT_YIELD_WHEN_IDLE=0)
+      # The p50 from rank 0's JSON (to the nanosecond; the printed table rounds to 0.1 us).
       env "${env[@]}" timeout 300 bash tools/consort-launch -n "$np" --timeout 280 -- \
         "$bin/strategy_collective_bench" --ops all_reduce --max-bytes "$max_bytes" \
-        --iters "$iters" --warmup 50 2>&1 |
-        awk '$1 == "[worker:0]" && $2 ~ /^[0-9]+$/ {print $2, $10}' >"$out" ;;
+        --iters "$iters" --warmup 50 --json "$out.json" >/dev/null 2>&1
+      [ -s "$out.json" ] && python3 -c 'import json, sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    print(r["size"], r["p50_us"])' "$out.json" >"$out" ;;
   esac
   [ -s "$out" ] || echo "mpi_peer.sh: $kind np=$np round $round printed no rows" >&2
 }
