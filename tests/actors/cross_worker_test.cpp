@@ -387,6 +387,13 @@ std::vector<mismatch_case> mismatch_cases() {
          return ctx.all_reduce("SUM", odd ? nest::list({x, x}) : nest::list({x}));
        },
        {"[T]", "[T, T]"}},
+      // A tensor (a lone replica's takes its own way to the exchange) against a list of one.
+      {"TensorAgainstAList",
+       [=](replica_context& ctx, bool odd) {
+         auto x = filled(dtype::float32, 2);
+         return odd ? ctx.all_reduce("SUM", nest::list({x})) : nest(ctx.all_reduce("SUM", x));
+       },
+       {"of T with", "of [T] with"}},
   };
 }
 
